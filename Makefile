@@ -1,0 +1,32 @@
+# Set-up is two commands on a fresh machine with Python 3 and make: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test torture bench check lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/onward demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not torture" tests
+
+torture: $(STAMP)
+	$(PY) -m pytest -q -m torture tests
+
+check: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy src/onward
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

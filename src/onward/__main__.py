@@ -1,0 +1,3 @@
+from .cli import cli_main
+
+cli_main()

@@ -1,0 +1,291 @@
+"""The ``onward`` command: a thin face over the library. It parses, calls, prints; nothing more.
+
+Exit statuses (one table, here): 0 success; 1 a task asked for is not done or unknown; 2 bad input or
+configuration (one line on stderr, nothing changed); 3 the job finished but some tasks failed for good;
+4 a Python task ignored cancellation and the worker quit so that a supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import click
+
+from . import __version__
+from .errors import OnwardError, StoreError, TaskNotDone, UnknownTask, UsageError
+from .log import NORMAL, QUIET, VERBOSE, Log
+from .runner import WedgedTask
+
+EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (TaskNotDone, 1),
+    (UnknownTask, 1),
+    (WedgedTask, 4),
+    (UsageError, 2),
+    (StoreError, 2),
+    (OnwardError, 1),
+]
+
+db_option = click.option("--db", "db", metavar="URL", default=None,
+                         help="Store: a file path, sqlite:///path or postgresql://… (env ONWARD_DB;"
+                              " default .onward/onward.db).")
+
+
+def _log_level(quiet: bool, verbose: bool) -> int:
+    return QUIET if quiet else VERBOSE if verbose else NORMAL
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="onward")
+def main() -> None:
+    """Run long jobs that resume after a crash: every finished task is checkpointed durably."""
+
+
+# --- run ------------------------------------------------------------------------------------------------
+@main.command(context_settings={"ignore_unknown_options": False})
+@db_option
+@click.option("--tasks", "tasks_file", metavar="FILE", help="Tasks file, one task per line ('-': stdin).")
+@click.option("--out", "out_dir", metavar="DIR", help="Also write each result to DIR/<name>.txt.")
+@click.option("--concurrency", default=1, show_default=True, type=int, help="Tasks run at once.")
+@click.option("--max-attempts", default=3, show_default=True, type=int, help="Attempts before a task fails.")
+@click.option("--retry-delay", default=1.0, show_default=True, type=float,
+              help="First retry backoff in seconds; doubles each attempt.")
+@click.option("--timeout", default=None, type=float, help="Kill an attempt after this many seconds.")
+@click.option("--heartbeat", default=5.0, show_default=True, type=float, help="Lease renewal period (s).")
+@click.option("--lease", default=None, type=float, help="Lease length (s); default 3 heartbeats.")
+@click.option("--grace", default=10.0, show_default=True, type=float,
+              help="On SIGTERM, how long running tasks may finish (s).")
+@click.option("--stall-timeout", default=None, type=float,
+              help="Cancel a task with no output, heartbeat-file touch or beat for this long (s).")
+@click.option("--max-result-bytes", default=16 * 1024 * 1024, show_default=True, type=int,
+              help="Largest stdout kept as a result; more fails the attempt.")
+@click.option("--keep-awake", "keep_awake", metavar="PATH", default=None,
+              help="Marker file kept while work remains (env ONWARD_KEEP_AWAKE).")
+@click.option("-q", "--quiet", is_flag=True, help="Log only warnings and failures.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every event.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(db: str | None, tasks_file: str | None, out_dir: str | None, concurrency: int, max_attempts: int,
+        retry_delay: float, timeout: float | None, heartbeat: float, lease: float | None, grace: float,
+        stall_timeout: float | None, max_result_bytes: int, keep_awake: str | None, quiet: bool,
+        verbose: bool, command: tuple[str, ...]) -> None:
+    """Run CMD once per pending task: `onward run --tasks FILE -- CMD [ARG...]`, `{task}` in any ARG
+    replaced by the task text. Exit 0 when all is done, 3 when some tasks failed for good."""
+    from .commands import run_command
+
+    code = run_command(db=db, tasks_file=tasks_file, out_dir=out_dir, concurrency=concurrency,
+                       max_attempts=max_attempts, retry_delay=retry_delay, timeout=timeout, heartbeat=heartbeat,
+                       lease=lease, grace=grace, stall_timeout=stall_timeout, max_result_bytes=max_result_bytes,
+                       keep_awake=keep_awake, log=Log(_log_level(quiet, verbose)), command=list(command))
+    sys.exit(code)
+
+
+# --- add ------------------------------------------------------------------------------------------------
+@main.command()
+@db_option
+@click.option("--tasks", "tasks_file", metavar="FILE", help="Tasks file, one task per line ('-': stdin).")
+@click.argument("tasks", nargs=-1)
+def add(db: str | None, tasks_file: str | None, tasks: tuple[str, ...]) -> None:
+    """Add tasks (by name, or from a file). Adding an existing task does nothing."""
+    from .commands import add_tasks
+
+    if bool(tasks) == bool(tasks_file):
+        raise UsageError("give tasks as arguments or --tasks FILE (one of the two)")
+    added = add_tasks(db, list(tasks), tasks_file)
+    click.echo(f"added {added} new task{'s' if added != 1 else ''}", err=True)
+
+
+# --- status ---------------------------------------------------------------------------------------------
+@main.command()
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+def status(db: str | None, as_json: bool) -> None:
+    """Where the job stands: counts, running tasks, workers, latest errors, rate and ETA."""
+    from .status import render_status, status_dict
+    from .store import open_store
+
+    store = open_store(db, create=False)
+    try:
+        report = status_dict(store)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(report, ensure_ascii=False))
+    else:
+        render_status(report)
+
+
+# --- list -----------------------------------------------------------------------------------------------
+@main.command(name="list")
+@db_option
+@click.option("--state", type=click.Choice(["pending", "running", "done", "failed"]), default=None)
+@click.option("--long", "long_", is_flag=True, help="Add state, attempts and times (tab-separated).")
+def list_(db: str | None, state: str | None, long_: bool) -> None:
+    """The tasks' texts, one per line, exactly as added."""
+    from .store import open_store
+
+    store = open_store(db, create=False)
+    out = sys.stdout
+    try:
+        for row in store.iter_tasks(state):
+            if long_:
+                out.write(f"{row.state}\t{row.attempts}\t{_iso(row.added_at)}\t{_iso(row.finished_at)}\t{row.name}\n")
+            else:
+                out.write(row.name + "\n")
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    finally:
+        store.close()
+
+
+# --- result ---------------------------------------------------------------------------------------------
+@main.command()
+@db_option
+@click.argument("task")
+def result(db: str | None, task: str) -> None:
+    """Write a done task's result to stdout, byte for byte (a JSON value as JSON)."""
+    from .store import open_store
+
+    store = open_store(db, create=False)
+    try:
+        stored = store.result(task)
+        if stored is None:
+            row = store.task(task)
+            if row is None:
+                raise UnknownTask(f"no task {task!r} in {store.url}")
+            raise TaskNotDone(f"task {task!r} is {row.state}, it has no result")
+    finally:
+        store.close()
+    sys.stdout.buffer.write(stored.data)
+    sys.stdout.buffer.flush()
+
+
+# --- retry ----------------------------------------------------------------------------------------------
+@main.command()
+@db_option
+@click.option("--failed", "all_failed", is_flag=True, help="Every failed task.")
+@click.argument("tasks", nargs=-1)
+def retry(db: str | None, all_failed: bool, tasks: tuple[str, ...]) -> None:
+    """Put failed tasks back to pending, with their attempts reset."""
+    from .store import open_store
+
+    if all_failed == bool(tasks):
+        raise UsageError("give --failed or task names (one of the two)")
+    store = open_store(db, create=False)
+    try:
+        if tasks:
+            unknown = [t for t in tasks if store.task(t) is None]
+            if unknown:
+                raise UnknownTask(f"no task {unknown[0]!r} in {store.url}")
+        n = store.retry(None if all_failed else list(tasks))
+        if n:
+            store.log_event("retried", detail=f"{n} failed task{'s' if n != 1 else ''} back to pending",
+                            durable=True)
+    finally:
+        store.close()
+    click.echo(f"{n} task{'s' if n != 1 else ''} back to pending", err=True)
+
+
+# --- logs -----------------------------------------------------------------------------------------------
+@main.command()
+@db_option
+@click.option("--task", "task", default=None, help="Only this task's events.")
+@click.option("-n", "--lines", "last", type=click.IntRange(min=1), default=None, help="Only the last N events.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events.")
+def logs(db: str | None, task: str | None, last: int | None, follow: bool) -> None:
+    """The event journal: one line per event with ISO time, pid and task."""
+    from .status import format_event
+    from .store import open_store
+
+    store = open_store(db, create=False)
+    after = 0
+    try:
+        events = store.events(task=task, last=last) if last else store.events(task=task, limit=10_000)
+        while True:
+            for event in events:
+                click.echo(format_event(event))
+                after = event.event_id
+            if events and len(events) >= 10_000 and not last:
+                events = store.events(after_id=after, task=task, limit=10_000)
+                continue
+            if not follow:
+                break
+            time.sleep(0.5)
+            events = store.events(after_id=after, task=task, limit=10_000)
+    except (BrokenPipeError, KeyboardInterrupt):
+        _quiet_broken_pipe()
+    finally:
+        store.close()
+
+
+def _iso(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _quiet_broken_pipe() -> None:
+    # `onward list | head` closes the pipe early; that is not an error worth a traceback.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+
+
+def _register_optional_commands() -> None:
+    """Commands that live in their own modules, so each part of onward keeps its own face."""
+    import importlib
+
+    for module, names in (("onward.deploy_cli", ("supervise_command", "service_group")),
+                          ("onward.steps_cli", ("steps_command",)),
+                          ("onward.demo", ("demo_command",)),
+                          ("onward.db_cli", ("db_group",))):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in names:
+            command = getattr(mod, name, None)
+            if command is not None:
+                main.add_command(command)
+
+
+_register_optional_commands()
+
+
+def entry(argv: list[str] | None = None) -> int:
+    """Run the CLI, mapping every error type to its exit status in one place."""
+    try:
+        main.main(args=argv, prog_name="onward", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.exceptions.Abort:
+        click.echo("onward: aborted", err=True)
+        return 130
+    except click.UsageError as e:
+        click.echo(f"onward: error: {e.format_message()}", err=True)
+        return 2
+    except click.ClickException as e:
+        click.echo(f"onward: error: {e.format_message()}", err=True)
+        return e.exit_code
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+        return 0
+    except OnwardError as e:
+        click.echo(f"onward: error: {e}", err=True)
+        for kind, code in EXIT_CODES:
+            if isinstance(e, kind):
+                return code
+        return 1
+    return 0
+
+
+def cli_main() -> None:
+    sys.exit(entry())
+
+
+if __name__ == "__main__":
+    cli_main()

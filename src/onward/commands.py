@@ -1,0 +1,101 @@
+"""What ``onward run`` and ``onward add`` do, callable from Python: check everything, then change things.
+
+Order matters for "bad input changes nothing": the command, the flags, the tasks file (every line) and the
+output folder are all checked before the store is created or a single task is added.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import UsageError
+from .executions import DEFAULT_MAX_RESULT_BYTES, CommandHandler
+from .job import validate_config
+from .keepawake import KeepAwake, marker_path
+from .log import Log
+from .notify import Notifier
+from .outdir import OutDir
+from .runner import RunConfig, Runner
+from .store import is_postgres_url, open_store, store_url
+from .store.base import Store
+from .tasksfile import import_tasks_file
+
+
+class LazyStore:
+    """The store if it exists already (checked: an onward store of a known version); created only when
+    something is about to be written, so input found bad before that leaves no new store behind."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.existing: Store | None = None
+        if is_postgres_url(url):
+            self.existing = open_store(url)  # a database server: creating the schema is how it is opened
+        else:
+            from .store.sqlite import path_from_url
+
+            path = path_from_url(url)
+            if os.path.exists(path) and os.path.getsize(path) > 0:
+                self.existing = open_store(url, create=False)
+
+    def get(self) -> Store:
+        if self.existing is None:
+            self.existing = open_store(self.url)
+        return self.existing
+
+    def close(self) -> None:
+        if self.existing is not None:
+            self.existing.close()
+            self.existing = None
+
+
+def add_tasks(db: str | None, tasks: list[str], tasks_file: str | None) -> int:
+    from .job import check_task_name
+
+    store = LazyStore(store_url(db))
+    try:
+        if tasks_file:
+            return import_tasks_file(store, tasks_file).added
+        names = [t.strip() for t in tasks]
+        for name in names:
+            check_task_name(name)
+        return store.get().add(names)
+    finally:
+        store.close()
+
+
+def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, concurrency: int,
+                max_attempts: int, retry_delay: float, timeout: float | None, heartbeat: float,
+                lease: float | None, grace: float, stall_timeout: float | None, max_result_bytes: int,
+                keep_awake: str | None, log: Log, command: list[str]) -> int:
+    if not command or not command[0]:
+        raise UsageError("no command to run: give it after --, e.g. onward run --tasks FILE -- CMD {task}")
+    if max_result_bytes < 0:
+        raise UsageError(f"--max-result-bytes cannot be negative (got {max_result_bytes})")
+    config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
+                       timeout=timeout, heartbeat=heartbeat, lease=lease, grace=grace,
+                       stall_timeout=stall_timeout)
+    validate_config(config)
+    url = store_url(db)
+    store = LazyStore(url)
+    out: OutDir | None = None
+    handler: CommandHandler | None = None
+    try:
+        if tasks_file:
+            # Checked whole before anything is written; the store is created only if the file is good.
+            result = import_tasks_file(store, tasks_file)
+            if result.added:
+                log.info(f"added {result.added} new tasks from {tasks_file}")
+        if out_dir:
+            out = OutDir(out_dir)
+        handler = CommandHandler(command, url, max_result_bytes or DEFAULT_MAX_RESULT_BYTES)
+        marker = marker_path(keep_awake)
+        runner = Runner(store.get(), handler, config, log, notifier=Notifier.from_env(),
+                        keep_awake=KeepAwake(marker) if marker else None, out=out)
+        summary = runner.run()
+        return summary.exit_code
+    finally:
+        if handler is not None:
+            handler.close()
+        if out is not None:
+            out.close()
+        store.close()

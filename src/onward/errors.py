@@ -1,0 +1,53 @@
+"""Exception types: every user-facing failure is one of these, with a message fit for one line.
+
+The CLI maps these types to exit codes in one place (``onward.cli.EXIT_CODES``); library users catch them.
+"""
+
+from __future__ import annotations
+
+
+class OnwardError(Exception):
+    """Base class of every error onward raises on purpose."""
+
+
+class UsageError(OnwardError):
+    """Bad input from the user: a flag value, a tasks file, an output folder. Exit status 2."""
+
+
+class StoreError(OnwardError):
+    """The store cannot be opened or used as asked. Exit status 2: nothing was changed."""
+
+
+class NotAStore(StoreError):
+    """The file exists but is not an onward store (another SQLite file, or not SQLite at all)."""
+
+
+class SchemaTooNew(StoreError):
+    """The store was written by a newer onward; this version refuses to touch it."""
+
+
+class SchemaTooOld(StoreError):
+    """The store's schema is older than this onward; ``onward db upgrade`` brings it up to date."""
+
+
+class CorruptStore(StoreError):
+    """The database file is damaged. onward reports it and never recreates the store silently."""
+
+
+class TaskNotDone(OnwardError):
+    """A result was asked for a task that has none (unknown, pending, running or failed). Exit status 1."""
+
+
+class UnknownTask(OnwardError):
+    """A task name given on the command line is not in the store. Exit status 1."""
+
+
+class Fenced(OnwardError):
+    """This worker lost its claim on the task (its lease was taken over): it must not commit anything more.
+
+    Raised inside a task when it tries to record a step under a fence that is no longer current.
+    """
+
+
+class StepDrift(OnwardError):
+    """A resumed task called a different step than the one recorded at that position."""

@@ -1,0 +1,61 @@
+"""Log lines: one per event on stderr, ``pid=<pid>`` on each, fit for journald.
+
+Under systemd (``JOURNAL_STREAM`` set) the journal stamps every line itself, so no second timestamp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import TextIO
+
+QUIET, NORMAL, VERBOSE = 0, 1, 2
+
+
+def quote(text: str, limit: int = 200) -> str:
+    """A task text as it appears in a log line: JSON-quoted (so it stays on one line), cut if long."""
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return json.dumps(text, ensure_ascii=False)
+
+
+def one_line(text: str | None, limit: int = 300) -> str:
+    """A possibly long, multi-line message (a traceback, a stderr tail) as one line: first … last."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+    return line[:limit]
+
+
+class Log:
+    def __init__(self, level: int = NORMAL, stream: TextIO | None = None, name: str = "onward") -> None:
+        self.level = level
+        self.stream = stream or sys.stderr
+        self.name = name
+        self.stamped = "JOURNAL_STREAM" not in os.environ
+
+    def _write(self, text: str) -> None:
+        prefix = f"{self.name} pid={os.getpid()} "
+        if self.stamped:
+            t = time.time()
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z "
+            prefix = stamp + prefix
+        try:
+            self.stream.write(prefix + text.replace("\n", " ") + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed or full stderr must never stop the work
+
+    def debug(self, text: str) -> None:
+        if self.level >= VERBOSE:
+            self._write(text)
+
+    def info(self, text: str) -> None:
+        if self.level >= NORMAL:
+            self._write(text)
+
+    def warning(self, text: str) -> None:
+        self._write(text)

@@ -1,0 +1,81 @@
+"""Speaking systemd's sd_notify protocol: READY, STATUS, WATCHDOG and STOPPING datagrams to $NOTIFY_SOCKET.
+
+Standard library only. ``onward supervise`` listens on the same protocol, so a worker behaves the same
+under systemd and under onward's own supervisor.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+
+class Notifier:
+    """Sends sd_notify messages; every method is a no-op when no supervisor listens."""
+
+    def __init__(self, address: str | None, watchdog_usec: int | None = None) -> None:
+        self._address: str | bytes | None = None
+        self._sock: socket.socket | None = None
+        if address:
+            # '@' names a socket in the abstract namespace, spelled with a leading NUL byte.
+            self._address = "\0" + address[1:] if address.startswith("@") else address
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        # Send WATCHDOG=1 at most every quarter period: often enough to survive one late turn of the loop,
+        # rarely enough that the hot loop does not pay a syscall per task.
+        self._watchdog_every = (watchdog_usec / 1e6 / 4) if watchdog_usec else 0.0
+        self._last_watchdog = 0.0
+
+    @classmethod
+    def from_env(cls) -> Notifier:
+        address = os.environ.get("NOTIFY_SOCKET")
+        usec: int | None = None
+        try:
+            usec = int(os.environ.get("WATCHDOG_USEC", "")) or None
+            # systemd sets WATCHDOG_PID for the main process only; a child that inherited the variable
+            # must not pretend to be the watched process.
+            watched_pid = os.environ.get("WATCHDOG_PID")
+            if watched_pid and int(watched_pid) != os.getpid():
+                usec = None
+        except ValueError:
+            usec = None
+        return cls(address, usec)
+
+    @property
+    def active(self) -> bool:
+        return self._sock is not None
+
+    @property
+    def watchdog_enabled(self) -> bool:
+        return self._sock is not None and self._watchdog_every > 0
+
+    def send(self, message: str) -> None:
+        if self._sock is None or self._address is None:
+            return
+        try:
+            self._sock.sendto(message.encode(), self._address)
+        except OSError:
+            # The supervisor may be restarting or gone; a lost notification must never stop the work.
+            pass
+
+    def ready(self) -> None:
+        self.send(f"READY=1\nMAINPID={os.getpid()}")
+
+    def status(self, text: str) -> None:
+        self.send("STATUS=" + text.replace("\n", " "))
+
+    def watchdog(self) -> None:
+        if not self._watchdog_every:
+            return
+        now = time.monotonic()
+        if now - self._last_watchdog >= self._watchdog_every:
+            self._last_watchdog = now
+            self.send("WATCHDOG=1")
+
+    def stopping(self) -> None:
+        self.send("STOPPING=1")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -1,0 +1,115 @@
+"""Processes: who we are (host, pid, start time), whether another process is still alive, and children
+that never outlive their parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import signal
+import socket
+from functools import cache
+
+from .store.base import Owner
+
+PR_SET_PDEATHSIG = 1
+
+
+def pid_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None if there is no such process.
+
+    With the pid it identifies a process for good: a pid can be reused, a (pid, start time) pair cannot.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) is in parentheses and may itself hold spaces and parentheses.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] == b"Z":  # a zombie has finished; only its exit status remains
+        return None
+    return int(fields[19])
+
+
+def process_alive(pid: int | None, start: int | None) -> bool:
+    """Whether the very process (pid, start time) still runs on this host."""
+    if not pid:
+        return False
+    current = pid_start_time(pid)
+    return current is not None and (start is None or current == start)
+
+
+@cache
+def host_key() -> str:
+    """Equal for two processes exactly when their pids can be compared: same host name, same boot (pids
+    restart after a reboot), same pid namespace (containers have their own)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "unknown-boot"
+    try:
+        pidns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        pidns = "unknown-pidns"
+    return f"{socket.gethostname()}/{boot}/{pidns}"
+
+
+def current_owner() -> Owner:
+    pid = os.getpid()
+    return Owner(host=socket.gethostname(), host_key=host_key(), pid=pid, pid_start=pid_start_time(pid) or 0)
+
+
+def owner_alive(owner: Owner) -> bool | None:
+    """True or False when the owner is on this host (its pid can be checked); None when it is elsewhere."""
+    if owner.host_key != host_key():
+        return None
+    return process_alive(owner.pid, owner.pid_start)
+
+
+@cache
+def _prctl():  # type: ignore[no-untyped-def]
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return libc.prctl
+
+
+def die_with_parent_preexec() -> None:
+    """For ``preexec_fn``: the child gets SIGKILL when the thread that forked it exits.
+
+    Two caveats decide how the runner uses it: the signal follows the forking *thread*, so children are
+    started from the runner's long-lived main thread; and the parent may already have died between fork
+    and prctl, so the child checks that it was not re-parented meanwhile.
+    """
+    parent = os.getppid()
+    _prctl()(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(137)
+
+
+def prepare_die_with_parent() -> None:
+    """Resolve libc before any fork: a preexec_fn must not load libraries."""
+    _prctl()
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
+    """Signal a whole process group. False if the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError as e:
+        return e.errno == errno.EPERM

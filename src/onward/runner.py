@@ -1,0 +1,491 @@
+"""The worker loop: claim -> run -> commit, with leases, heartbeats, timeouts and signals.
+
+One thread owns the store and turns this loop; tasks run beside it (Python functions in threads, commands
+as child processes), so the loop stays responsive while they run and its turning is a true sign of health:
+the systemd/supervisor watchdog is fed from here and nowhere else.
+
+Each turn, everything that finished since the last turn is committed together with the next claims in
+one transaction (group commit): with one slot that is exactly one durable commit per task, and nothing
+(log line, output file, summary) reports a completion before that commit returned.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import OnwardError, StoreError
+from .executions import Execution, Handler, Outcome
+from .keepawake import KeepAwake
+from .log import Log, quote
+from .notify import Notifier
+from .outdir import OutDir
+from .proc import current_owner, kill_group, owner_alive, process_alive
+from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Lease, Store
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass
+class RunConfig:
+    concurrency: int = 1
+    max_attempts: int = 3
+    retry_delay: float = 1.0  # first backoff; doubles with every further attempt
+    max_retry_delay: float = 300.0
+    timeout: float | None = None  # seconds an attempt may run
+    heartbeat: float = 5.0  # lease renewal period
+    lease: float | None = None  # lease length; default 3 heartbeats
+    grace: float = 10.0  # on SIGTERM: how long running tasks may take to finish
+    stall_timeout: float | None = None  # cancel a task with no sign of progress for this long
+    wait_for_others: bool = True  # when nothing is left to claim, wait for other workers' tasks
+    install_signal_handlers: bool = True
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.lease if self.lease is not None else 3 * self.heartbeat
+
+
+@dataclass
+class RunSummary:
+    done: int = 0  # tasks this run completed
+    failed: int = 0  # tasks this run failed for good
+    retried: int = 0  # failed attempts that will be retried
+    released: int = 0  # attempts given back on a graceful stop
+    fenced: int = 0  # completions refused because the task was taken over
+    stopped: bool = False  # a stop signal ended the run
+    counts: dict[str, int] = field(default_factory=dict)  # the store's counts at the end
+
+    @property
+    def exit_code(self) -> int:
+        """0: nothing left and no task failed (or stopped on request); 3: finished with failed tasks."""
+        if self.stopped:
+            return 0
+        return 3 if self.counts.get(FAILED, 0) else 0
+
+
+class Runner:
+    def __init__(self, store: Store, handler: Handler, config: RunConfig, log: Log, *,
+                 notifier: Notifier | None = None, keep_awake: KeepAwake | None = None,
+                 out: OutDir | None = None) -> None:
+        self.store = store
+        self.handler = handler
+        self.config = config
+        self.log = log
+        self.notifier = notifier or Notifier(None)
+        self.keep_awake = keep_awake
+        self.out = out
+        self.worker_id = 0
+        self.running: dict[int, Execution] = {}  # task id -> execution
+        self.summary = RunSummary()
+        self._finished: deque[tuple[Execution, Outcome]] = deque()
+        self._finished_lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._stop_requested: str | None = None
+        self._stop_deadline: float | None = None
+        self._completed = 0
+        self._unsettled: list[tuple[Execution, Outcome]] = []  # outcomes whose commit failed, to retry
+
+    # --- called from other threads -------------------------------------------------------------------
+    def post(self, execution: Execution, outcome: Outcome) -> None:
+        """Hand a finished attempt to the loop (thread-safe)."""
+        with self._finished_lock:
+            self._finished.append((execution, outcome))
+        self.wake()
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is already due to wake up
+
+    def request_stop(self, reason: str) -> None:
+        if self._stop_requested is None:
+            self._stop_requested = reason
+            self._stop_deadline = time.monotonic() + self.config.grace
+        self.wake()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested is not None
+
+    # --- the loop ------------------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        cfg = self.config
+        old_handlers: dict[int, Any] = {}
+        old_wakeup = None
+        if cfg.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                old_handlers[sig] = signal.signal(sig, self._on_signal)
+            old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        owner = current_owner()
+        self.worker_id = self.store.register_worker(owner, f"concurrency={cfg.concurrency}")
+        self.log.info(f"worker started: id={self.worker_id} store={self.store.url} concurrency={cfg.concurrency}")
+        stop_reason = "finished"
+        try:
+            self._reclaim_abandoned(at_start=True)
+            if self.out is not None:
+                self._export_missing()
+            self._update_keep_awake()
+            self.notifier.ready()
+            self._loop()
+            stop_reason = f"stopped by {self._stop_requested}" if self.stopping else "finished"
+        except BaseException as e:
+            stop_reason = f"crashed: {type(e).__name__}: {e}"
+            raise
+        finally:
+            self.notifier.stopping()
+            self._shutdown_executions()
+            try:
+                self.summary.counts = self.store.counts()
+                self.store.worker_stopped(self.worker_id, stop_reason)
+                self._release_keep_awake()
+            except OnwardError as e:
+                self.log.warning(f"could not record the stop: {e}")
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            if old_wakeup is not None:
+                signal.set_wakeup_fd(old_wakeup)
+            self.selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        self.summary.stopped = self.stopping
+        self.log.info(
+            f"worker stopped: {stop_reason}; this run: done={self.summary.done} failed={self.summary.failed}"
+            f" retried={self.summary.retried}; store: " + " ".join(f"{k}={v}" for k, v in self.summary.counts.items())
+        )
+        return self.summary
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.stopping:
+            return
+        self.request_stop(name)
+        for execution in self.running.values():
+            execution.request_stop()
+
+    def _loop(self) -> None:
+        cfg = self.config
+        idle_wait = 0.01
+        next_tick = time.monotonic() + cfg.heartbeat
+        last_turn = time.monotonic()
+        while True:
+            now = time.monotonic()
+            self.notifier.watchdog()
+            gap = now - last_turn
+            if gap > max(2.0, 2 * cfg.heartbeat):
+                # The whole process was frozen (sandbox pause, SIGSTOP): leases may have expired meanwhile.
+                self.log.warning(f"resumed after {gap:.1f} s pause; renewing leases now")
+                self.store.log_event("resumed", worker_id=self.worker_id, detail=f"after {gap:.1f} s pause")
+                next_tick = now
+            last_turn = now
+            if now >= next_tick:
+                self._tick()
+                next_tick = now + self._tick_period()
+            self._enforce_deadlines(now)
+            finished = self._take_finished()
+            want = 0 if self.stopping else cfg.concurrency - len(self.running) + len(finished)
+            claims = self._settle_and_claim(finished, want)
+            for claim in claims:
+                self._start(claim)
+            if self.stopping and not self.running:
+                return
+            if not self.running and not claims:
+                if self._nothing_left():
+                    return
+                idle_wait = min(idle_wait * 2, 1.0, cfg.heartbeat)
+                timeout = idle_wait
+            else:
+                idle_wait = 0.01
+                timeout = self._next_deadline(next_tick) - time.monotonic()
+            if claims and len(self.running) < cfg.concurrency:
+                timeout = 0.0 if len(claims) == want else timeout
+            self._wait(max(0.0, min(timeout, next_tick - time.monotonic())))
+
+    def _tick_period(self) -> float:
+        period = self.config.heartbeat
+        if self.config.stall_timeout:
+            period = min(period, self.config.stall_timeout / 4)
+        return max(period, 0.05)
+
+    def _wait(self, timeout: float) -> None:
+        for key, _ in self.selector.select(timeout):
+            if key.data is None:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            else:
+                key.data()  # a child's pipe or exit: its execution handles it
+
+    def _take_finished(self) -> list[tuple[Execution, Outcome]]:
+        with self._finished_lock:
+            finished = list(self._finished)
+            self._finished.clear()
+        if self._unsettled:
+            finished = self._unsettled + finished
+            self._unsettled = []
+        return finished
+
+    # --- committing ----------------------------------------------------------------------------------
+    def _settle_and_claim(self, finished: list[tuple[Execution, Outcome]], want: int) -> list[Claim]:
+        """Commit every finished attempt and claim up to ``want`` new tasks, in one durable transaction."""
+        if not finished and want <= 0:
+            return []
+        after_commit: list[Callable[[], None]] = []
+        try:
+            with self.store.batch():
+                for execution, outcome in finished:
+                    after_commit.append(self._settle(execution, outcome))
+                claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
+                                          self.config.max_attempts) if want > 0 else []
+                for claim in claims:
+                    self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
+                                         attempt=claim.attempt)
+        except StoreError as e:
+            # Nothing was committed: keep the outcomes and try again on the next turn.
+            self.log.warning(f"store error, will retry: {e}")
+            self._unsettled = finished
+            time.sleep(0.2)
+            return []
+        for execution, _ in finished:
+            self.running.pop(execution.claim.task_id, None)
+        for report in after_commit:
+            report()
+        for claim in claims:
+            self.log.debug(f"claimed task={quote(claim.name)} attempt={claim.attempt}")
+        return claims
+
+    def _settle(self, execution: Execution, outcome: Outcome) -> Callable[[], None]:
+        """Write one outcome inside the open batch; return what to report once it is committed."""
+        claim = execution.claim
+        store = self.store
+        seconds = time.monotonic() - execution.started
+        if execution.fenced:
+            return lambda: None  # already reported when the lease was lost
+        if outcome.kind == "done":
+            if store.complete(claim.task_id, claim.fence, outcome.result, outcome.result_kind):
+                store.log_event("done", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt)
+                self.summary.done += 1
+                self._completed += 1
+
+                def report_done() -> None:
+                    self.log.info(f"done task={quote(claim.name)} attempt={claim.attempt} in {seconds:.2f}s")
+                    if self.out is not None:
+                        self._export(claim.name, outcome.result)
+                return report_done
+            return self._fenced(claim)
+        if outcome.kind == "released":
+            if store.release(claim.task_id, claim.fence, outcome.error):
+                store.log_event("released", task_id=claim.task_id, worker_id=self.worker_id,
+                                attempt=claim.attempt, detail=outcome.error)
+                self.summary.released += 1
+                return lambda: self.log.info(f"released task={quote(claim.name)}: {outcome.error}")
+            return self._fenced(claim)
+        delay = min(self.config.retry_delay * 2 ** (claim.attempt - 1), self.config.max_retry_delay)
+        state = store.fail(claim.task_id, claim.fence, outcome.error, delay)
+        if state is None:
+            return self._fenced(claim)
+        if state == PENDING:
+            store.log_event("retrying", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
+                            detail=outcome.error)
+            self.summary.retried += 1
+            return lambda: self.log.warning(
+                f"attempt failed task={quote(claim.name)} attempt={claim.attempt}/{claim.max_attempts}:"
+                f" {outcome.error_line}; retry in {delay:g}s")
+        store.log_event("failed", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
+                        detail=outcome.error)
+        self.summary.failed += 1
+        return lambda: self.log.warning(
+            f"failed task={quote(claim.name)} after {claim.attempt} attempts: {outcome.error_line}")
+
+    def _fenced(self, claim: Claim) -> Callable[[], None]:
+        self.store.log_event("fenced", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
+                             detail="outcome not committed: the task was taken over")
+        self.summary.fenced += 1
+        return lambda: self.log.warning(
+            f"fenced task={quote(claim.name)} attempt={claim.attempt}: it was taken over, outcome dropped")
+
+    def _export(self, name: str, data: bytes) -> None:
+        assert self.out is not None
+        try:
+            self.out.write(name, data)
+        except OSError as e:
+            # The store holds the result; the next start exports what is missing.
+            self.log.warning(f"could not write output for task={quote(name)}: {e}")
+
+    def _export_missing(self) -> None:
+        assert self.out is not None
+        exported = 0
+        for row in self.store.iter_tasks(DONE):
+            if not self.out.has(row.name):
+                stored = self.store.result(row.name)
+                if stored is not None:
+                    self._export(row.name, stored.data)
+                    exported += 1
+        if exported:
+            self.log.info(f"exported {exported} missing result files")
+
+    # --- running attempts ----------------------------------------------------------------------------
+    def _start(self, claim: Claim) -> None:
+        try:
+            execution = self.handler.start(claim, self)
+        except OSError as e:
+            # The command could not even start (missing, not executable): a failed attempt like any other.
+            failed = Execution(claim)
+            self.running[claim.task_id] = failed
+            self.post(failed, Outcome.failure(f"cannot start command: {e.strerror or e}"))
+            return
+        self.running[claim.task_id] = execution
+        if execution.child_pid:
+            try:
+                self.store.note_child(claim.task_id, claim.fence, execution.child_pid, execution.child_start or 0)
+            except StoreError as e:
+                self.log.warning(f"could not record child pid: {e}")
+
+    def _enforce_deadlines(self, now: float) -> None:
+        cfg = self.config
+        for execution in list(self.running.values()):
+            if execution.cancelled:
+                continue
+            if cfg.timeout is not None and now - execution.started > cfg.timeout:
+                execution.cancel(f"timed out after {cfg.timeout:g}s")
+            elif cfg.stall_timeout is not None and now - execution.last_progress() > cfg.stall_timeout:
+                execution.cancel(f"stalled: no progress for {cfg.stall_timeout:g}s")
+        if self.stopping and self._stop_deadline is not None and now > self._stop_deadline:
+            for execution in list(self.running.values()):
+                execution.abandon(f"stopped by {self._stop_requested} after {cfg.grace:g}s grace")
+        for execution in list(self.running.values()):
+            if execution.unresponsive(now, cfg.grace):
+                # A Python task ignored its cancellation: a thread cannot be killed, so the worker exits
+                # with an error and its supervisor starts a clean one (the attempt is already counted).
+                raise WedgedTask(execution.claim.name, execution.cancel_reason or "cancelled")
+
+    def _next_deadline(self, next_tick: float) -> float:
+        deadline = next_tick
+        cfg = self.config
+        for execution in self.running.values():
+            if cfg.timeout is not None:
+                deadline = min(deadline, execution.started + cfg.timeout)
+            if cfg.stall_timeout is not None:
+                deadline = min(deadline, execution.last_progress() + cfg.stall_timeout)
+        if self._stop_deadline is not None:
+            deadline = min(deadline, self._stop_deadline)
+        return deadline
+
+    def _shutdown_executions(self) -> None:
+        """On the way out (also after an error): no child may outlive this worker."""
+        for execution in list(self.running.values()):
+            execution.abandon("worker exiting")
+        # Give back what was still running, uncounted, when we leave on a graceful stop; after an error
+        # the tasks stay claimed and are reclaimed as soon as any worker starts.
+        leftovers = self._take_finished()
+        for execution, outcome in leftovers:
+            self.running.pop(execution.claim.task_id, None)
+        if self.stopping:
+            for execution, outcome in leftovers:
+                try:
+                    self._settle_alone(execution, outcome)
+                except OnwardError as e:
+                    self.log.warning(f"could not record outcome of task={quote(execution.claim.name)}: {e}")
+            for execution in list(self.running.values()):
+                try:
+                    self._settle_alone(execution, Outcome.released("worker stopped"))
+                except OnwardError as e:
+                    self.log.warning(f"could not release task={quote(execution.claim.name)}: {e}")
+
+    def _settle_alone(self, execution: Execution, outcome: Outcome) -> None:
+        with self.store.batch():
+            report = self._settle(execution, outcome)
+        report()
+
+    # --- leases and other workers' tasks -------------------------------------------------------------
+    def _tick(self) -> None:
+        leases = [Lease(task_id=e.claim.task_id, fence=e.claim.fence,
+                        progress_age=time.monotonic() - e.last_progress(), note=e.note)
+                  for e in self.running.values() if not e.fenced]
+        try:
+            lost = self.store.renew(self.worker_id, leases, self.config.lease_seconds, self._completed)
+        except StoreError as e:
+            self.log.warning(f"could not renew leases: {e}")
+            lost = []
+        for task_id in lost:
+            execution = self.running.get(task_id)
+            if execution is not None and not execution.fenced:
+                execution.fenced = True
+                execution.cancel("lease lost: the task was taken over")
+                self.log.warning(f"lease lost task={quote(execution.claim.name)}: it was taken over, stopping it")
+        self._reclaim_abandoned(at_start=False)
+        self._update_keep_awake()
+        counts = self.store.counts()
+        self.notifier.status(f"{counts.get(DONE, 0)}/{sum(counts.values())} done, {counts.get(RUNNING, 0)} running,"
+                             f" {counts.get(FAILED, 0)} failed")
+
+    def _reclaim_abandoned(self, at_start: bool) -> None:
+        """Take back tasks whose owner died (same host: at once) or whose lease expired (anywhere)."""
+        for task in self.store.running():
+            if task.worker_id == self.worker_id:
+                continue
+            alive = owner_alive(task.owner) if task.owner is not None else False
+            if alive is False:
+                reason = "owner died"
+            elif task.lease_expired:
+                reason = "lease expired"
+            else:
+                continue
+            # Two executions of one task must never overlap: the old command's process group goes first.
+            if task.child_pid and (alive is not None or task.owner is None) and process_alive(
+                    task.child_pid, task.child_start):
+                kill_group(task.child_pid)
+            elif task.child_pid and alive is False:
+                kill_group(task.child_pid)  # the leader is gone, but its group may live on
+            state = self.store.reclaim(task.task_id, task.fence, reason)
+            if state is None:
+                continue
+            self.store.log_event("reclaimed", task_id=task.task_id, worker_id=self.worker_id, attempt=task.attempt,
+                                 detail=f"{reason}; now {state}")
+            self.log.warning(f"reclaimed task={quote(task.name)} attempt={task.attempt}: {reason}; now {state}")
+
+    def _nothing_left(self) -> bool:
+        counts = self.store.counts()
+        if counts.get(PENDING, 0) == 0 and counts.get(RUNNING, 0) == 0:
+            return True
+        if counts.get(PENDING, 0) == 0 and not self.config.wait_for_others:
+            return True
+        return False
+
+    def _update_keep_awake(self) -> None:
+        if self.keep_awake is None:
+            return
+        counts = self.store.counts()
+        if counts.get(PENDING, 0) or counts.get(RUNNING, 0):
+            self.keep_awake.hold(self.store.url)
+
+    def _release_keep_awake(self) -> None:
+        """Remove the marker when nothing is left to do, or when no other live worker remains to do it."""
+        if self.keep_awake is None:
+            return
+        counts = self.store.counts()
+        work_left = counts.get(PENDING, 0) or counts.get(RUNNING, 0)
+        others = [w for w in self.store.stats().workers
+                  if w.worker_id != self.worker_id and w.heartbeat_age < self.config.lease_seconds
+                  and owner_alive(w.owner) is not False]
+        if not work_left or not others:
+            self.keep_awake.release()
+
+
+class WedgedTask(OnwardError):
+    """A Python task ignored cancellation past the grace period; the worker must be restarted."""
+
+    def __init__(self, task: str, reason: str) -> None:
+        super().__init__(f"task {quote(task)} ignored cancellation ({reason}); exiting so a supervisor restarts"
+                         " the worker")

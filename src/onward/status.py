@@ -1,0 +1,114 @@
+"""Where a job stands: the status report (``onward status``, also as JSON) and journal lines (``onward logs``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from .log import one_line
+from .proc import owner_alive
+from .store.base import DONE, FAILED, PENDING, RUNNING, Event, Store
+
+
+def status_dict(store: Store) -> dict[str, Any]:
+    """The status as plain data; ``onward status --json`` prints exactly this."""
+    stats = store.stats()
+    counts = {state: stats.counts.get(state, 0) for state in (PENDING, RUNNING, DONE, FAILED)}
+    rate = stats.done_last_minute / 60.0
+    left = counts[PENDING] + counts[RUNNING]
+    workers = []
+    for w in stats.workers:
+        alive = owner_alive(w.owner)
+        workers.append({
+            "id": w.worker_id, "host": w.owner.host, "pid": w.owner.pid,
+            "heartbeat_age": round(w.heartbeat_age, 1), "done": w.done, "running": w.running,
+            "started_at": _iso(w.started_at),
+            # Same host: we can tell for sure; elsewhere the heartbeat is all we have.
+            "alive": alive if alive is not None else None,
+        })
+    return {
+        "store": store.url,
+        "total": stats.total,
+        **counts,
+        "workers": workers,
+        "tasks_running": [
+            {"task": t.name, "attempt": t.attempt, "worker_pid": t.owner.pid if t.owner else None,
+             "host": t.owner.host if t.owner else None,
+             "heartbeat_age": round(t.heartbeat_age, 1) if t.heartbeat_age is not None else None,
+             "note": t.note}
+            for t in stats.running
+        ],
+        "errors": [{"at": _iso(e.at), "kind": e.kind, "task": e.task, "attempt": e.attempt,
+                    "error": one_line(e.detail, 200)} for e in stats.errors],
+        "restarts": stats.restarts,
+        "rate_per_second": round(rate, 2),
+        "eta_seconds": round(left / rate) if rate > 0 and left else (0 if not left else None),
+    }
+
+
+def render_status(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    total = report["total"] or 1
+    done, failed = report[DONE], report[FAILED]
+    console.print(f"[bold]onward[/bold] {report['store']}")
+    console.print(
+        f"  total {report['total']}   pending {report[PENDING]}   running {report[RUNNING]}   "
+        f"[green]done {done}[/green]   [red]failed {failed}[/red]   ({100 * (done + failed) / total:.1f}% finished)"
+    )
+    eta = report["eta_seconds"]
+    eta_text = "-" if eta is None else _duration(eta)
+    console.print(f"  rate {report['rate_per_second']:.1f}/s over the last minute   eta {eta_text}   "
+                  f"restarts {report['restarts']}")
+    if report["workers"]:
+        table = Table(title="workers", title_justify="left", box=None, pad_edge=False)
+        for col in ("id", "host", "pid", "heartbeat", "running", "done", "alive"):
+            table.add_column(col)
+        for w in report["workers"]:
+            alive = {True: "yes", False: "no (dead)", None: "?"}[w["alive"]]
+            table.add_row(str(w["id"]), w["host"], str(w["pid"]), f"{w['heartbeat_age']}s ago", str(w["running"]),
+                          str(w["done"]), alive)
+        console.print(table)
+    if report["tasks_running"]:
+        table = Table(title="running", title_justify="left", box=None, pad_edge=False)
+        for col in ("task", "attempt", "worker pid", "heartbeat", "note"):
+            table.add_column(col)
+        for t in report["tasks_running"][:20]:
+            age = "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']}s ago"
+            table.add_row(t["task"], str(t["attempt"]), str(t["worker_pid"]), age, t["note"] or "")
+        console.print(table)
+    if report["errors"]:
+        console.print("[bold]latest errors[/bold]")
+        for e in report["errors"]:
+            console.print(f"  {e['at']} {e['kind']} {e['task']!r} attempt {e['attempt']}: {e['error']}",
+                          markup=False)
+
+
+def format_event(event: Event) -> str:
+    parts = [_iso(event.at, precise=True), f"pid={event.pid}", event.kind]
+    if event.task is not None:
+        parts.append("task=" + json.dumps(event.task, ensure_ascii=False))
+    if event.attempt is not None:
+        parts.append(f"attempt={event.attempt}")
+    if event.detail:
+        parts.append(one_line(event.detail, 500))
+    return " ".join(parts)
+
+
+def _iso(t: float | None, precise: bool = False) -> str:
+    if t is None:
+        return "-"
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+    return base + (f".{int(t % 1 * 1000):03d}Z" if precise else "Z")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

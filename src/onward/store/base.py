@@ -1,0 +1,263 @@
+"""The storage contract: the few operations a durable runner needs, each with its guarantee.
+
+Every backend (``sqlite.py``, ``postgres.py``) implements ``Store``; the runner, the CLI and the Python API
+only ever talk to this protocol. Words used here mean one thing each (see the README glossary):
+
+- *claim*: a worker takes a pending task; the claim counts an *attempt* and bumps the task's *fence*.
+- *fence*: a number that grows on every claim. Every write a worker makes about a running task (renew,
+  step, complete, fail, release) names the fence it claimed under, and is refused when the fence moved on:
+  the task was reclaimed and belongs to someone else now.
+- *lease*: the time until which a claim is valid, renewed by the owner's heartbeat. All lease times come
+  from the store's own clock (the local clock for SQLite, the database server's for PostgreSQL).
+- *durable*: a write that returned has reached stable storage (an fsync, or a synchronous commit);
+  *crash-safe*: it survives the process being killed but not necessarily a power cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# Task states, as stored. A task moves pending -> running -> done | failed, and running -> pending on a
+# retry, a release (graceful stop) or a reclaim.
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+STATES = (PENDING, RUNNING, DONE, FAILED)
+
+# How a result's bytes are to be read back (see onward.results).
+RESULT_KINDS = ("bytes", "str", "json")
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who runs a worker: enough to tell, on the same host, whether that process is still alive."""
+
+    host: str  # the host name, shown to people
+    host_key: str  # host name + boot id + pid namespace: equal only for processes that share a pid space
+    pid: int
+    pid_start: int  # the process's start time in clock ticks since boot (/proc/PID/stat field 22)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A task handed to one worker. ``fence`` must accompany every later write about it."""
+
+    task_id: int
+    name: str
+    attempt: int  # 1-based count of attempts, this one included
+    fence: int
+    max_attempts: int
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A running task as the owning worker knows it, for ``Store.renew``."""
+
+    task_id: int
+    fence: int
+    progress_age: float | None = None  # seconds since the last sign of progress (ctx.beat, output)
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class RunningTask:
+    """A task in state running, with what is needed to decide whether to reclaim it."""
+
+    task_id: int
+    name: str
+    attempt: int
+    fence: int
+    worker_id: int | None
+    owner: Owner | None
+    child_pid: int | None
+    child_start: int | None
+    lease_expired: bool  # judged by the store's clock
+    heartbeat_age: float | None  # seconds since the last heartbeat, store clock
+    note: str | None
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    name: str
+    state: str
+    attempts: int
+    added_at: float
+    started_at: float | None
+    finished_at: float | None
+    error: str | None
+    result_kind: str | None
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    kind: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    worker_id: int
+    owner: Owner
+    started_at: float
+    heartbeat_age: float
+    stopped_at: float | None
+    stop_reason: str | None
+    done: int  # tasks this worker completed
+    running: int
+
+
+@dataclass(frozen=True)
+class Event:
+    event_id: int
+    at: float
+    kind: str
+    pid: int | None
+    host: str | None
+    task: str | None
+    attempt: int | None
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class Stats:
+    counts: dict[str, int]  # state -> number of tasks
+    running: list[RunningTask]
+    workers: list[WorkerRow]  # workers that have not stopped, newest first
+    errors: list[Event]  # the latest failures, newest first
+    done_last_minute: int
+    restarts: int
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class SourceMark:
+    """How far a tasks file was imported, to skip re-reading it when it has not changed or only grew."""
+
+    identity: str  # device and inode
+    size: int  # bytes imported: the file up to the end of its last complete line
+    lines: int  # lines in those bytes, so errors further on still name the right line
+    mtime_ns: int
+    head_digest: str  # digest of the file's first bytes, to notice a rewritten file
+    tail_digest: str  # digest of the bytes just before ``size``, to notice an edited prefix
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One recorded step of a task (durable agent steps)."""
+
+    index: int  # 1-based position among the task's recorded calls
+    name: str
+    kind: str  # "value" for a return value, "error" for a recorded final error, "checkpoint", "sleep"
+    data: bytes
+    at: float
+
+
+class Store(Protocol):
+    """A durable task store. Methods not marked otherwise commit durably before they return, unless they
+    are called inside ``batch()``, whose one commit at the end covers them all."""
+
+    url: str  # where the store is, printable: never holds a password
+
+    def close(self) -> None:
+        """Release the connection. Idempotent."""
+
+    def now(self) -> float:
+        """The store's clock, seconds since the epoch; lease and retry times are on this clock."""
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Group the writes inside into one transaction, committed durably once at the end (group commit).
+        An exception inside rolls everything back. Claims inside a batch take effect with it."""
+
+    # --- tasks ---------------------------------------------------------------------------------------
+    def add(self, names: Iterable[str]) -> int:
+        """Add tasks by name; names already present are left alone. Returns how many were new."""
+
+    def get_source(self, path_key: str) -> SourceMark | None:
+        """The import mark of a tasks file, by its absolute path, or None."""
+
+    def set_source(self, path_key: str, mark: SourceMark) -> None:
+        """Record how far a tasks file was imported (call in the same batch as the ``add``)."""
+
+    def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int) -> list[Claim]:
+        """Take up to ``limit`` ready pending tasks (retry time reached), oldest first, for this worker:
+        state running, attempt + 1, fence + 1, lease until now + ``lease_seconds``. The claim is committed
+        before this returns (or with the enclosing batch), so a task that kills its worker still has the
+        attempt counted. No two workers ever hold the same task."""
+
+    def renew(self, worker_id: int, leases: Sequence[Lease], lease_seconds: float, completed: int) -> list[int]:
+        """Extend the leases of tasks this worker runs, recording progress. Returns the ids of the tasks
+        whose fence moved on (taken over): the caller must stop them and not commit them. Also heartbeats
+        the worker row, with ``completed``, the number of tasks it finished so far (for status).
+        Crash-safe, not necessarily durable: a lease only has to outlive its owner's process."""
+
+    def note_child(self, task_id: int, fence: int, child_pid: int, child_start: int) -> None:
+        """Record the process group a running task's command runs in. Crash-safe, not durable: a power cut
+        kills the children too."""
+
+    def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
+        """Mark the task done with its result, atomically. False (and nothing written) if fenced out."""
+
+    def fail(self, task_id: int, fence: int, error: str, retry_delay: float) -> str | None:
+        """Record a failed attempt. If attempts remain, the task goes back to pending, ready after
+        ``retry_delay`` seconds; else it is failed for good. Returns the new state, or None if fenced out."""
+
+    def release(self, task_id: int, fence: int, reason: str) -> bool:
+        """Give a claimed task back without counting the attempt (graceful stop). False if fenced out."""
+
+    def running(self) -> list[RunningTask]:
+        """Every task in state running, with its owner and whether its lease has expired."""
+
+    def reclaim(self, task_id: int, fence: int, reason: str) -> str | None:
+        """Take a running task away from its owner (dead or lease expired): the fence moves on; the task
+        goes back to pending, or to failed if its attempts are used up. Returns the new state, or None if
+        the task is no longer running under that fence."""
+
+    def retry(self, names: Sequence[str] | None) -> int:
+        """Failed tasks back to pending with attempts reset: the named ones, or every failed one if
+        ``names`` is None. Returns how many changed."""
+
+    # --- reading -------------------------------------------------------------------------------------
+    def task(self, name: str) -> TaskRow | None:
+        """One task by name."""
+
+    def result(self, name: str) -> StoredResult | None:
+        """A done task's result, or None if the task is not done."""
+
+    def iter_tasks(self, state: str | None = None) -> Iterator[TaskRow]:
+        """Every task (or those in one state), in the order they were added. Streams: constant memory."""
+
+    def counts(self) -> dict[str, int]:
+        """Number of tasks in each state. Cheap: does not scan the tasks."""
+
+    def stats(self) -> Stats:
+        """What ``onward status`` shows. Cheap on a store of millions of tasks."""
+
+    # --- workers and the journal ---------------------------------------------------------------------
+    def register_worker(self, owner: Owner, detail: str) -> int:
+        """Record a new worker (and a 'worker started' event). Returns its id."""
+
+    def worker_stopped(self, worker_id: int, reason: str) -> None:
+        """Mark the worker stopped (and journal why)."""
+
+    def log_event(self, kind: str, *, task_id: int | None = None, worker_id: int | None = None,
+                  attempt: int | None = None, detail: str | None = None, durable: bool = False) -> None:
+        """Append one event to the journal. Crash-safe unless ``durable``."""
+
+    def events(self, after_id: int = 0, task: str | None = None, limit: int = 1000,
+               last: int | None = None) -> list[Event]:
+        """Events with id greater than ``after_id`` in order (or the ``last`` N), optionally one task's."""
+
+    # --- durable steps -------------------------------------------------------------------------------
+    def steps(self, task_id: int) -> list[StepRecord]:
+        """The recorded steps of a task, in order."""
+
+    def record_step(self, task_id: int, fence: int, step: StepRecord) -> bool:
+        """Durably record one step's outcome under the task's fence. False if fenced out."""
+
+    def drop_steps(self, task_id: int, fence: int, from_index: int) -> bool:
+        """Forget recorded steps from ``from_index`` on (replay policy "prefix"). False if fenced out."""

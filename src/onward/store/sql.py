@@ -1,0 +1,22 @@
+"""Loading a backend's named queries from its .sql file (``-- name: NAME`` starts each one)."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+
+def load_queries(filename: str) -> dict[str, str]:
+    text = (files(__package__) / filename).read_text(encoding="utf-8")
+    queries: dict[str, str] = {}
+    name: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("-- name:"):
+            if name:
+                queries[name] = "\n".join(lines).strip()
+            name, lines = line[len("-- name:") :].strip(), []
+        elif name:
+            lines.append(line)
+    if name:
+        queries[name] = "\n".join(lines).strip()
+    return queries

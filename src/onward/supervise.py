@@ -1,0 +1,457 @@
+"""Keep a worker running where systemd is not PID 1: restarts with backoff, a crash-loop limit, a heartbeat
+watchdog, and an sd_notify server speaking systemd's own protocol to the child.
+
+``Supervisor(["onward", "run", ...]).run()`` is what ``onward supervise -- onward run ...`` does. It plays the
+part of systemd for one service with ``Type=notify``, ``NotifyAccess=main``, ``Restart=on-failure``,
+``KillMode=mixed`` and ``WatchdogSec=``, so a worker behaves the same under both (see ``onward.systemd``).
+
+The protocol. The supervisor binds a private ``AF_UNIX`` datagram socket in a fresh 0700 directory and starts
+the child with ``NOTIFY_SOCKET`` naming it, and with ``WATCHDOG_USEC`` when a watchdog is set. It reads the
+newline-separated ``KEY=VALUE`` datagrams of ``sd_notify(3)``: ``READY=1``, ``STATUS=...``, ``WATCHDOG=1``,
+``WATCHDOG=trigger`` and ``STOPPING=1``; other keys are ignored. The socket has ``SO_PASSCRED`` on, so every
+datagram carries its sender's pid, and only the child's own pid is listened to (systemd's
+``NotifyAccess=main``): a task the worker runs inherits ``NOTIFY_SOCKET`` but cannot keep a wedged worker
+alive with heartbeats of its own. ``WATCHDOG_PID`` is not set: systemd sets it to the main pid after its
+fork, which ``subprocess`` cannot do before ``exec``; ``sd_watchdog_enabled(3)`` and onward's ``Notifier``
+treat an absent ``WATCHDOG_PID`` as "the watchdog is meant for me", and the pid filter above makes a
+grandchild's heartbeats harmless anyway.
+
+Restart rules (exit statuses are those of ``onward run``):
+
+- exit 0 (finished) or 3 (finished, some tasks failed): the supervisor exits with the same status;
+- exit 2 (usage or configuration error): exit 2, no restart, since a restart would fail the same way;
+- any other exit status, death by a signal, or a watchdog kill: restart after a delay. The delay is
+  ``restart_delay * 2 ** (streak - 1)``, at most ``MAX_BACKOFF`` seconds, where ``streak`` counts the
+  consecutive runs that lasted less than ``FAST_CRASH`` seconds (a run that lasted longer resets it to 1).
+  A worker killed once in a while is back after ``restart_delay``; one that dies at start-up backs off.
+- more than ``max_restarts`` restarts within ``window`` seconds: one line on stderr and exit 1.
+- SIGTERM or SIGINT to the supervisor is forwarded to the child's pid (not its group: the worker stops its
+  tasks itself, within its ``--grace``), the watchdog is disarmed as systemd does once a stop begins, and no
+  restart follows: the supervisor exits with the child's status (128 + N for death by signal N).
+
+Whenever a child is gone, its process group is SIGKILLed before it is reaped (while its pid still pins the
+group id), so no helper it left behind outlives it. The child runs in its own process group with
+``PR_SET_PDEATHSIG=SIGKILL``, so it dies with the supervisor even when the supervisor is SIGKILLed.
+
+Watchdog. With ``watchdog=S``, a child that sends no ``WATCHDOG=1`` for S seconds, counted from its start,
+its ``READY=1`` or its last heartbeat, gets its process group SIGKILLed and is restarted (cause
+``watchdog: no heartbeat for S s``). The heartbeat must come from the worker's main loop, so a loop stuck in
+a deadlock or a C call holding the GIL stops it.
+
+Freeze safety. A sandbox pause (SIGSTOP of the whole tree, a cgroup freezer, a VM snapshot) stops the
+supervisor together with its child, while the clock runs on. After the thaw the child's last heartbeat looks
+old, but it was not the child's fault. The supervisor's loop wakes at least every ``tick`` seconds (a tenth
+of a second or less), and measures how much later than asked it woke up. A lateness above the pause
+threshold (one second, or half the watchdog period if that is shorter) means the supervisor itself was not
+running: it logs ``supervisor resumed after N s pause`` and re-arms the watchdog, giving the child a fresh
+full period to send its next heartbeat. A child that stopped alone (the supervisor kept running) shows no
+such gap and is killed as wedged. The check runs before the deadline is looked at, so the order in which the
+two processes thaw does not matter.
+
+Restarts are journaled in the store (event kind ``restart``, the cause in its detail) when a store is known,
+so ``onward status`` counts them like systemd's ``NRestarts``; without a store they are only logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from onward.errors import UsageError
+from onward.log import Log
+from onward.store import DEFAULT_DB, open_store
+
+DEFAULT_RESTART_DELAY = 0.2
+DEFAULT_MAX_RESTARTS = 5
+DEFAULT_WINDOW = 60.0
+
+FAST_CRASH = 2.0  # a run shorter than this (seconds) counts as crashing fast, for the backoff
+MAX_BACKOFF = 30.0  # the restart delay never grows beyond this (seconds)
+NOT_RESTARTED = {0: "finished", 3: "finished, some tasks failed", 2: "usage or configuration error"}
+
+_PR_SET_PDEATHSIG = 1
+_NOTIFY_MAX = 4096  # systemd reads at most this much of one datagram (NOTIFY_BUFFER_MAX)
+_UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+
+
+_log = Log(name="onward supervise")
+
+
+def log(message: str) -> None:
+    """One line on stderr, in the style of every onward process (``pid=``, fit for journald)."""
+    _log.info(message)
+
+
+def backoff_delay(restart_delay: float, streak: int) -> float:
+    """The wait before a restart: ``restart_delay * 2 ** (streak - 1)``, capped at ``MAX_BACKOFF``, where
+    ``streak`` (1 or more) counts the consecutive runs that ended within ``FAST_CRASH`` seconds."""
+    return min(restart_delay * 2 ** max(streak - 1, 0), max(restart_delay, MAX_BACKOFF))
+
+
+def describe_status(returncode: int) -> str:
+    """``exit status N`` or ``signal SIGNAME``, as ``Popen.returncode`` (negative for a signal) says."""
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        return f"signal {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def exit_code(returncode: int) -> int:
+    """The status a shell would report: the exit status, or 128 + N for death by signal N."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def onward_run_span(command: Sequence[str]) -> tuple[int, int] | None:
+    """Where the options of ``onward run`` are in ``command``: ``(start, end)`` such that ``command[start:end]``
+    are the words after ``run`` up to ``--`` (``end`` is the index of ``--``, or the length). None when the
+    command is not an onward command: ``run`` must follow a word named ``onward`` (an executable path, or
+    the module after ``python -m``)."""
+    onward = next((i for i, word in enumerate(command)
+                   if os.path.basename(word) == "onward" or word in ("onward.cli", "onward.__main__")), None)
+    if onward is None:
+        return None
+    try:
+        start = command.index("run", onward + 1) + 1
+    except ValueError:
+        return None
+    end = command.index("--", start) if "--" in command[start:] else len(command)
+    return start, end
+
+
+def find_run_option(command: Sequence[str], name: str) -> tuple[int, str, str] | None:
+    """Where ``onward run`` in ``command`` is given option ``name`` (``--db X`` or ``--db=X``):
+    ``(index of the word holding the value, the part of that word before the value, value)``, or None.
+    The last occurrence wins, as with click. Both the supervisor (which store to journal to) and the unit
+    generator (which paths to make absolute) read options through this one function."""
+    span = onward_run_span(command)
+    if span is None:
+        return None
+    found = None
+    for i in range(*span):
+        if command[i] == name and i + 1 < span[1]:
+            found = (i + 1, "", command[i + 1])
+        elif command[i].startswith(name + "="):
+            found = (i, name + "=", command[i][len(name) + 1:])
+    return found
+
+
+def store_url_for(command: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """The store a worker command uses, as far as the supervisor can tell: its ``--db``, else ``ONWARD_DB``,
+    else onward's default ``.onward/onward.db`` if that file exists (no store is created just to journal)."""
+    found = find_run_option(command, "--db")
+    if found:
+        return found[2]
+    if environ.get("ONWARD_DB"):
+        return environ["ONWARD_DB"]
+    return DEFAULT_DB if os.path.isfile(DEFAULT_DB) else None
+
+
+def _load_prctl() -> Any:
+    """libc's prctl, loaded once in the parent (never between fork and exec), or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _load_prctl()
+
+
+class Supervisor:
+    """Run ``command`` as a child and keep it running; ``run()`` returns the supervisor's exit status.
+
+    Call ``run()`` from the main thread: it installs handlers for SIGTERM and SIGINT (restored on return),
+    and the child's ``PR_SET_PDEATHSIG`` fires when the *thread* that started it ends.
+    """
+
+    def __init__(self, command: Sequence[str], restart_delay: float = DEFAULT_RESTART_DELAY,
+                 max_restarts: int = DEFAULT_MAX_RESTARTS, window: float = DEFAULT_WINDOW,
+                 watchdog: float | None = None, store_url: str | None = None) -> None:
+        if not command:
+            raise UsageError("supervise: no command given (put it after --)")
+        if not restart_delay >= 0:
+            raise UsageError(f"--restart-delay must be 0 or more seconds, not {restart_delay}")
+        if max_restarts < 0:
+            raise UsageError(f"--max-restarts must be 0 or more, not {max_restarts}")
+        if not window > 0:
+            raise UsageError(f"--window must be more than 0 seconds, not {window}")
+        if watchdog is not None and not watchdog > 0:
+            raise UsageError(f"--watchdog must be more than 0 seconds, not {watchdog}")
+        self.command = list(command)
+        self.restart_delay = restart_delay
+        self.max_restarts = max_restarts
+        self.window = window
+        self.watchdog = watchdog
+        self.store_url = store_url if store_url is not None else store_url_for(self.command, os.environ)
+        # A gap in the supervisor's own loop above pause_threshold means it was frozen (see the module
+        # docstring); the loop wakes every tick so that a gap of that size cannot be its own doing.
+        self.pause_threshold = min(1.0, watchdog / 2) if watchdog else 1.0
+        self.tick = min(0.1, self.pause_threshold / 5)
+        self.last_status: str | None = None  # the child's latest STATUS=, shown when it dies
+        self._stop_signal: int | None = None
+        self._wake_r: socket.socket | None = None
+
+    # --- the restart loop ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Start the child, restart it by the rules in the module docstring, return the exit status."""
+        with tempfile.TemporaryDirectory(prefix="onward-supervise-") as private_dir, \
+                socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify, \
+                self._signals_forwarded():
+            # mkdtemp made the directory 0700: only our user can send to the socket.
+            path = os.path.join(private_dir, "notify")
+            notify.bind(path)
+            notify.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            notify.setblocking(False)
+            return self._restart_loop(notify, path)
+
+    def _restart_loop(self, notify: socket.socket, path: str) -> int:
+        restarts: deque[float] = deque()  # when each restart within the window happened (monotonic)
+        streak = 0
+        child = self._spawn(path, first=True)
+        while child is not None:
+            started = time.monotonic()
+            returncode, watchdog_cause = self._watch(child, notify)
+            ran_for = time.monotonic() - started
+            status = describe_status(returncode)
+            if self._stop_signal is not None:
+                log(f"worker {child.pid} stopped ({status}) after {signal.Signals(self._stop_signal).name}; "
+                    "not restarting")
+                return exit_code(returncode)
+            if watchdog_cause is None and returncode in NOT_RESTARTED:
+                log(f"worker {child.pid} exited with status {returncode} ({NOT_RESTARTED[returncode]}); "
+                    "not restarting")
+                return returncode
+            cause = watchdog_cause or status
+            last = f" (last status: {self.last_status})" if self.last_status else ""
+            log(f"worker {child.pid} died: {cause}{last}")
+            now = time.monotonic()
+            while restarts and restarts[0] <= now - self.window:
+                restarts.popleft()
+            if len(restarts) >= self.max_restarts:
+                log(f"giving up after {len(restarts)} restarts within {self.window:g} s "
+                    f"(--max-restarts {self.max_restarts}): the worker keeps dying, last by {cause}")
+                return 1
+            restarts.append(now)
+            streak = streak + 1 if ran_for < FAST_CRASH else 1
+            delay = backoff_delay(self.restart_delay, streak)
+            log(f"restarting worker after {cause} (restart {len(restarts)} in {self.window:g} s window"
+                + (f", backing off {delay:g} s)" if streak > 1 else ")"))
+            self._journal(cause)
+            if not self._wait_unless_stopped(now + delay):
+                log(f"{signal.Signals(self._stop_signal or signal.SIGTERM).name} received while waiting to "
+                    "restart; not restarting")
+                return exit_code(returncode)
+            self.last_status = None
+            child = self._spawn(path, first=False)
+        return 1
+
+    def _spawn(self, notify_path: str, first: bool) -> subprocess.Popen[bytes] | None:
+        """Start the child; None if a restart cannot start it (a first start raises UsageError)."""
+        env = dict(os.environ)
+        env["NOTIFY_SOCKET"] = notify_path
+        env.pop("WATCHDOG_PID", None)  # see the module docstring
+        if self.watchdog:
+            env["WATCHDOG_USEC"] = str(round(self.watchdog * 1_000_000))
+        else:
+            env.pop("WATCHDOG_USEC", None)
+        parent = os.getpid()
+
+        def in_child() -> None:  # between fork and exec: async-signal-safe calls only
+            os.setpgid(0, 0)
+            if _prctl is not None:
+                _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() != parent:  # the supervisor died before prctl took effect
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        try:
+            child = subprocess.Popen(self.command, env=env, preexec_fn=in_child)
+        except OSError as exc:
+            if first:
+                raise UsageError(f"supervise: cannot start {self.command[0]}: {exc.strerror}") from exc
+            log(f"cannot start the worker again: {exc}")
+            return None
+        log(f"worker {child.pid} started: {subprocess.list2cmdline(self.command)}")
+        return child
+
+    # --- watching one child --------------------------------------------------------------------------
+    def _watch(self, child: subprocess.Popen[bytes], notify: socket.socket) -> tuple[int, str | None]:
+        """Serve the child's notifications until it is gone. Returns its returncode, and the cause if the
+        watchdog killed it."""
+        pidfd = _pidfd(child.pid)
+        try:
+            armed_at = time.monotonic()
+            deadline = armed_at + self.watchdog if self.watchdog else None
+            while True:
+                timeout = self.tick if deadline is None else max(0.0, min(self.tick, deadline - time.monotonic()))
+                asleep_from = time.monotonic()
+                assert self._wake_r is not None
+                select.select([notify, self._wake_r] + ([pidfd] if pidfd is not None else []), [], [], timeout)
+                now = time.monotonic()
+                late = now - asleep_from - timeout
+                if late > self.pause_threshold:
+                    # We were not running either: a pause of the whole tree, not a wedged child.
+                    rearm = deadline is not None
+                    log(f"supervisor resumed after {late:.1f} s pause"
+                        + ("; watchdog re-armed" if rearm else ""))
+                    if rearm:
+                        armed_at, deadline = now, now + (self.watchdog or 0)
+                if self._forward_signals(child):
+                    deadline = None  # a stop has begun: like systemd, no watchdog while stopping
+                for message in _receive(notify, child.pid):
+                    if message.get("WATCHDOG") == "trigger" and deadline is not None:
+                        deadline = now
+                    elif deadline is not None and ("WATCHDOG" in message or "READY" in message):
+                        armed_at, deadline = now, now + (self.watchdog or 0)
+                    if message.get("READY") == "1":
+                        log(f"worker {child.pid} ready")
+                    if "STATUS" in message:
+                        self.last_status = message["STATUS"]
+                    if message.get("STOPPING") == "1":
+                        log(f"worker {child.pid} stopping")
+                        deadline = None
+                if _exited(child.pid):
+                    return _reap(child), None
+                if deadline is not None and time.monotonic() >= deadline:
+                    cause = f"watchdog: no heartbeat for {time.monotonic() - armed_at:.1f} s"
+                    log(f"worker {child.pid}: {cause}; killing its process group")
+                    return _reap(child), cause
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    # --- signals -------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _signals_forwarded(self) -> Iterator[None]:
+        """While the supervisor runs, SIGTERM and SIGINT only write their number to a socket that the loop
+        watches (``signal.set_wakeup_fd``): the loop forwards them, so no work happens in a handler."""
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+        old_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+        self._wake_r = wake_r
+        try:
+            yield
+        finally:
+            signal.set_wakeup_fd(old_fd)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            wake_r.close()
+            wake_w.close()
+            self._wake_r = None
+
+    def _pending_stop_signals(self) -> list[int]:
+        assert self._wake_r is not None
+        received: list[int] = []
+        while True:
+            try:
+                data = self._wake_r.recv(64)
+            except BlockingIOError:
+                return received
+            received += [s for s in data if s in (signal.SIGTERM, signal.SIGINT)]
+
+    def _forward_signals(self, child: subprocess.Popen[bytes]) -> bool:
+        """Forward every SIGTERM/SIGINT received since the last call to the child. True if any."""
+        received = self._pending_stop_signals()
+        for signum in received:
+            self._stop_signal = signum
+            log(f"forwarding {signal.Signals(signum).name} to worker {child.pid}; it will not be restarted")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signum)
+        return bool(received)
+
+    def _wait_unless_stopped(self, until: float) -> bool:
+        """Sleep until ``until`` (monotonic); False as soon as a SIGTERM/SIGINT arrives."""
+        assert self._wake_r is not None
+        while True:
+            received = self._pending_stop_signals()
+            if received:
+                self._stop_signal = received[-1]
+                return False
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return True
+            select.select([self._wake_r], [], [], remaining)
+
+    # --- the journal ---------------------------------------------------------------------------------
+    def _journal(self, cause: str) -> None:
+        """Record one restart in the store. Best effort on purpose: a restart must never fail because the
+        store cannot be reached, so any error is reported on stderr and the restart goes on."""
+        if self.store_url is None:
+            return
+        try:
+            store = open_store(self.store_url, create=False)  # journaling never creates a store
+            try:
+                store.log_event("restart", detail=cause, durable=True)
+            finally:
+                store.close()
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log(f"could not record the restart in {self.store_url}: {exc}")
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when the child exits, so an exit is seen at once (recovery time
+    is the point of a supervisor); None where pidfds are missing, and then the loop's tick notices."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child has exited, without reaping it (its pid keeps pinning its process group id)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _reap(child: subprocess.Popen[bytes]) -> int:
+    """SIGKILL the child's process group (the child too, if still alive), then reap the child.
+
+    The group is killed before the child is reaped: until then the child's pid, which is the group id,
+    cannot be reused, so the signal cannot reach an unrelated process group.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    return child.wait()
+
+
+def _receive(notify: socket.socket, child_pid: int) -> Iterator[dict[str, str]]:
+    """The pending sd_notify datagrams from the child's own pid, each as a dict of its ``KEY=VALUE`` lines.
+    Datagrams from other processes, and truncated ones, are dropped (systemd drops them too)."""
+    while True:
+        try:
+            data, ancdata, flags, _ = notify.recvmsg(_NOTIFY_MAX, socket.CMSG_SPACE(_UCRED.size))
+        except BlockingIOError:
+            return
+        sender = None
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                sender = _UCRED.unpack(payload[:_UCRED.size])[0]
+        if sender != child_pid or flags & socket.MSG_TRUNC:
+            continue
+        message: dict[str, str] = {}
+        for line in data.decode("utf-8", "replace").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                message[key] = value
+        yield message

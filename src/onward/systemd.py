@@ -1,0 +1,304 @@
+"""Native systemd: a unit file for ``onward run`` such as an admin would write by hand, and installing,
+removing and querying it with ``systemctl`` (never through a shell).
+
+The unit makes systemd do what ``onward supervise`` does elsewhere (see ``onward.supervise``):
+``Type=notify`` with ``NotifyAccess=main`` (the worker sends ``READY=1``, ``STATUS=``, ``WATCHDOG=1`` and
+``STOPPING=1`` from its main loop), ``Restart=on-failure`` after a short ``RestartSec``, ``WatchdogSec=`` for
+a wedged worker, and a start limit equal to the supervisor's crash-loop limit. systemd 252 has no
+exponential restart backoff (``RestartSteps=`` came in 254), so the start limit is what stops a crash loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from onward.errors import OnwardError, UsageError
+from onward.supervise import DEFAULT_MAX_RESTARTS, DEFAULT_WINDOW, find_run_option, onward_run_span
+
+UNIT_DIR = "/etc/systemd/system"
+RESTART_SEC = "200ms"
+DEFAULT_GRACE = 10.0  # onward run's --grace default
+STOP_MARGIN = 10.0  # TimeoutStopSec = grace + this: time to terminate the tasks and record the stop
+
+# Options of ``onward run`` naming files, made absolute in ExecStart (the service runs elsewhere).
+PATH_OPTIONS = ("--db", "--tasks", "--out", "--keep-awake")
+
+# A unit name as systemd accepts it (unit_name_is_valid), without templates: "@" needs an instance.
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\-]+")
+_USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Words that need no quotes in ExecStart (after doubling % and $).
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./{}-]+")
+
+
+def unit_name(name: str) -> str:
+    """``NAME.service`` for a valid NAME (given with or without the suffix); UsageError otherwise."""
+    base = name[: -len(".service")] if name.endswith(".service") else name
+    if not base or not _UNIT_NAME.fullmatch(base) or len(base) > 255 - len(".service") or base[0] == ".":
+        raise UsageError(f"not a valid service name: {name!r} (use letters, digits and : _ . - \\)")
+    return base + ".service"
+
+
+def _escape(text: str, what: str, dollar: bool) -> str:
+    """Escape for a double-quoted systemd word: backslash and quote get C escapes, ``%`` (specifiers)
+    becomes ``%%``, ``$`` becomes ``$$`` where variables expand (ExecStart). Control characters are refused:
+    a command line may not contain them, and an admin would not want them in a unit."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise UsageError(f"{what} contains a control character: {text!r}")
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return text.replace("$", "$$") if dollar else text
+
+
+def quote_exec_word(word: str) -> str:
+    """One ExecStart word, quoted only when needed (systemd.service(5) "Command lines",
+    systemd.syntax(7) "Quoting"). Quoted words keep ``;`` and spaces literal."""
+    if _PLAIN_WORD.fullmatch(word):
+        return word.replace("%", "%%")
+    return '"' + _escape(word, "the command", dollar=True) + '"'
+
+
+def _plain_path(path: str) -> str:
+    """A path for a setting that takes it unquoted (WorkingDirectory=): only specifiers are expanded."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in path) or path != path.strip():
+        raise UsageError(f"the working directory cannot be written in a unit: {path!r}")
+    return path.replace("%", "%%")
+
+
+def _timespan(seconds: float) -> str:
+    """A systemd time span: ``5s``, ``250ms``."""
+    if seconds == int(seconds):
+        return f"{int(seconds)}s"
+    return f"{math.ceil(seconds * 1000)}ms"
+
+
+def resolve_command(command: Sequence[str], base: str) -> list[str]:
+    """The command with absolute paths, as ExecStart needs them: the executable found on PATH (or made
+    absolute), the file options of ``onward run`` (``--db --tasks --out --keep-awake``) and the task
+    command's own executable. Relative paths are taken relative to ``base`` (the working directory of the
+    service). A URL given as ``--db`` (``scheme://...``) and ``--tasks -`` are left alone."""
+    if not command:
+        raise UsageError("service install: no command given (put it after --)")
+    words = list(command)
+    words[0] = _executable(words[0], base)
+    for option in PATH_OPTIONS:
+        found = find_run_option(words, option)
+        if found is None:
+            continue
+        index, prefix, value = found
+        if value != "-" and "://" not in value:
+            words[index] = prefix + os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+    span = onward_run_span(words)
+    if span is not None and span[1] + 1 < len(words):
+        # The task command after "--" would be looked up on systemd's PATH, which is not the installing
+        # user's (no virtualenv, no ~/.local/bin).
+        words[span[1] + 1] = _executable(words[span[1] + 1], base, required=False)
+    return words
+
+
+def _executable(word: str, base: str, required: bool = True) -> str:
+    if "/" in word:
+        return os.path.normpath(os.path.join(base, os.path.expanduser(word)))
+    found = shutil.which(word)
+    if found:
+        return os.path.abspath(found)
+    if required:
+        raise UsageError(f"{word}: not found on PATH; give its absolute path")
+    return word
+
+
+def render_unit(name: str, command: Sequence[str], user: str | None = None, workdir: str | None = None,
+                env: Iterable[str] = (), watchdog: float | None = None, grace: float | None = None) -> str:
+    """The text of ``NAME.service`` running ``command`` (usually ``onward run ...``).
+
+    ``workdir`` defaults to the current directory; relative paths in the command are resolved against it
+    (see ``resolve_command``). ``env`` holds ``K=V`` strings. ``grace`` is the worker's ``--grace``; when
+    None it is read from the command, else onward's default of 10 s. Nothing is written or started: the
+    function only reads the file system to find executables.
+    """
+    service = unit_name(name)
+    workdir = os.path.abspath(os.path.expanduser(workdir or os.getcwd()))
+    words = resolve_command(command, workdir)
+    if grace is None:
+        found = find_run_option(words, "--grace")
+        text = found[2] if found else str(DEFAULT_GRACE)
+        try:
+            grace = float(text)
+        except ValueError:
+            raise UsageError(f"--grace: not a number of seconds: {text!r}") from None
+    if not grace >= 0:
+        raise UsageError(f"grace must be 0 or more seconds, not {grace}")
+    if watchdog is not None and not watchdog > 0:
+        raise UsageError(f"--watchdog must be more than 0 seconds, not {watchdog}")
+    if user is not None and not _USER_NAME.fullmatch(user):
+        raise UsageError(f"not a valid user name: {user!r}")
+    environment = []
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(key):
+            raise UsageError(f"--env wants NAME=VALUE with NAME made of letters, digits and _: {item!r}")
+        environment.append(f'Environment="{key}={_escape(value, "--env " + key, dollar=False)}"')
+
+    lines = [
+        "# Written by `onward service install`. After editing: systemctl daemon-reload",
+        "[Unit]",
+        f"Description=onward worker {service[: -len('.service')]}",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "# Give up (state failed) after as many restarts in as short a time as `onward supervise` would.",
+        f"StartLimitIntervalSec={_timespan(DEFAULT_WINDOW)}",
+        f"StartLimitBurst={DEFAULT_MAX_RESTARTS + 1}",
+        "",
+        "[Service]",
+        "# onward run speaks sd_notify: READY=1 once its store is open, STATUS=, WATCHDOG=1 from its main loop.",
+        "Type=notify",
+        "NotifyAccess=main",
+        "ExecStart=" + " ".join(quote_exec_word(word) for word in words),
+        f"WorkingDirectory={_plain_path(workdir)}",
+    ]
+    if user is not None:
+        lines.append(f"User={user}")
+    lines += environment
+    lines += [
+        "Restart=on-failure",
+        f"RestartSec={RESTART_SEC}",
+    ]
+    if watchdog is not None:
+        lines.append(f"WatchdogSec={_timespan(watchdog)}")
+    lines += [
+        "# SIGTERM goes to the worker alone: it stops claiming and lets running tasks finish within its",
+        "# --grace; whatever is left of the unit is SIGKILLed afterwards (control-group would SIGTERM the",
+        "# tasks at once and cut them short).",
+        "KillSignal=SIGTERM",
+        "KillMode=mixed",
+        f"TimeoutStopSec={_timespan(grace + STOP_MARGIN)}",
+        "# 3: the job finished with some tasks failed; 2: a usage or configuration error that a restart",
+        "# would only repeat. Neither is restarted nor marks the unit failed.",
+        "SuccessExitStatus=2 3",
+        "RestartPreventExitStatus=2 3",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --- systemctl -------------------------------------------------------------------------------------------
+def _require_systemd() -> None:
+    # sd_booted(3): systemd is the running init exactly when this directory exists.
+    if not os.path.isdir("/run/systemd/system"):
+        raise UsageError("systemd is not running on this machine; use `onward supervise` instead")
+    if shutil.which("systemctl") is None:
+        raise UsageError("systemctl not found")
+
+
+def _systemctl(*args: str) -> str:
+    done = subprocess.run(["systemctl", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        message = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise OnwardError(f"systemctl {' '.join(args)}: {message}")
+    return done.stdout
+
+
+def _write_atomically(path: str, text: str, mode: int) -> None:
+    """Write a unique temporary file next to ``path``, fsync it, rename it over ``path``, fsync the folder:
+    systemd never reads half a unit, and the unit survives a power cut once this returns."""
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def install(name: str, command: Sequence[str], user: str | None = None, workdir: str | None = None,
+            env: Iterable[str] = (), watchdog: float | None = None, grace: float | None = None,
+            unit_dir: str = UNIT_DIR) -> str:
+    """Write the unit (0644, atomically), reload systemd, enable and start the service. Returns the path."""
+    text = render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, grace=grace)
+    _require_systemd()
+    service = unit_name(name)
+    path = os.path.join(unit_dir, service)
+    _write_atomically(path, text, 0o644)
+    _systemctl("daemon-reload")
+    _systemctl("enable", "--now", service)
+    return path
+
+
+def uninstall(name: str, unit_dir: str = UNIT_DIR) -> str:
+    """Stop and disable the service, remove its unit file, reload systemd. Returns the removed path."""
+    service = unit_name(name)
+    path = os.path.join(unit_dir, service)
+    if not os.path.exists(path):
+        raise UsageError(f"no unit file {path}")
+    _require_systemd()
+    _systemctl("disable", "--now", service)
+    os.unlink(path)
+    _systemctl("daemon-reload")
+    # Forget a failed state and restart counter of the unit that no longer exists; absent is fine.
+    subprocess.run(["systemctl", "reset-failed", service], capture_output=True)
+    return path
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """What systemd knows about the service. ``status_text`` is the worker's last ``STATUS=`` (its job's
+    progress, e.g. ``12/40 done``)."""
+
+    unit: str
+    load_state: str
+    active_state: str
+    sub_state: str
+    main_pid: int | None
+    restarts: int
+    result: str
+    status_text: str
+
+
+def parse_show(output: str) -> dict[str, str]:
+    """The ``KEY=VALUE`` lines of ``systemctl show`` as a dict."""
+    values = {}
+    for line in output.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key] = value
+    return values
+
+
+def service_status(name: str) -> ServiceStatus:
+    """ActiveState, SubState, MainPID, NRestarts, Result and StatusText from ``systemctl show``."""
+    service = unit_name(name)
+    _require_systemd()
+    values = parse_show(_systemctl("show", service, "-p", "LoadState", "-p", "ActiveState", "-p", "SubState",
+                                   "-p", "MainPID", "-p", "NRestarts", "-p", "Result", "-p", "StatusText"))
+    if values.get("LoadState") == "not-found":
+        raise UsageError(f"no such service: {service}")
+    pid = int(values.get("MainPID") or 0)
+    return ServiceStatus(
+        unit=service,
+        load_state=values.get("LoadState", ""),
+        active_state=values.get("ActiveState", ""),
+        sub_state=values.get("SubState", ""),
+        main_pid=pid or None,
+        restarts=int(values.get("NRestarts") or 0),
+        result=values.get("Result", ""),
+        status_text=values.get("StatusText", ""),
+    )

@@ -18,10 +18,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from .errors import OnwardError, StoreError
+from .errors import Fenced, OnwardError, StoreError
 from .executions import Execution, Handler, Outcome
 from .keepawake import KeepAwake
 from .log import Log, quote
@@ -31,6 +32,7 @@ from .proc import current_owner, kill_group, owner_alive, process_alive
 from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Lease, Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+T = TypeVar("T")
 
 
 @dataclass
@@ -89,10 +91,18 @@ class Runner:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
         self.selector.register(self._wake_r, selectors.EVENT_READ, None)
+        store_fd = store.wakeup_fd()
+        if store_fd is not None:
+            # New work announced by the store (NOTIFY) ends an idle wait at once.
+            self.selector.register(store_fd, selectors.EVENT_READ, store.drain_wakeups)
+        self._lease_valid_until = float("inf")  # monotonic time our leases are known to hold until
         self._stop_requested: str | None = None
         self._stop_deadline: float | None = None
         self._completed = 0
         self._unsettled: list[tuple[Execution, Outcome]] = []  # outcomes whose commit failed, to retry
+        self._calls: deque[tuple[Callable[[Store], Any], Future[Any]]] = deque()
+        self._closed = False
+        self._pending_calls: list[tuple[Callable[[Store], Any], Future[Any]]] = []
 
     # --- called from other threads -------------------------------------------------------------------
     def post(self, execution: Execution, outcome: Outcome) -> None:
@@ -100,6 +110,18 @@ class Runner:
         with self._finished_lock:
             self._finished.append((execution, outcome))
         self.wake()
+
+    def call_in_loop(self, fn: Callable[[Store], T]) -> T:
+        """From a task's thread: run ``fn(store)`` on the loop's thread, inside its next group commit, and
+        return its value once that commit is durable. This is how a task records steps: the loop owns the
+        store connection, and steps of many tasks share one fsync."""
+        future: Future[T] = Future()
+        with self._finished_lock:
+            if self._closed:
+                raise Fenced("the worker has stopped; nothing more can be recorded for this attempt")
+            self._calls.append((fn, future))
+        self.wake()
+        return future.result()
 
     def wake(self) -> None:
         try:
@@ -143,6 +165,12 @@ class Runner:
             raise
         finally:
             self.notifier.stopping()
+            with self._finished_lock:
+                self._closed = True
+                for _, future in [*self._calls, *self._pending_calls]:
+                    future.set_exception(Fenced("the worker stopped before this was recorded"))
+                self._calls.clear()
+                self._pending_calls = []
             self._shutdown_executions()
             try:
                 self.summary.counts = self.store.counts()
@@ -231,6 +259,8 @@ class Runner:
         with self._finished_lock:
             finished = list(self._finished)
             self._finished.clear()
+            self._pending_calls = list(self._calls)
+            self._calls.clear()
         if self._unsettled:
             finished = self._unsettled + finished
             self._unsettled = []
@@ -238,12 +268,17 @@ class Runner:
 
     # --- committing ----------------------------------------------------------------------------------
     def _settle_and_claim(self, finished: list[tuple[Execution, Outcome]], want: int) -> list[Claim]:
-        """Commit every finished attempt and claim up to ``want`` new tasks, in one durable transaction."""
-        if not finished and want <= 0:
+        """Commit every finished attempt, the tasks' requested writes (steps) and claims of up to ``want``
+        new tasks, in one durable transaction."""
+        calls, self._pending_calls = self._pending_calls, []
+        if not finished and want <= 0 and not calls:
             return []
         after_commit: list[Callable[[], None]] = []
+        started = time.monotonic()
         try:
             with self.store.batch():
+                for fn, future in calls:
+                    after_commit.append(_resolve_later(future, fn, self.store))
                 for execution, outcome in finished:
                     after_commit.append(self._settle(execution, outcome))
                 claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
@@ -252,11 +287,17 @@ class Runner:
                     self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
                                          attempt=claim.attempt)
         except StoreError as e:
-            # Nothing was committed: keep the outcomes and try again on the next turn.
+            # Nothing was committed: keep the outcomes and try again on the next turn; the tasks that
+            # asked for writes are told, since they wait on them.
             self.log.warning(f"store error, will retry: {e}")
             self._unsettled = finished
+            for _, future in calls:
+                future.set_exception(e)
             time.sleep(0.2)
             return []
+        if claims:
+            # A claim's lease runs from (at the latest) the moment we asked for it.
+            self._lease_valid_until = min(self._lease_valid_until, started + self.config.lease_seconds)
         for execution, _ in finished:
             self.running.pop(execution.claim.task_id, None)
         for report in after_commit:
@@ -410,25 +451,46 @@ class Runner:
 
     # --- leases and other workers' tasks -------------------------------------------------------------
     def _tick(self) -> None:
+        started = time.monotonic()
         leases = [Lease(task_id=e.claim.task_id, fence=e.claim.fence,
-                        progress_age=time.monotonic() - e.last_progress(), note=e.note)
+                        progress_age=started - e.last_progress(), note=e.note)
                   for e in self.running.values() if not e.fenced]
         try:
             lost = self.store.renew(self.worker_id, leases, self.config.lease_seconds, self._completed)
+            # Measured from before the renewal was sent: the store may have stamped it any time after.
+            self._lease_valid_until = started + self.config.lease_seconds
         except StoreError as e:
             self.log.warning(f"could not renew leases: {e}")
             lost = []
+            self._fence_self_if_lease_ran_out()
         for task_id in lost:
             execution = self.running.get(task_id)
             if execution is not None and not execution.fenced:
                 execution.fenced = True
                 execution.cancel("lease lost: the task was taken over")
                 self.log.warning(f"lease lost task={quote(execution.claim.name)}: it was taken over, stopping it")
-        self._reclaim_abandoned(at_start=False)
-        self._update_keep_awake()
-        counts = self.store.counts()
+        try:
+            self._reclaim_abandoned(at_start=False)
+            self._update_keep_awake()
+            counts = self.store.counts()
+        except StoreError as e:
+            self.log.warning(f"store unavailable: {e}")
+            return
         self.notifier.status(f"{counts.get(DONE, 0)}/{sum(counts.values())} done, {counts.get(RUNNING, 0)} running,"
                              f" {counts.get(FAILED, 0)} failed")
+
+    def _fence_self_if_lease_ran_out(self) -> None:
+        """Cut off from the store past our lease: others may take our tasks over, so stop them now and
+        commit nothing about them (they run again elsewhere; two executions must not overlap)."""
+        # Stop a little early: the others' clock (the store's) and ours may tick at slightly different rates.
+        margin = min(1.0, self.config.lease_seconds * 0.1)
+        if time.monotonic() < self._lease_valid_until - margin:
+            return
+        for execution in self.running.values():
+            if not execution.fenced:
+                execution.fenced = True
+                execution.cancel("lease ran out: could not reach the store to renew it")
+                self.log.warning(f"lease ran out task={quote(execution.claim.name)}: stopped, not committing it")
 
     def _reclaim_abandoned(self, at_start: bool) -> None:
         """Take back tasks whose owner died (same host: at once) or whose lease expired (anywhere)."""
@@ -481,6 +543,15 @@ class Runner:
                   and owner_alive(w.owner) is not False]
         if not work_left or not others:
             self.keep_awake.release()
+
+
+def _resolve_later(future: Future[Any], fn: Callable[[Store], Any], store: Store) -> Callable[[], None]:
+    """Run a task's write inside the open batch; hand its value (or error) over once committed."""
+    try:
+        value = fn(store)
+    except OnwardError as e:
+        return lambda: future.set_exception(e)
+    return lambda: future.set_result(value)
 
 
 class WedgedTask(OnwardError):

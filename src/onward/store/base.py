@@ -173,6 +173,13 @@ class Store(Protocol):
         """Group the writes inside into one transaction, committed durably once at the end (group commit).
         An exception inside rolls everything back. Claims inside a batch take effect with it."""
 
+    def wakeup_fd(self) -> int | None:
+        """A file descriptor that becomes readable when new work may be ready (PostgreSQL LISTEN/NOTIFY),
+        or None when the backend cannot signal, in which case idle workers poll."""
+
+    def drain_wakeups(self) -> None:
+        """Consume what made ``wakeup_fd`` readable."""
+
     # --- tasks ---------------------------------------------------------------------------------------
     def add(self, names: Iterable[str]) -> int:
         """Add tasks by name; names already present are left alone. Returns how many were new."""

@@ -14,6 +14,7 @@ Why these settings:
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import time
@@ -68,7 +69,7 @@ def _check_header(path: str) -> None:
         raise NotAStore(f"not an onward store: {path} is not an SQLite database")
 
 
-def _translate(e: sqlite3.DatabaseError, path: str) -> StoreError:
+def _translate(e: sqlite3.Error, path: str) -> StoreError:
     text = str(e)
     if "malformed" in text or "not a database" in text or "corrupt" in text:
         return CorruptStore(f"store {path} is corrupt ({text}); it was left untouched")
@@ -177,6 +178,12 @@ class SqliteStore:
     def now(self) -> float:
         return time.time()
 
+    def wakeup_fd(self) -> int | None:
+        return None  # one file, no server to signal: idle workers poll (with backoff, at most 1 s)
+
+    def drain_wakeups(self) -> None:
+        pass
+
     # --- transactions --------------------------------------------------------------------------------
     @contextmanager
     def _write(self, durable: bool = True) -> Iterator[None]:
@@ -184,19 +191,23 @@ class SqliteStore:
         if self._batch_depth:
             yield
             return
-        if not durable:
-            self._db.execute("PRAGMA synchronous = NORMAL")
         try:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-        finally:
             if not durable:
-                self._db.execute("PRAGMA synchronous = FULL")
+                self._db.execute("PRAGMA synchronous = NORMAL")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            finally:
+                if not durable:
+                    self._db.execute("PRAGMA synchronous = FULL")
+        except sqlite3.Error as e:
+            raise _translate(e, self.path) from None
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -428,6 +439,22 @@ class SqliteStore:
     # --- maintenance ---------------------------------------------------------------------------------
     def integrity_check(self) -> str:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def _translating(method):  # type: ignore[no-untyped-def]
+    """Reads raise ``StoreError`` too, never a bare sqlite3 error (writes translate in ``_write``)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as e:
+            raise _translate(e, self.path) from None
+    return wrapper
+
+
+for _name in ("get_source", "running", "task", "task_id", "result", "counts", "stats", "events", "steps",
+              "integrity_check"):
+    setattr(SqliteStore, _name, _translating(getattr(SqliteStore, _name)))
 
 
 def _split_statements(script: str) -> list[str]:

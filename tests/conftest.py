@@ -1,0 +1,77 @@
+"""Fixtures that start real things: real SQLite files, a real PostgreSQL database, real processes.
+
+The store fixtures are parametrized over every backend, so one suite checks the same contract everywhere.
+PostgreSQL tests skip with a reason when no server answers, except in CI (CI=true), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import pgutil
+
+BACKENDS = ["sqlite", "postgres"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.pop("ONWARD_DB", None)
+    os.environ.pop("ONWARD_KEEP_AWAKE", None)
+    os.environ.pop("NOTIFY_SOCKET", None)
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty store location on each backend."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "store" / "onward.db")
+    else:
+        with pgutil.fresh_database() as url:
+            yield url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return str(tmp_path / "store" / "onward.db")
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """Seeded randomness for crash tests: the seed is printed so a failure can be replayed
+    (ONWARD_TEST_SEED=<seed>)."""
+    value = int(os.environ.get("ONWARD_TEST_SEED", random.SystemRandom().randrange(1 << 30)))
+    print(f"\n[{request.node.name}] seed={value} (replay with ONWARD_TEST_SEED={value})")
+    return value
+
+
+def onward_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "onward", *args]
+
+
+def run_onward(*args: str, input: bytes | None = None, timeout: float = 120, env: dict[str, str] | None = None,
+               cwd: str | Path | None = None) -> subprocess.CompletedProcess[bytes]:
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1] / "src"))
+    if env:
+        full_env.update(env)
+    return subprocess.run(onward_argv(*args), input=input, capture_output=True, timeout=timeout, env=full_env,
+                          cwd=cwd)
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
+    """Poll ``condition`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,482 @@
+"""onward.supervise against real processes and real signals: restarts, give-up, forwarding, the watchdog
+(silent and truly wedged workers), freezes of the whole tree (cgroup freezer, SIGSTOP), the restart journal.
+
+The workers are small Python scripts (CHILD below) that speak sd_notify over the datagram socket
+themselves. Every wait polls for a condition with a deadline; the only fixed sleeps are the length of a
+freeze, which is the fault being tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from onward.errors import UsageError
+from onward.store import open_store
+from onward.supervise import backoff_delay, find_run_option, store_url_for
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+# A worker whose behaviour on its Nth start is the Nth word of its plan (the last word repeats):
+#   beat          READY=1, WATCHDOG=1 every 50 ms until SIGTERM/SIGINT, then STOPPING=1 and exit 0
+#   beatfor:S     the same for S seconds, then exit 0
+#   exit:N        READY=1, exit N at once
+#   sleep:S/N     READY=1, beat for S seconds, exit N
+#   termdie       READY=1, beat, no SIGTERM handler (dies of the signal)
+#   nobeat        READY=1, three beats, then silence (sleeping, not wedged)
+#   wedge         READY=1, three beats, then a catastrophic-backtracking regex in the main thread
+#   grandbeat     READY=1, silence, but a grandchild in its process group sends WATCHDOG=1
+#   notifier:S    onward.notify.Notifier: ready() and watchdog() every 10 ms for S seconds, exit 0
+# Each start appends "pid monotonic-time" to STATE/starts; the last beat's time goes to STATE/lastbeat.
+CHILD = r'''
+import os, re, signal, socket, sys, time
+state, plan = sys.argv[1], sys.argv[2].split()
+with open(os.path.join(state, "starts"), "a+") as f:
+    f.seek(0)
+    run = len(f.read().splitlines())
+    f.write(f"{os.getpid()} {time.monotonic()}\n")
+word = plan[min(run, len(plan) - 1)]
+kind, _, arg = word.partition(":")
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+def send(message):
+    sock.sendto(message.encode(), os.environ["NOTIFY_SOCKET"])
+
+def beat():
+    send("WATCHDOG=1")
+    with open(os.path.join(state, "lastbeat"), "w") as f:
+        f.write(str(time.monotonic()))
+
+def record(event):
+    with open(os.path.join(state, "events"), "a") as f:
+        f.write(event + "\n")
+
+stop = []
+if kind in ("beat", "beatfor", "sleep"):
+    def on_signal(signum, frame):
+        stop.append(signum)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+if kind == "notifier":
+    from onward.notify import Notifier
+    notifier = Notifier.from_env()
+    notifier.ready()
+    until = time.monotonic() + float(arg)
+    while time.monotonic() < until:
+        notifier.watchdog()
+        time.sleep(0.01)
+    sys.exit(0)
+
+send("READY=1\nSTATUS=run %d" % (run + 1))
+if kind == "exit":
+    sys.exit(int(arg))
+if kind in ("beat", "beatfor", "sleep", "termdie"):
+    seconds, _, code = arg.partition("/")
+    until = time.monotonic() + float(seconds) if seconds else float("inf")
+    while not stop and time.monotonic() < until:
+        beat()
+        time.sleep(0.05)
+    if stop:
+        record(signal.Signals(stop[0]).name)
+        send("STOPPING=1")
+    sys.exit(int(code or 0))
+if kind in ("nobeat", "wedge"):
+    for _ in range(3):
+        beat()
+        time.sleep(0.05)
+    if kind == "wedge":
+        record("wedged")
+        re.match(r"(a+)+$", "a" * 40 + "b")  # 2**40 steps holding the GIL: never returns in a test
+    while True:
+        time.sleep(1)
+if kind == "grandbeat":
+    helper = ("import os, socket, sys, time\n"
+              "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+              "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+              "while True:\n"
+              "    s.sendto(b'WATCHDOG=1', os.environ['NOTIFY_SOCKET'])\n"
+              "    time.sleep(0.05)\n")
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", helper, os.path.join(state, "grandchild")])
+    while True:
+        time.sleep(1)
+'''
+
+LAUNCH = "import json, sys\nfrom onward.supervise import Supervisor\nsys.exit(Supervisor(**json.loads(sys.argv[1])).run())\n"
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    """Running or stopped, not a zombie (an orphan may stay a zombie when PID 1 is slow to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+class Run:
+    """One supervisor process started by a test, with its worker's state folder and its stderr."""
+
+    def __init__(self, tmp: Path, plan: str, env: dict[str, str] | None = None, **options: object) -> None:
+        self.state = tmp / f"state-{uuid.uuid4().hex[:8]}"
+        self.state.mkdir()
+        script = tmp / "child.py"
+        script.write_text(CHILD)
+        options["command"] = [sys.executable, str(script), str(self.state), plan]
+        self.stderr_path = self.state / "stderr"
+        environment = {**os.environ, "PYTHONPATH": SRC, **(env or {})}
+        with open(self.stderr_path, "wb") as err:
+            # Its own session: signals for the test's process group never reach it, and SIGSTOP can be
+            # sent to its group alone.
+            self.proc = subprocess.Popen([sys.executable, "-c", LAUNCH, json.dumps(options)], stderr=err,
+                                         env=environment, start_new_session=True)
+
+    @property
+    def log(self) -> str:
+        return self.stderr_path.read_text()
+
+    def starts(self) -> list[tuple[int, float]]:
+        path = self.state / "starts"
+        if not path.exists():
+            return []
+        return [(int(p), float(t)) for p, t in (line.split() for line in path.read_text().splitlines())]
+
+    def events(self) -> list[str]:
+        path = self.state / "events"
+        return path.read_text().split() if path.exists() else []
+
+    def child(self, n: int = 1) -> int:
+        """The pid of the worker's Nth start, once it has started and said READY=1."""
+        wait_for(lambda: len(self.starts()) >= n and f"worker {self.starts()[n - 1][0]} ready" in self.log,
+                 10, f"start {n} of the worker")
+        return self.starts()[n - 1][0]
+
+    def wait(self, timeout: float = 15) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"supervisor still running after {timeout} s; its log:\n{self.log}") from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()  # its workers follow (PR_SET_PDEATHSIG)
+            self.proc.wait()
+        for pid, _ in self.starts():
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def supervise(tmp_path: Path) -> Iterator[Callable[..., Run]]:
+    runs: list[Run] = []
+
+    def start(plan: str, **options: object) -> Run:
+        runs.append(Run(tmp_path, plan, **options))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.kill()
+
+
+# --- restarts --------------------------------------------------------------------------------------------
+def test_restarts_a_worker_killed_by_sigkill(supervise: Callable[..., Run]) -> None:
+    run = supervise("beat")
+    first = run.child(1)
+    killed_at = time.monotonic()
+    os.kill(first, signal.SIGKILL)
+    second = run.child(2)
+    recovery = run.starts()[1][1] - killed_at
+    assert second != first
+    assert "restarting worker after signal SIGKILL (restart 1 in 60 s window)" in run.log
+    assert recovery < 1.0, f"worker back {recovery:.2f} s after the kill"
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 0
+    assert len(run.starts()) == 2
+    assert run.events() == ["SIGTERM"]
+
+
+@pytest.mark.parametrize("status", [0, 2, 3])
+def test_no_restart_after_exit_0_2_3(supervise: Callable[..., Run], status: int) -> None:
+    run = supervise(f"exit:{status} beat")
+    assert run.wait() == status
+    assert len(run.starts()) == 1
+    assert "not restarting" in run.log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_is_forwarded_and_not_followed_by_a_restart(supervise: Callable[..., Run],
+                                                               signum: signal.Signals) -> None:
+    run = supervise("beat", watchdog=1.0)
+    run.child(1)
+    os.kill(run.proc.pid, signum)
+    assert run.wait() == 0
+    assert run.events() == [signum.name]
+    assert len(run.starts()) == 1
+    assert f"forwarding {signum.name} to worker" in run.log
+
+
+def test_stopped_worker_dying_of_the_signal_gives_128_plus_n(supervise: Callable[..., Run]) -> None:
+    run = supervise("termdie")
+    run.child(1)
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 128 + signal.SIGTERM
+    assert len(run.starts()) == 1
+
+
+def test_gives_up_after_a_crash_loop_with_one_line(supervise: Callable[..., Run]) -> None:
+    run = supervise("exit:1", restart_delay=0.05, max_restarts=3)
+    assert run.wait() == 1
+    assert len(run.starts()) == 4  # the first run and 3 restarts
+    give_up = [line for line in run.log.splitlines() if "giving up" in line]
+    assert len(give_up) == 1, run.log
+    assert "giving up after 3 restarts within 60 s (--max-restarts 3)" in give_up[0]
+    # Crashing fast, the worker is restarted after 0.05, then 0.1, then 0.2 s.
+    assert "backing off 0.1 s" in run.log and "backing off 0.2 s" in run.log
+    times = [t for _, t in run.starts()]
+    assert times[3] - times[2] >= 0.2
+
+
+def test_restarts_older_than_the_window_do_not_count(supervise: Callable[..., Run]) -> None:
+    # Each run lasts 1.2 s, longer than the 1 s window: one restart allowed per window is always enough.
+    run = supervise("sleep:1.2/1 sleep:1.2/1 sleep:1.2/1 exit:0", max_restarts=1, window=1.0)
+    assert run.wait(20) == 0
+    assert len(run.starts()) == 4
+    assert "giving up" not in run.log
+
+
+def test_backoff_formula() -> None:
+    assert [backoff_delay(0.2, n) for n in (1, 2, 3, 4)] == [0.2, 0.4, 0.8, 1.6]
+    assert backoff_delay(0.2, 50) == 30.0
+    assert backoff_delay(0.0, 5) == 0.0
+
+
+def test_worker_dies_with_the_supervisor(supervise: Callable[..., Run]) -> None:
+    run = supervise("beat")
+    child = run.child(1)
+    os.kill(run.proc.pid, signal.SIGKILL)
+    wait_for(lambda: not alive(child), 5, "the worker to die with its supervisor (PR_SET_PDEATHSIG)")
+
+
+def test_worker_runs_in_its_own_process_group(supervise: Callable[..., Run]) -> None:
+    run = supervise("beat")
+    child = run.child(1)
+    assert os.getpgid(child) == child
+    assert os.getpgid(run.proc.pid) != child
+
+
+# --- the watchdog ----------------------------------------------------------------------------------------
+def test_watchdog_kills_and_restarts_a_silent_worker(supervise: Callable[..., Run]) -> None:
+    run = supervise("nobeat exit:0", watchdog=1.0)
+    assert run.wait() == 0
+    starts = run.starts()
+    assert len(starts) == 2
+    assert "watchdog: no heartbeat for 1.0 s" in run.log
+    last_beat = float((run.state / "lastbeat").read_text())
+    # The second start follows the kill by the restart delay (0.2 s) plus the interpreter's start-up.
+    detection = starts[1][1] - last_beat - 0.2
+    assert 1.0 <= detection < 2.0, f"killed {detection:.2f} s after the last heartbeat (watchdog 1.0 s)"
+
+
+def test_watchdog_leaves_a_beating_worker_alone(supervise: Callable[..., Run]) -> None:
+    run = supervise("beatfor:2.5", watchdog=0.5)  # five watchdog periods
+    assert run.wait() == 0
+    assert len(run.starts()) == 1
+    assert "watchdog:" not in run.log
+
+
+def test_watchdog_kills_a_real_wedge_holding_the_gil(supervise: Callable[..., Run]) -> None:
+    run = supervise("wedge exit:0", watchdog=1.0)
+    assert run.wait() == 0
+    assert run.events() == ["wedged"]
+    assert len(run.starts()) == 2
+    assert "restarting worker after watchdog: no heartbeat for" in run.log
+
+
+def test_heartbeats_from_other_processes_do_not_count(supervise: Callable[..., Run]) -> None:
+    # NotifyAccess=main: a grandchild beating on the socket does not keep a silent worker alive; the kill
+    # of the worker's process group takes the grandchild with it.
+    run = supervise("grandbeat exit:0", watchdog=1.0)
+    assert run.wait() == 0
+    assert len(run.starts()) == 2
+    assert "watchdog: no heartbeat" in run.log
+    grandchild = int((run.state / "grandchild").read_text())
+    wait_for(lambda: not alive(grandchild), 5, "the grandchild to be killed with the worker's group")
+
+
+def test_onward_notifier_keeps_the_watchdog_fed(supervise: Callable[..., Run]) -> None:
+    # The worker's own Notifier (quarter-period heartbeats from WATCHDOG_USEC) against this server.
+    run = supervise("notifier:2", watchdog=0.4)
+    assert run.wait() == 0
+    assert len(run.starts()) == 1
+    assert "watchdog:" not in run.log
+
+
+# --- freezes of the whole tree ---------------------------------------------------------------------------
+FREEZER = Path("/sys/fs/cgroup/freezer")
+needs_freezer = pytest.mark.skipif(
+    os.geteuid() != 0 or not (FREEZER / "cgroup.procs").exists(),
+    reason="needs root and the cgroup v1 freezer at /sys/fs/cgroup/freezer")
+
+
+@pytest.fixture
+def freezer() -> Iterator[Path]:
+    group = FREEZER / f"onward-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        yield group
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        for pid in (group / "cgroup.procs").read_text().split():
+            # Back to the root group so that ours can be removed; the test's cleanup kills them.
+            (FREEZER / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+def freeze(group: Path, pids: list[int], seconds: float) -> None:
+    for pid in pids:
+        (group / "cgroup.procs").write_text(str(pid))
+    (group / "freezer.state").write_text("FROZEN")
+    wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 5, "the freeze")
+    time.sleep(seconds)  # the fault itself: the tree stays frozen this long
+    (group / "freezer.state").write_text("THAWED")
+
+
+@needs_freezer
+def test_freezing_supervisor_and_worker_together_is_not_a_hang(supervise: Callable[..., Run],
+                                                               freezer: Path) -> None:
+    run = supervise("beat", watchdog=1.0)
+    child = run.child(1)
+    freeze(freezer, [run.proc.pid, child], 3.0)
+    wait_for(lambda: "supervisor resumed after" in run.log, 5, "the supervisor to notice its pause")
+    # The killing would come within a watchdog period of the thaw; give it three.
+    time.sleep(3.0)
+    assert len(run.starts()) == 1, run.log
+    assert "watchdog:" not in run.log
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 0
+    assert run.events() == ["SIGTERM"]
+
+
+@needs_freezer
+def test_freezing_the_worker_alone_is_a_hang(supervise: Callable[..., Run], freezer: Path) -> None:
+    # The control for the test above: the freeze really silences the worker, and without a pause of its
+    # own the supervisor treats it as wedged.
+    run = supervise("beat exit:0", watchdog=1.0)
+    child = run.child(1)
+    for pid in [child]:
+        (freezer / "cgroup.procs").write_text(str(pid))
+    (freezer / "freezer.state").write_text("FROZEN")
+    assert run.wait() == 0
+    assert len(run.starts()) == 2
+    assert "watchdog: no heartbeat" in run.log
+    assert "resumed after" not in run.log
+
+
+def test_sigstop_of_supervisor_and_worker_together_is_not_a_hang(supervise: Callable[..., Run]) -> None:
+    run = supervise("beat", watchdog=1.0)
+    child = run.child(1)
+    os.killpg(run.proc.pid, signal.SIGSTOP)
+    os.killpg(child, signal.SIGSTOP)
+    wait_for(lambda: not _running(run.proc.pid) and not _running(child), 5, "both to stop")
+    time.sleep(3.0)  # the pause itself
+    # The supervisor first: it must see its own gap before it looks at the stale heartbeat.
+    os.killpg(run.proc.pid, signal.SIGCONT)
+    os.killpg(child, signal.SIGCONT)
+    wait_for(lambda: "supervisor resumed after" in run.log, 5, "the supervisor to notice its pause")
+    time.sleep(3.0)
+    assert len(run.starts()) == 1, run.log
+    assert "watchdog:" not in run.log
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 0
+
+
+def _running(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "T"
+
+
+# --- the restart journal ---------------------------------------------------------------------------------
+def test_restarts_are_journaled_in_the_store(supervise: Callable[..., Run], tmp_path: Path) -> None:
+    db = tmp_path / "store" / "onward.db"
+    open_store(str(db)).close()
+    run = supervise("beat nobeat beat", watchdog=1.0, env={"ONWARD_DB": str(db)})
+    os.kill(run.child(1), signal.SIGKILL)
+    run.child(3)  # the second start goes silent and is killed by the watchdog
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 0
+    store = open_store(str(db), create=False)
+    try:
+        restarts = [e.detail for e in store.events() if e.kind == "restart"]
+        assert store.stats().restarts == 2
+    finally:
+        store.close()
+    assert restarts[0] == "signal SIGKILL"
+    assert restarts[1] is not None and restarts[1].startswith("watchdog: no heartbeat for 1.0 s")
+
+
+def test_restart_goes_on_when_the_store_cannot_be_opened(supervise: Callable[..., Run],
+                                                         tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-store.db"
+    run = supervise("exit:1 exit:0", store_url=str(missing))
+    assert run.wait() == 0
+    assert len(run.starts()) == 2
+    assert f"could not record the restart in {missing}" in run.log
+    assert not missing.exists()  # journaling never creates a store
+
+
+def test_store_is_found_like_onward_run_finds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = ["onward", "run", "--db", "a.db", "--tasks", "t", "--", "cmd", "--db", "not-this"]
+    assert store_url_for(run, {"ONWARD_DB": "env.db"}) == "a.db"
+    assert store_url_for(["/venv/bin/onward", "run", "--db=b.db"], {}) == "b.db"
+    assert store_url_for([sys.executable, "-m", "onward.cli", "run", "--", "x"], {"ONWARD_DB": "e"}) == "e"
+    assert store_url_for(["onward", "run", "--", "x"], {}) is None  # the default file does not exist
+    os.makedirs(".onward")
+    Path(".onward/onward.db").touch()
+    assert store_url_for(["onward", "run", "--", "x"], {}) == ".onward/onward.db"
+    assert find_run_option(["worker", "--db", "x"], "--db") is None  # not an onward command
+
+
+# --- the command line ------------------------------------------------------------------------------------
+def test_supervise_command(tmp_path: Path) -> None:
+    from onward.deploy_cli import supervise_command
+
+    state = tmp_path / "state"
+    state.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    result = CliRunner().invoke(supervise_command, ["--restart-delay", "0.01", "--", sys.executable,
+                                                    str(script), str(state), "exit:1 exit:3"])
+    assert result.exit_code == 3, result.output
+    assert len((state / "starts").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("args", [["--max-restarts", "-1", "--", "true"], ["--window", "0", "--", "true"],
+                                  ["--watchdog", "0", "--", "true"], ["--restart-delay", "-1", "--", "true"],
+                                  ["--"], ["--", "/no/such/program"]])
+def test_supervise_command_rejects_bad_input(args: list[str]) -> None:
+    from onward.deploy_cli import supervise_command
+
+    result = CliRunner().invoke(supervise_command, args)
+    assert isinstance(result.exception, UsageError), result.output

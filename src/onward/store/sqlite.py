@@ -99,6 +99,9 @@ class SqliteStore:
         except sqlite3.DatabaseError as e:
             raise _translate(e, self.path) from None
         try:
+            # Identify the file before changing anything in it (switching to WAL rewrites its header).
+            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._schema_version()
             self._configure()
             self._ensure_schema()
         except sqlite3.DatabaseError as e:
@@ -127,7 +130,6 @@ class SqliteStore:
             raise StoreError(f"cannot create store {self.path}: {e.strerror}") from None
 
     def _configure(self) -> None:
-        self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise StoreError(f"store {self.path}: cannot switch to WAL mode (got {mode})")

@@ -1,0 +1,140 @@
+"""What only the SQLite backend does: the file, its modes, and refusing files that are not a store."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from onward.errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError
+from onward.store import open_store
+from onward.store.sqlite import SqliteStore
+
+
+def test_new_store_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "onward.db"
+    store = open_store(str(path))
+    store.add(["a"])
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    for suffix in ("-wal", "-shm"):
+        side = Path(str(path) + suffix)
+        assert stat.S_IMODE(side.stat().st_mode) == 0o600
+    store.close()
+
+
+def test_wal_and_full_sync(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "s.db"))
+    db = store._db
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert db.execute("PRAGMA busy_timeout").fetchone()[0] > 0
+    store.close()
+
+
+def test_sqlite_url(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/u.db")
+    store.add(["a"])
+    store.close()
+    assert (tmp_path / "u.db").exists()
+
+
+def test_missing_store_is_not_created_for_reading(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no onward store"):
+        open_store(str(tmp_path / "nope.db"), create=False)
+    assert not (tmp_path / "nope.db").exists()
+
+
+def _unchanged(path: Path):  # type: ignore[no-untyped-def]
+    before = path.read_bytes()
+    return lambda: path.read_bytes() == before
+
+
+def test_text_file_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("my precious notes\n")
+    same = _unchanged(path)
+    with pytest.raises(NotAStore, match="not an SQLite database"):
+        open_store(str(path))
+    assert same()
+    assert not Path(str(path) + "-wal").exists()
+
+
+def test_other_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE people (name TEXT)")
+    db.execute("INSERT INTO people VALUES ('ada')")
+    db.commit()
+    db.close()
+    same = _unchanged(path)
+    with pytest.raises(NotAStore, match="another SQLite database"):
+        open_store(str(path))
+    assert same()
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    open_store(str(path)).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(SchemaTooNew, match="schema version 99"):
+        open_store(str(path))
+
+
+def test_older_schema_asks_for_upgrade(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    open_store(str(path)).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(SchemaTooOld, match="onward db upgrade"):
+        open_store(str(path))
+
+
+def test_corrupt_file_is_reported_not_recreated(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = open_store(str(path))
+    store.add([f"task-{i}" for i in range(2000)])
+    store.close()
+    # checkpointed and closed: everything lives in the main file now. Scribble over its pages.
+    data = bytearray(path.read_bytes())
+    assert len(data) > 8192
+    for offset in range(100, len(data), 997):
+        data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+    same = _unchanged(path)
+    with pytest.raises((CorruptStore, NotAStore)):
+        s = open_store(str(path))
+        list(s.iter_tasks())
+        s.counts()
+        s.close()
+    assert same()
+
+
+def test_directory_is_not_a_store(tmp_path: Path) -> None:
+    with pytest.raises(NotAStore):
+        open_store(str(tmp_path))
+
+
+def test_empty_file_is_initialised(tmp_path: Path) -> None:
+    # A zero-byte file holds nothing to lose (a creation interrupted before its first write).
+    path = tmp_path / "empty.db"
+    path.touch()
+    store = open_store(str(path))
+    assert store.add(["a"]) == 1
+    store.close()
+
+
+def test_integrity_after_use(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "s.db"))
+    store.add(["a"])
+    assert store.integrity_check() == "ok"
+    store.close()
+    assert os.path.getsize(tmp_path / "s.db") > 0

@@ -1,0 +1,252 @@
+"""The Store contract, checked the same way on every backend (the ``store_url`` fixture)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from onward.proc import current_owner
+from onward.store import open_store
+from onward.store.base import DONE, FAILED, PENDING, RUNNING, Lease, SourceMark, StepRecord, Store
+
+
+@pytest.fixture
+def store(store_url: str):  # type: ignore[no-untyped-def]
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+def worker(store: Store) -> int:
+    return store.register_worker(current_owner(), "test")
+
+
+def test_add_is_idempotent_and_counted(store: Store) -> None:
+    assert store.add(["a", "b", "c"]) == 3
+    assert store.add(["b", "c", "d"]) == 1
+    assert store.add([]) == 0
+    assert store.counts() == {PENDING: 4, RUNNING: 0, DONE: 0, FAILED: 0}
+    assert [t.name for t in store.iter_tasks()] == ["a", "b", "c", "d"]
+
+
+def test_reopen_keeps_everything(store_url: str) -> None:
+    s = open_store(store_url)
+    s.add(["x"])
+    s.close()
+    s = open_store(store_url, create=False)
+    assert s.task("x") is not None and s.task("x").state == PENDING  # type: ignore[union-attr]
+    s.close()
+
+
+def test_claim_counts_attempt_and_moves_fence(store: Store) -> None:
+    store.add(["a", "b", "c"])
+    w = worker(store)
+    claims = store.claim(w, 2, 30, 3)
+    assert [c.name for c in claims] == ["a", "b"]
+    assert all(c.attempt == 1 and c.fence == 1 for c in claims)
+    assert store.counts()[RUNNING] == 2
+    assert store.task("a").attempts == 1  # type: ignore[union-attr]
+    # the attempt is committed at claim time: another connection sees it
+    assert [c.name for c in store.claim(w, 5, 30, 3)] == ["c"]
+    assert store.claim(w, 5, 30, 3) == []
+
+
+def test_complete_under_the_right_fence_only(store: Store) -> None:
+    store.add(["a"])
+    w = worker(store)
+    (c,) = store.claim(w, 1, 30, 3)
+    assert not store.complete(c.task_id, c.fence + 1, b"x", "bytes")
+    assert store.complete(c.task_id, c.fence, b"result", "str")
+    assert not store.complete(c.task_id, c.fence, b"again", "str")  # done is final
+    r = store.result("a")
+    assert r is not None and r.data == b"result" and r.kind == "str"
+    assert store.counts()[DONE] == 1
+    assert store.claim(w, 1, 30, 3) == []  # a done task is never claimed again
+
+
+def test_fail_retries_after_delay_then_fails_for_good(store: Store) -> None:
+    store.add(["a"])
+    w = worker(store)
+    (c,) = store.claim(w, 1, 30, 2)
+    assert store.fail(c.task_id, c.fence, "boom", 0.5) == PENDING
+    assert store.claim(w, 1, 30, 2) == []  # not before its retry time
+    deadline = time.monotonic() + 5
+    claims = []
+    while not claims and time.monotonic() < deadline:
+        time.sleep(0.05)
+        claims = store.claim(w, 1, 30, 2)
+    (c2,) = claims
+    assert c2.attempt == 2 and c2.fence == c.fence + 1
+    assert store.fail(c2.task_id, c2.fence, "boom again", 0) == FAILED
+    row = store.task("a")
+    assert row is not None and row.state == FAILED and row.error == "boom again" and row.attempts == 2
+    assert store.fail(c2.task_id, c2.fence, "late", 0) is None  # not running any more
+
+
+def test_release_does_not_count_the_attempt(store: Store) -> None:
+    store.add(["a"])
+    w = worker(store)
+    (c,) = store.claim(w, 1, 30, 3)
+    assert store.release(c.task_id, c.fence, "stopping")
+    assert store.task("a").attempts == 0  # type: ignore[union-attr]
+    (c2,) = store.claim(w, 1, 30, 3)
+    assert c2.attempt == 1 and c2.fence == c.fence + 1
+
+
+def test_reclaim_fences_out_the_old_owner(store: Store) -> None:
+    store.add(["a"])
+    w = worker(store)
+    (c,) = store.claim(w, 1, 30, 3)
+    assert store.reclaim(c.task_id, c.fence, "owner died") == PENDING
+    assert store.reclaim(c.task_id, c.fence, "again") is None
+    assert not store.complete(c.task_id, c.fence, b"late", "bytes")
+    assert store.renew(w, [Lease(c.task_id, c.fence)], 30, 0) == [c.task_id]
+    (c2,) = store.claim(w, 1, 30, 3)
+    assert c2.attempt == 2
+    assert store.complete(c2.task_id, c2.fence, b"ok", "bytes")
+
+
+def test_reclaim_with_no_attempts_left_fails_the_task(store: Store) -> None:
+    store.add(["poison"])
+    w = worker(store)
+    (c,) = store.claim(w, 1, 30, 1)
+    assert store.reclaim(c.task_id, c.fence, "owner died") == FAILED
+    assert store.task("poison").state == FAILED  # type: ignore[union-attr]
+
+
+def test_lease_expiry_is_seen_on_the_store_clock(store: Store) -> None:
+    store.add(["a"])
+    w = worker(store)
+    (c,) = store.claim(w, 1, 0.3, 3)
+    (running,) = store.running()
+    assert running.task_id == c.task_id and not running.lease_expired
+    assert running.owner is not None and running.owner.pid == current_owner().pid
+    time.sleep(0.5)
+    (running,) = store.running()
+    assert running.lease_expired
+    assert store.renew(w, [Lease(c.task_id, c.fence, progress_age=0.0, note="half way")], 30, 0) == []
+    (running,) = store.running()
+    assert not running.lease_expired and running.note == "half way"
+
+
+def test_two_connections_never_claim_the_same_task(store_url: str) -> None:
+    setup = open_store(store_url)
+    setup.add([f"t{i}" for i in range(300)])
+    w = worker(setup)
+    setup.close()
+    claimed: list[list[str]] = [[], [], []]
+
+    def claim_all(slot: int) -> None:
+        s = open_store(store_url)
+        try:
+            while True:
+                got = s.claim(w, 3, 30, 3)
+                if not got:
+                    return
+                claimed[slot].extend(c.name for c in got)
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=claim_all, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    everything = [n for part in claimed for n in part]
+    assert len(everything) == 300 and len(set(everything)) == 300
+
+
+def test_batch_is_one_transaction(store: Store) -> None:
+    store.add(["a", "b"])
+    w = worker(store)
+    with pytest.raises(RuntimeError):
+        with store.batch():
+            store.claim(w, 2, 30, 3)
+            raise RuntimeError("abort")
+    assert store.counts()[RUNNING] == 0  # rolled back
+    with store.batch():
+        (a, b) = store.claim(w, 2, 30, 3)
+        store.complete(a.task_id, a.fence, b"1", "bytes")
+        store.fail(b.task_id, b.fence, "x", 0)
+    assert store.counts() == {PENDING: 1, RUNNING: 0, DONE: 1, FAILED: 0}
+
+
+def test_retry_failed_tasks(store: Store) -> None:
+    store.add(["a", "b", "c"])
+    w = worker(store)
+    for c in store.claim(w, 3, 30, 1):
+        store.fail(c.task_id, c.fence, "x", 0)
+    assert store.counts()[FAILED] == 3
+    assert store.retry(["b"]) == 1
+    assert store.retry(["b"]) == 0  # not failed any more
+    assert store.retry(None) == 2
+    assert store.counts() == {PENDING: 3, RUNNING: 0, DONE: 0, FAILED: 0}
+    assert all(t.attempts == 0 for t in store.iter_tasks())
+
+
+def test_iter_tasks_by_state_streams_in_added_order(store: Store) -> None:
+    names = [f"n{i:05d}" for i in range(2500)]
+    store.add(names)
+    w = worker(store)
+    for c in store.claim(w, 10, 30, 3):
+        store.complete(c.task_id, c.fence, b"", "bytes")
+    assert [t.name for t in store.iter_tasks()] == names
+    assert [t.name for t in store.iter_tasks(DONE)] == names[:10]
+    assert len(list(store.iter_tasks(PENDING))) == 2490
+
+
+def test_journal_and_stats(store: Store) -> None:
+    store.add(["a", "b"])
+    w = worker(store)
+    (a,) = store.claim(w, 1, 30, 1)
+    store.log_event("claimed", task_id=a.task_id, worker_id=w, attempt=1)
+    store.complete(a.task_id, a.fence, b"", "bytes")
+    store.log_event("done", task_id=a.task_id, worker_id=w, attempt=1, durable=True)
+    (b,) = store.claim(w, 1, 30, 1)
+    store.fail(b.task_id, b.fence, "it broke\nsecond line", 0)
+    store.log_event("failed", task_id=b.task_id, worker_id=w, attempt=1, detail="it broke")
+    store.log_event("restart", detail="exit status 1", durable=True)
+    kinds = [e.kind for e in store.events()]
+    assert kinds == ["worker started", "claimed", "done", "failed", "restart"]
+    assert [e.kind for e in store.events(task="a")] == ["claimed", "done"]
+    assert [e.kind for e in store.events(last=2)] == ["failed", "restart"]
+    stats = store.stats()
+    assert stats.counts[DONE] == 1 and stats.counts[FAILED] == 1 and stats.total == 2
+    assert stats.done_last_minute == 1 and stats.restarts == 1
+    assert [e.task for e in stats.errors] == ["b"]
+    assert [wr.worker_id for wr in stats.workers] == [w]
+    store.worker_stopped(w, "finished")
+    assert store.stats().workers == []
+
+
+def test_source_marks(store: Store) -> None:
+    assert store.get_source("/x") is None
+    mark = SourceMark("1:2", 10, 3, 123, "h", "t")
+    store.set_source("/x", mark)
+    assert store.get_source("/x") == mark
+    store.set_source("/x", SourceMark("1:2", 20, 5, 124, "h", "t2"))
+    assert store.get_source("/x").size == 20  # type: ignore[union-attr]
+
+
+def test_steps_are_recorded_under_the_fence(store: Store) -> None:
+    store.add(["agent"])
+    w = worker(store)
+    (c,) = store.claim(w, 1, 30, 3)
+    assert store.record_step(c.task_id, c.fence, StepRecord(1, "llm", "value", b'"hi"', time.time()))
+    assert store.record_step(c.task_id, c.fence, StepRecord(2, "tool", "value", b"1", time.time()))
+    assert [s.name for s in store.steps(c.task_id)] == ["llm", "tool"]
+    assert not store.record_step(c.task_id, c.fence + 1, StepRecord(3, "x", "value", b"1", time.time()))
+    assert store.drop_steps(c.task_id, c.fence, 2)
+    assert [s.index for s in store.steps(c.task_id)] == [1]
+    store.reclaim(c.task_id, c.fence, "lost")
+    assert not store.record_step(c.task_id, c.fence, StepRecord(2, "late", "value", b"1", time.time()))
+    assert not store.drop_steps(c.task_id, c.fence, 1)
+    assert [s.index for s in store.steps(c.task_id)] == [1]
+
+
+def test_unicode_and_odd_task_names_round_trip(store: Store) -> None:
+    names = ["héllo wörld", "a/b/../c", "'; DROP TABLE tasks; --", "x" * 4096, "🙂"]
+    store.add(names)
+    assert [t.name for t in store.iter_tasks()] == names

@@ -18,7 +18,7 @@ from .outdir import OutDir
 from .runner import RunConfig, Runner
 from .store import is_postgres_url, open_store, store_url
 from .store.base import Store
-from .tasksfile import import_tasks_file
+from .tasksfile import check_tasks_file, import_tasks_file
 
 
 class LazyStore:
@@ -80,13 +80,14 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
     out: OutDir | None = None
     handler: CommandHandler | None = None
     try:
-        if tasks_file:
-            # Checked whole before anything is written; the store is created only if the file is good.
-            result = import_tasks_file(store, tasks_file)
-            if result.added:
-                log.info(f"added {result.added} new tasks from {tasks_file}")
+        # Every input is checked before anything is written: the tasks file, then the output folder.
+        tasks = check_tasks_file(store.existing, tasks_file) if tasks_file else None
         if out_dir:
             out = OutDir(out_dir)
+        if tasks is not None:
+            result = tasks.apply(store.get())
+            if result.added:
+                log.info(f"added {result.added} new tasks from {tasks_file}")
         handler = CommandHandler(command, url, max_result_bytes or DEFAULT_MAX_RESULT_BYTES)
         marker = marker_path(keep_awake)
         runner = Runner(store.get(), handler, config, log, notifier=Notifier.from_env(),

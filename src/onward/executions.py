@@ -281,6 +281,8 @@ class CommandExecution(Execution):
 
     def _read(self, fd: int) -> bool:
         """Read what the pipe has; False once it reached end of file (and was closed)."""
+        if fd not in self._open:
+            return False  # closed by an earlier event of the same select() round
         sink = self._open[fd][1]
         while True:
             try:

@@ -85,26 +85,53 @@ def iter_tasks(f, start_line: int, source: str) -> Iterator[str]:  # type: ignor
             yield task
 
 
-def _digest(f, start: int, length: int) -> str:  # type: ignore[no-untyped-def]
-    f.seek(start)
-    return hashlib.sha256(f.read(length)).hexdigest()
+@dataclass
+class TasksImport:
+    """A tasks file checked whole, ready to be added with ``apply``. Checking writes nothing, so a caller
+    can check every input (tasks file, output folder, flags) before changing anything."""
+
+    path: str
+    key: str  # the file's absolute path, under which its mark is kept
+    start: int  # where reading starts (the old mark, or 0)
+    start_line: int
+    end: int  # where the checked bytes end: what was appended since the check waits for the next import
+    mark: SourceMark | None  # the mark to record; None for stdin or an unchanged file
+    stdin_tasks: list[str] | None = None
+
+    def apply(self, store: Store) -> ImportResult:
+        if self.stdin_tasks is not None:
+            return ImportResult(added=store.add(self.stdin_tasks), read_from=0, skipped=False)
+        if self.mark is None:
+            return ImportResult(added=0, read_from=self.start, skipped=True)
+        try:
+            f = open(self.path, "rb")
+        except OSError as e:
+            raise UsageError(f"cannot read tasks file {self.path}: {e.strerror}") from None
+        with f:
+            f.seek(self.start)
+            with store.batch():
+                added = store.add(iter_tasks(_Limited(f, self.end - self.start), self.start_line, self.path))
+                store.set_source(self.key, self.mark)
+        return ImportResult(added=added, read_from=self.start, skipped=False)
 
 
-class StoreSource(Protocol):
-    existing: Store | None  # the store, if it exists already
+class _Limited:
+    """A binary file cut off after ``remaining`` bytes."""
 
-    def get(self) -> Store:
-        """The store, created if need be."""
+    def __init__(self, f, remaining: int) -> None:  # type: ignore[no-untyped-def]
+        self.f = f
+        self.remaining = remaining
+
+    def read(self, n: int) -> bytes:
+        data = self.f.read(min(n, self.remaining))
+        self.remaining -= len(data)
+        return bytes(data)
 
 
-def import_tasks_file(stores: StoreSource, path: str) -> ImportResult:
-    """Validate the file (from its mark on) and add its tasks. The store is created, if it does not exist
-    yet, only once the whole file is known to be good: bad input changes nothing."""
-    store = stores.existing
+def check_tasks_file(store: Store | None, path: str) -> TasksImport:
+    """Read the file from its mark on and check every line; write nothing. Raises UsageError."""
     if path == "-":
-        tasks = _tasks_from_bytes(sys.stdin.buffer.read(), "stdin")
-        return ImportResult(added=stores.get().add(tasks), read_from=0, skipped=False)
-    source = path
+        return TasksImport(path, "-", 0, 0, 0, None, stdin_tasks=_tasks_from_bytes(sys.stdin.buffer.read()))
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -118,38 +145,51 @@ def import_tasks_file(stores: StoreSource, path: str) -> ImportResult:
         mark = store.get_source(key) if store is not None else None
         start, start_line = 0, 0
         if mark is not None and mark.identity == identity and st.st_size >= mark.size:
-            head_len = min(DIGEST_BYTES, mark.size)
-            same_head = _digest(f, 0, head_len) == mark.head_digest
+            same_head = _digest(f, 0, min(DIGEST_BYTES, mark.size)) == mark.head_digest
             tail_start = max(0, mark.size - DIGEST_BYTES)
             same_tail = _digest(f, tail_start, mark.size - tail_start) == mark.tail_digest
             if same_head and same_tail:
                 if st.st_size == mark.size:
-                    return ImportResult(added=0, read_from=mark.size, skipped=True)
+                    return TasksImport(path, key, mark.size, mark.lines, mark.size, None)
                 start, start_line = mark.size, mark.lines
-        # Pass 1: check every line before adding any, so a bad line changes nothing.
         f.seek(start)
         reader = LineReader(f, start, start_line)
+        end = start
         for lineno, raw in reader:
-            parse_line(raw, lineno, source)
-        # The mark stops at the end of the last complete line: an unterminated last line may still grow.
-        end, lines = reader.complete_end, reader.complete_lines
-        tail_start = max(0, end - DIGEST_BYTES)
-        new_mark = SourceMark(identity=identity, size=end, lines=lines, mtime_ns=st.st_mtime_ns,
-                              head_digest=_digest(f, 0, min(DIGEST_BYTES, end)),
-                              tail_digest=_digest(f, tail_start, end - tail_start))
-        # Pass 2: add, in one transaction with the new mark.
-        target = stores.get()
-        f.seek(start)
-        with target.batch():
-            added = target.add(iter_tasks(f, start_line, source))
-            target.set_source(key, new_mark)
-        return ImportResult(added=added, read_from=start, skipped=False)
+            parse_line(raw, lineno, path)
+        end = f.tell()
+        # The mark stops after the last complete line: an unterminated last line is imported (it is a
+        # task) but read again next time, in case it was still being written.
+        complete = reader.complete_end
+        tail_start = max(0, complete - DIGEST_BYTES)
+        new_mark = SourceMark(identity=identity, size=complete, lines=reader.complete_lines,
+                              mtime_ns=st.st_mtime_ns, head_digest=_digest(f, 0, min(DIGEST_BYTES, complete)),
+                              tail_digest=_digest(f, tail_start, complete - tail_start))
+        return TasksImport(path, key, start, start_line, end, new_mark)
 
 
-def _tasks_from_bytes(data: bytes, source: str) -> list[str]:
+class StoreSource(Protocol):
+    existing: Store | None  # the store, if it exists already
+
+    def get(self) -> Store:
+        """The store, created if need be."""
+
+
+def import_tasks_file(stores: StoreSource, path: str) -> ImportResult:
+    """Check the whole file, then add its tasks; the store is created (if it does not exist yet) only once
+    the file is known to be good."""
+    return check_tasks_file(stores.existing, path).apply(stores.get())
+
+
+def _digest(f, start: int, length: int) -> str:  # type: ignore[no-untyped-def]
+    f.seek(start)
+    return hashlib.sha256(f.read(length)).hexdigest()
+
+
+def _tasks_from_bytes(data: bytes) -> list[str]:
     tasks = []
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
-        task = parse_line(raw, lineno, source)
+        task = parse_line(raw, lineno, "stdin")
         if task is not None:
             tasks.append(task)
     return tasks

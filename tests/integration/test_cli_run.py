@@ -1,0 +1,397 @@
+"""`onward run` and friends, as a user runs them: real processes, a real store, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import onward_argv, run_onward, wait_for
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = dict(os.environ, PYTHONPATH=SRC)
+    e.update(extra)
+    return e
+
+
+def popen_onward(*args: str, cwd: Path | None = None, **extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(onward_argv(*args), env=env(**extra), cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def write_tasks(path: Path, tasks: list[str]) -> Path:
+    path.write_text("".join(t + "\n" for t in tasks))
+    return path
+
+
+def status(db: str) -> dict:  # type: ignore[type-arg]
+    r = run_onward("status", "--db", db, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_run_substitutes_without_a_shell_and_records_results(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    hostile = "a; touch pwned #"
+    tasks = write_tasks(tmp_path / "tasks.txt", ["one", "two", hostile, "$(touch pwned2)"])
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--out", str(tmp_path / "out"), "--",
+                   sys.executable, "-c",
+                   "import os,sys; print(sys.argv[1], os.environ['ONWARD_TASK'], os.environ['ONWARD_ATTEMPT'],"
+                   " bool(os.environ['ONWARD_DB']), os.getpgrp() == os.getpid(), end='')",
+                   "{task}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+    out = run_onward("result", "--db", db, hostile)
+    assert out.stdout == f"{hostile} {hostile} 1 True True".encode()
+    assert (tmp_path / "out" / "one.txt").read_bytes() == b"one one 1 True True"
+    assert run_onward("list", "--db", db).stdout.decode().splitlines() == ["one", "two", hostile, "$(touch pwned2)"]
+    st = status(db)
+    assert (st["total"], st["done"], st["pending"], st["failed"], st["running"]) == (4, 4, 0, 0, 0)
+    assert {"workers", "tasks_running", "restarts"} <= st.keys()
+    logs = run_onward("logs", "--db", db).stdout.decode().splitlines()
+    assert sum(" done " in line for line in logs) == 4
+    assert all("pid=" in line for line in logs)
+
+
+def test_failed_task_never_blocks_others_and_exit_3(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "tasks.txt", ["ok1", "bad", "ok2"])
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--retry-delay", "0.01", "--max-attempts", "2", "--",
+                   "sh", "-c", 'if [ "$1" = bad ]; then echo "bad things happened" >&2; exit 7; fi; echo done',
+                   "x", "{task}")
+    assert r.returncode == 3, r.stderr
+    st = status(db)
+    assert (st["done"], st["failed"]) == (2, 1)
+    assert "exit status 7" in st["errors"][0]["error"] and "bad things" in st["errors"][0]["error"]
+    long = run_onward("list", "--db", db, "--state", "failed", "--long").stdout.decode()
+    assert long.startswith("failed\t2\t") and long.rstrip().endswith("\tbad")
+    nope = run_onward("result", "--db", db, "bad")
+    assert nope.returncode == 1 and b"failed" in nope.stderr
+    assert run_onward("retry", "--db", db, "--failed").returncode == 0
+    assert status(db)["pending"] == 1
+    r = run_onward("run", "--db", db, "--", "sh", "-c", "echo fixed")
+    assert r.returncode == 0
+    assert run_onward("result", "--db", db, "bad").stdout == b"fixed\n"
+
+
+def test_add_is_idempotent_and_run_imports_only_new_lines(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "a", "b").returncode == 0
+    assert run_onward("add", "--db", db, "b", "c").stderr.decode().strip() == "added 1 new task"
+    tasks = write_tasks(tmp_path / "t.txt", ["c", "d"])
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--", "true")
+    assert r.returncode == 0
+    assert status(db)["done"] == 4
+    with tasks.open("a") as f:
+        f.write("e\n")
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--", "true")
+    assert status(db)["total"] == 5 and status(db)["done"] == 5
+
+
+def test_result_bytes_are_exact_and_big_output_fails(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "bin", "big")
+    r = run_onward("run", "--db", db, "--max-result-bytes", "1000", "--max-attempts", "1", "--", sys.executable, "-c",
+                   "import sys; t=sys.argv[1]; sys.stdout.buffer.write(bytes(range(256)) if t=='bin' else b'x'*5000)",
+                   "{task}")
+    assert r.returncode == 3
+    assert run_onward("result", "--db", db, "bin").stdout == bytes(range(256))
+    st = status(db)
+    assert "exceeds the limit of 1000 bytes" in st["errors"][0]["error"]
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "hang")
+    pidfile = tmp_path / "grandchild.pid"
+    r = run_onward("run", "--db", db, "--timeout", "0.5", "--max-attempts", "1", "--", "sh", "-c",
+                   f"sleep 60 & echo $! > {pidfile}; wait")
+    assert r.returncode == 3
+    assert "timed out after 0.5s" in status(db)["errors"][0]["error"]
+    grandchild = int(pidfile.read_text())
+    wait_for(lambda: not _alive(grandchild), 5, "the timed-out task's grandchild to be gone")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_sigterm_lets_running_tasks_finish(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "a", "b", "c")
+    started = tmp_path / "started"
+    p = popen_onward("run", "--db", db, "--grace", "10", "--", "sh", "-c", f"touch {started}; sleep 0.5; echo ok")
+    wait_for(started.exists, 20, "the first task to start")
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    st = status(db)
+    assert st["done"] == 1 and st["pending"] == 2 and st["running"] == 0
+    assert b"stopped by SIGTERM" in err
+
+
+def test_sigterm_past_grace_kills_and_does_not_count_the_attempt(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "long")
+    pidfile = tmp_path / "child.pid"
+    p = popen_onward("run", "--db", db, "--grace", "0.3", "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 60")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20, "the task to start")
+    child = int(pidfile.read_text())
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    wait_for(lambda: not _alive(child), 5, "the child to be gone")
+    rows = run_onward("list", "--db", db, "--long").stdout.decode()
+    assert rows.startswith("pending\t0\t")  # released, the attempt not counted
+    assert "released" in run_onward("logs", "--db", db).stdout.decode()
+
+
+def test_children_die_with_a_killed_worker_and_the_task_is_reclaimed_at_once(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "t")
+    pidfile = tmp_path / "child.pid"
+    marks = tmp_path / "marks"
+    # heartbeat 5 s: the lease is 15 s, so a reclaim that waited for it would be far too slow for this test
+    p = popen_onward("run", "--db", db, "--heartbeat", "5", "--", "sh", "-c",
+                     f"echo $ONWARD_ATTEMPT >> {marks}; echo $$ > {pidfile}; "
+                     f'if [ "$ONWARD_ATTEMPT" = 1 ]; then exec sleep 60; fi; echo second')
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20, "the task to start")
+    child = int(pidfile.read_text())
+    p.kill()
+    p.wait()
+    wait_for(lambda: not _alive(child), 5, "the child to die with its worker (PDEATHSIG)")
+    r = run_onward("run", "--db", db, "--heartbeat", "5", "--", "sh", "-c",
+                   f"echo $ONWARD_ATTEMPT >> {marks}; echo second", timeout=10)
+    assert r.returncode == 0, r.stderr
+    assert marks.read_text().split() == ["1", "2"]
+    assert b"owner died" in r.stderr
+    assert run_onward("result", "--db", db, "t").stdout == b"second\n"
+
+
+def test_poison_task_that_kills_its_worker_ends_failed(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "t.txt", ["fine-1", "poison", "fine-2", "fine-3"])
+    argv = ["run", "--db", db, "--tasks", str(tasks), "--max-attempts", "3", "--", "sh", "-c",
+            'if [ "$1" = poison ]; then kill -9 $PPID; sleep 5; fi; echo ok', "x", "{task}"]
+    runs = 0
+    while True:
+        runs += 1
+        assert runs <= 6, "the poison task made the worker crash-loop"
+        r = run_onward(*argv)
+        if r.returncode in (0, 3):
+            break
+        assert r.returncode == -signal.SIGKILL
+    assert r.returncode == 3
+    st = status(db)
+    assert (st["done"], st["failed"]) == (3, 1)
+    assert run_onward("list", "--db", db, "--state", "failed").stdout == b"poison\n"
+    assert runs == 4  # three attempts that each killed the worker, then one run that found them used up
+
+
+@pytest.mark.parametrize("case", [
+    "missing-tasks-file", "non-utf8", "long-line", "empty-command", "unwritable-out", "not-a-store",
+    "newer-schema", "corrupt", "negative-concurrency", "zero-heartbeat", "negative-retry-delay", "zero-attempts",
+    "lease-shorter-than-heartbeat",
+])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(tmp_path: Path, case: str) -> None:
+    db = tmp_path / "s.db"
+    good = write_tasks(tmp_path / "good.txt", ["a"])
+    args = ["run", "--db", str(db), "--tasks", str(good)]
+    cmd = ["--", "true"]
+    if case == "missing-tasks-file":
+        args[-1] = str(tmp_path / "missing.txt")
+    elif case == "non-utf8":
+        (tmp_path / "bad.txt").write_bytes(b"fine\n\xc3\x28\n")
+        args[-1] = str(tmp_path / "bad.txt")
+    elif case == "long-line":
+        (tmp_path / "bad.txt").write_bytes(b"fine\n" + b"y" * 5000 + b"\n")
+        args[-1] = str(tmp_path / "bad.txt")
+    elif case == "empty-command":
+        cmd = []
+    elif case == "unwritable-out":
+        (tmp_path / "afile").write_text("x")
+        args += ["--out", str(tmp_path / "afile" / "out")]
+    elif case == "not-a-store":
+        db.write_text("this is my thesis, do not touch\n")
+    elif case in ("newer-schema", "corrupt"):
+        assert run_onward("add", "--db", str(db), "x").returncode == 0
+        if case == "newer-schema":
+            c = sqlite3.connect(db)
+            c.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+            c.commit()
+            c.close()
+        else:
+            data = bytearray(db.read_bytes())
+            for i in range(100, len(data), 501):
+                data[i] ^= 0x5A
+            db.write_bytes(bytes(data))
+    elif case == "negative-concurrency":
+        args += ["--concurrency", "-1"]
+    elif case == "zero-heartbeat":
+        args += ["--heartbeat", "0"]
+    elif case == "negative-retry-delay":
+        args += ["--retry-delay", "-1"]
+    elif case == "zero-attempts":
+        args += ["--max-attempts", "0"]
+    elif case == "lease-shorter-than-heartbeat":
+        args += ["--heartbeat", "5", "--lease", "2"]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    r = run_onward(*args, *cmd)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onward: error:"), r.stderr
+    assert "Traceback" not in r.stderr.decode()
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_status_on_a_missing_store_is_an_error_not_a_new_store(tmp_path: Path) -> None:
+    r = run_onward("status", "--db", str(tmp_path / "none.db"))
+    assert r.returncode == 2 and b"no onward store" in r.stderr
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_out_dir_is_the_source_of_truth_export_and_hostile_names(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    names = ["../escape", "/etc/passwd-x", ".hidden", "ok", "a/b", "x" * 300]
+    tasks = write_tasks(tmp_path / "t.txt", names)
+    out = tmp_path / "out"
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--out", str(out), "--", "printf", "%s", "{task}")
+    assert r.returncode == 0, r.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) == len(names)
+    assert all(p.parent == out for p in out.iterdir())
+    assert not (tmp_path / "escape.txt").exists()
+    contents = sorted(p.read_text() for p in out.iterdir())
+    assert contents == sorted(names)
+    (out / "ok.txt").unlink()
+    r = run_onward("run", "--db", db, "--out", str(out), "--", "false")
+    assert r.returncode == 0
+    assert (out / "ok.txt").read_text() == "ok"
+    assert not [p for p in out.iterdir() if p.name.startswith(".onward-tmp")]
+
+
+def test_keep_awake_marker_lives_while_work_remains(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    marker = tmp_path / "awake" / "keep-awake"
+    run_onward("add", "--db", db, "a", "b")
+    gate = tmp_path / "gate"
+    started = tmp_path / "started"
+    p = popen_onward("run", "--db", db, "--keep-awake", str(marker), "--", "sh", "-c",
+                     f"touch {started}; while [ ! -e {gate} ]; do sleep 0.02; done")
+    wait_for(started.exists, 20, "a task to start")
+    assert marker.exists()
+    gate.touch()
+    p.communicate(timeout=20)
+    assert p.returncode == 0
+    assert not marker.exists()
+
+
+def test_keep_awake_from_sandbox_convention(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".sandboxer").mkdir(parents=True)
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "a")
+    started = tmp_path / "started"
+    gate = tmp_path / "gate"
+    p = popen_onward("run", "--db", db, "--", "sh", "-c",
+                     f"touch {started}; while [ ! -e {gate} ]; do sleep 0.02; done", HOME=str(home))
+    wait_for(started.exists, 20, "a task to start")
+    assert (home / ".sandboxer" / "keep-awake").exists()
+    gate.touch()
+    p.communicate(timeout=20)
+    assert not (home / ".sandboxer" / "keep-awake").exists()
+
+
+def test_keep_awake_stays_while_another_worker_has_work(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    marker = tmp_path / "keep-awake"
+    run_onward("add", "--db", db, "quick", "slow")
+    gate = tmp_path / "gate"
+    slow_started = tmp_path / "slow-started"
+    script = (f'if [ "$1" = slow ]; then touch {slow_started}; while [ ! -e {gate} ]; do sleep 0.02; done; fi')
+    common = ["--db", db, "--keep-awake", str(marker), "--heartbeat", "0.2"]
+    a = popen_onward("run", *common, "--", "sh", "-c", script, "x", "{task}")
+    wait_for(slow_started.exists, 20, "the slow task to start in worker A")
+    # worker B finds nothing pending, waits for A's running task ... and would leave if asked to stop
+    b = popen_onward("run", *common, "--", "sh", "-c", script, "x", "{task}")
+    wait_for(lambda: len(status(db)["workers"]) == 2, 20, "both workers to be registered")
+    b.send_signal(signal.SIGTERM)
+    b.communicate(timeout=20)
+    assert marker.exists(), "one worker leaving must not remove the marker while another works"
+    gate.touch()
+    a.communicate(timeout=20)
+    assert a.returncode == 0
+    assert not marker.exists()
+
+
+def test_two_workers_share_one_store(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    n = 200
+    tasks = write_tasks(tmp_path / "t.txt", [f"t{i}" for i in range(n)])
+    log = tmp_path / "executions.log"
+    run_onward("add", "--db", db, "--tasks", str(tasks))
+    cmd = ["--", "sh", "-c", f'echo "$1" >> {log}; echo "r-$1"', "x", "{task}"]
+    workers = [popen_onward("run", "--db", db, "--concurrency", "2", *cmd) for _ in range(2)]
+    for w in workers:
+        w.communicate(timeout=120)
+        assert w.returncode == 0
+    lines = log.read_text().split()
+    assert sorted(lines) == sorted(f"t{i}" for i in range(n))  # each exactly once
+    st = status(db)
+    assert st["done"] == n
+    done_by = [e for e in run_onward("logs", "--db", db).stdout.decode().splitlines() if "worker stopped" in e]
+    assert len(done_by) == 2
+    c = sqlite3.connect(db)
+    assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_paused_worker_loses_its_lease_and_cannot_commit(tmp_path: Path) -> None:
+    """SIGSTOP a worker past its lease: another takes the task over (killing the paused worker's child
+    first, so two executions never overlap); after SIGCONT the paused worker's outcome is fenced."""
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "t")
+    marks = tmp_path / "marks"
+    pidfile = tmp_path / "child.pid"
+    script = (f'echo "start $ONWARD_ATTEMPT" >> {marks}; echo $$ > {pidfile}; '
+              f'if [ "$ONWARD_ATTEMPT" = 1 ]; then sleep 60; fi; echo "end $ONWARD_ATTEMPT" >> {marks}')
+    a = popen_onward("run", "--db", db, "--heartbeat", "0.2", "--lease", "0.6", "--", "sh", "-c", script)
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20, "A's task to start")
+    child = int(pidfile.read_text())
+    a.send_signal(signal.SIGSTOP)
+    try:
+        b = run_onward("run", "--db", db, "--heartbeat", "0.2", "--lease", "0.6", "--", "sh", "-c", script)
+        assert b.returncode == 0, b.stderr
+        assert b"lease expired" in b.stderr
+        assert not _alive(child), "the paused owner's child must be killed before the task runs again"
+    finally:
+        a.send_signal(signal.SIGCONT)
+    _, err = a.communicate(timeout=30)
+    assert a.returncode == 0, err
+    assert b"resumed after" in err or b"fenced" in err or b"lease lost" in err
+    assert marks.read_text().split("\n")[:-1] == ["start 1", "start 2", "end 2"]
+    assert run_onward("result", "--db", db, "t").returncode == 0
+    assert status(db)["done"] == 1
+
+
+def test_journald_lines_have_no_second_timestamp(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "a")
+    r = run_onward("run", "--db", db, "--", "true", env={"JOURNAL_STREAM": "8:1234"})
+    lines = r.stderr.decode().splitlines()
+    assert lines and all(line.startswith("onward pid=") for line in lines)
+    r = run_onward("run", "--db", db, "-q", "--", "true")
+    assert r.stderr == b""

@@ -1,0 +1,210 @@
+"""The Python API (`Job`), in-process and as a worker process killed and stopped with real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from onward import Job, TaskNotDone, UsageError
+from onward.log import QUIET
+from tests.conftest import run_onward, wait_for
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def test_results_of_every_kind_round_trip(store_url: str) -> None:
+    job = Job(store_url, log_level=QUIET)
+
+    @job.task
+    def handle(task: str, ctx) -> object:  # type: ignore[no-untyped-def]
+        return {"text": task, "bytes": task.encode(), "json": {"n": len(task), "ok": True}}[task]
+
+    assert job.add(["text", "bytes", "json"]) == 3
+    assert job.add(["text"]) == 0
+    summary = job.run()
+    assert (summary.done, summary.failed, summary.exit_code) == (3, 0, 0)
+    assert job.result("text") == "text"
+    assert job.result("bytes") == b"bytes"
+    assert job.result("json") == {"n": 4, "ok": True}
+    job.close()
+
+
+def test_cli_prints_results_as_documented(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    job = Job(db, log_level=QUIET)
+    job.task(lambda task, ctx: {"s": "héllo", "b": b"\x00\xff", "j": [1, "two"]}[task])
+    job.add(["s", "b", "j"])
+    job.run()
+    job.close()
+    assert run_onward("result", "--db", db, "s").stdout == "héllo".encode()
+    assert run_onward("result", "--db", db, "b").stdout == b"\x00\xff"
+    assert json.loads(run_onward("result", "--db", db, "j").stdout) == [1, "two"]
+
+
+def test_resume_does_not_redo_done_tasks(store_url: str) -> None:
+    calls: list[str] = []
+    job = Job(store_url, log_level=QUIET)
+
+    @job.task
+    def handle(task: str, ctx) -> str:  # type: ignore[no-untyped-def]
+        calls.append(task)
+        return task.upper()
+
+    job.add(["a", "b"])
+    job.run()
+    job.add(["b", "c"])
+    job.run()
+    assert calls == ["a", "b", "c"]
+    job.close()
+
+
+def test_exceptions_are_retried_then_fail(store_url: str) -> None:
+    attempts: list[int] = []
+    job = Job(store_url, log_level=QUIET, retry_delay=0.01)
+
+    @job.task(max_attempts=3)
+    def handle(task: str, ctx) -> str:  # type: ignore[no-untyped-def]
+        attempts.append(ctx.attempt)
+        if task == "flaky" and ctx.attempt < 2:
+            raise ConnectionError("try again")
+        if task == "broken":
+            raise ValueError("always broken")
+        return "ok"
+
+    job.add(["flaky", "broken", "fine"])
+    summary = job.run()
+    assert (summary.done, summary.failed, summary.exit_code) == (2, 1, 3)
+    assert job.result("flaky") == "ok"
+    with pytest.raises(TaskNotDone):
+        job.result("broken")
+    row = job.store.task("broken")
+    assert row is not None and row.attempts == 3 and "ValueError: always broken" in (row.error or "")
+    job.close()
+
+
+def test_timeout_cancels_a_python_task_that_checks(store_url: str) -> None:
+    job = Job(store_url, log_level=QUIET, timeout=0.2, max_attempts=1)
+
+    @job.task
+    def handle(task: str, ctx) -> str:  # type: ignore[no-untyped-def]
+        while True:
+            ctx.check()
+            ctx.beat("spinning")
+            import time
+            time.sleep(0.01)
+
+    job.add(["spin"])
+    summary = job.run()
+    assert summary.failed == 1
+    row = job.store.task("spin")
+    assert row is not None and "timed out after 0.2s" in (row.error or "")
+    job.close()
+
+
+def test_bad_values_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError):
+        Job(str(tmp_path / "s.db"), concurrency=0)
+    job = Job(str(tmp_path / "s.db"))
+    with pytest.raises(UsageError):
+        job.add([""])
+    with pytest.raises(UsageError):
+        job.add(["x" * 5000])
+    with pytest.raises(UsageError, match="no task function"):
+        job.run()
+    job.close()
+
+
+WORKER = textwrap.dedent("""
+    import os, sys, time
+    from onward import Job
+    job = Job(sys.argv[1], heartbeat=0.2, grace=float(sys.argv[3]))
+    marks = sys.argv[2]
+
+    @job.task
+    def handle(task, ctx):
+        with open(marks, "a") as f:
+            f.write(f"start {task} {ctx.attempt} {os.getpid()}\\n")
+        if task == "slow":
+            while not ctx.stopping:
+                time.sleep(0.01)
+            with open(marks, "a") as f:
+                f.write(f"saw-stop {task}\\n")
+            return "stopped early but finished"
+        if task == "ignore":
+            while True:
+                time.sleep(0.01)
+        return task
+
+    job.add(sys.argv[4:])
+    sys.exit(job.run().exit_code)
+""")
+
+
+def start_worker(tmp_path: Path, db: str, grace: float, *tasks: str) -> subprocess.Popen[bytes]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    return subprocess.Popen([sys.executable, str(script), db, str(tmp_path / "marks"), str(grace), *tasks],
+                            env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def marks(tmp_path: Path) -> list[str]:
+    path = tmp_path / "marks"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_sigterm_sets_the_stop_flag_and_the_task_finishes(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    p = start_worker(tmp_path, db, 10, "slow", "other")
+    wait_for(lambda: any(m.startswith("start slow") for m in marks(tmp_path)), 20, "the slow task to start")
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    assert "saw-stop slow" in marks(tmp_path)
+    job = Job(db)
+    assert job.result("slow") == "stopped early but finished"
+    assert job.store.task("other").state == "pending"  # type: ignore[union-attr]
+    job.close()
+
+
+def test_a_killed_python_worker_reruns_its_task_with_the_next_attempt(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    p = start_worker(tmp_path, db, 10, "slow")
+    wait_for(lambda: any(m.startswith("start slow 1") for m in marks(tmp_path)), 20, "attempt 1 to start")
+    p.kill()
+    p.wait()
+    p = start_worker(tmp_path, db, 10, "slow")
+    wait_for(lambda: any(m.startswith("start slow 2") for m in marks(tmp_path)), 20, "attempt 2 to start")
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=20)
+    assert p.returncode == 0
+
+
+def test_a_task_ignoring_cancellation_makes_the_worker_exit_for_a_restart(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    script = tmp_path / "w.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from onward import Job
+        job = Job({db!r}, timeout=0.3, grace=0.3, max_attempts=2)
+        @job.task
+        def handle(task, ctx):
+            while True:
+                time.sleep(0.01)   # never checks ctx: cannot be cancelled
+        job.add(["stuck"])
+        job.run()
+    """))
+    p = subprocess.run([sys.executable, str(script)],
+                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=60)
+    assert p.returncode != 0
+    assert b"ignored cancellation" in p.stderr
+    job = Job(db)
+    row = job.store.task("stuck")
+    assert row is not None and row.attempts == 1
+    job.close()

@@ -494,6 +494,11 @@ class Runner:
 
     def _reclaim_abandoned(self, at_start: bool) -> None:
         """Take back tasks whose owner died (same host: at once) or whose lease expired (anywhere)."""
+        if at_start:
+            # Workers of this host that died without a word (kill -9, OOM) are marked so in the store.
+            for w in self.store.workers():
+                if w.worker_id != self.worker_id and owner_alive(w.owner) is False:
+                    self.store.worker_stopped(w.worker_id, f"died: worker {w.worker_id} pid {w.owner.pid} is gone")
         for task in self.store.running():
             if task.worker_id == self.worker_id:
                 continue
@@ -538,7 +543,7 @@ class Runner:
             return
         counts = self.store.counts()
         work_left = counts.get(PENDING, 0) or counts.get(RUNNING, 0)
-        others = [w for w in self.store.stats().workers
+        others = [w for w in self.store.workers()
                   if w.worker_id != self.worker_id and w.heartbeat_age < self.config.lease_seconds
                   and owner_alive(w.owner) is not False]
         if not work_left or not others:

@@ -15,7 +15,7 @@ def status_dict(store: Store) -> dict[str, Any]:
     """The status as plain data; ``onward status --json`` prints exactly this."""
     stats = store.stats()
     counts = {state: stats.counts.get(state, 0) for state in (PENDING, RUNNING, DONE, FAILED)}
-    rate = stats.done_last_minute / 60.0
+    rate = stats.done_last_minute / stats.rate_window
     left = counts[PENDING] + counts[RUNNING]
     workers = []
     for w in stats.workers:

@@ -125,8 +125,9 @@ class Stats:
     running: list[RunningTask]
     workers: list[WorkerRow]  # workers that have not stopped, newest first
     errors: list[Event]  # the latest failures, newest first
-    done_last_minute: int
+    done_last_minute: int  # tasks done within the rate window
     restarts: int
+    rate_window: float = 60.0  # seconds the rate is measured over: the last minute, or less for a young job
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -247,6 +248,9 @@ class Store(Protocol):
     # --- workers and the journal ---------------------------------------------------------------------
     def register_worker(self, owner: Owner, detail: str) -> int:
         """Record a new worker (and a 'worker started' event). Returns its id."""
+
+    def workers(self) -> list[WorkerRow]:
+        """Workers not marked stopped (at most 100, newest first)."""
 
     def worker_stopped(self, worker_id: int, reason: str) -> None:
         """Mark the worker stopped (and journal why)."""

@@ -354,20 +354,19 @@ class SqliteStore:
             now = self.now()
             counts = self.counts()
             running = self.running()
-            workers = [
-                WorkerRow(worker_id=r[0], owner=Owner(r[1], r[2], r[3], r[4]), started_at=r[5],
-                          heartbeat_age=r[6], stopped_at=r[7], stop_reason=r[8], done=r[9], running=r[10])
-                for r in self._db.execute(Q["live_workers"], {"now": now})
-            ]
+            workers = self.workers()
             last_id = self._db.execute(Q["last_event_id"]).fetchone()[0]
             since = self._first_event_at_or_after(now - 60.0, last_id)
             done_last_minute = self._db.execute(Q["count_done_since_event"], (since,)).fetchone()[0]
+            first = self._db.execute(Q["event_time"], (since,)).fetchone()
+            # A job younger than a minute is measured over its own age, not diluted over 60 s.
+            window = min(60.0, max(1.0, now - first[0])) if first else 60.0
             errors = [_event(r) for r in self._db.execute(Q["recent_errors"], (max(0, last_id - 100_000), 5))]
             restarts = self._db.execute(Q["count_events_of_kind"], ("restart",)).fetchone()[0]
         finally:
             self._db.execute("COMMIT")
         return Stats(counts=counts, running=running, workers=workers, errors=errors,
-                     done_last_minute=done_last_minute, restarts=restarts)
+                     done_last_minute=done_last_minute, restarts=restarts, rate_window=window)
 
     def _first_event_at_or_after(self, at: float, last_id: int) -> int:
         """Binary search on the rowid: events are appended in time order, so no index on time is needed
@@ -381,6 +380,13 @@ class SqliteStore:
             else:
                 hi = mid
         return lo
+
+    def workers(self) -> list[WorkerRow]:
+        return [
+            WorkerRow(worker_id=r[0], owner=Owner(r[1], r[2], r[3], r[4]), started_at=r[5], heartbeat_age=r[6],
+                      stopped_at=r[7], stop_reason=r[8], done=r[9], running=r[10])
+            for r in self._db.execute(Q["live_workers"], {"now": self.now()})
+        ]
 
     # --- workers and the journal ---------------------------------------------------------------------
     def register_worker(self, owner: Owner, detail: str) -> int:
@@ -454,7 +460,7 @@ def _translating(method):  # type: ignore[no-untyped-def]
     return wrapper
 
 
-for _name in ("get_source", "running", "task", "task_id", "result", "counts", "stats", "events", "steps",
+for _name in ("get_source", "running", "workers", "task", "task_id", "result", "counts", "stats", "events", "steps",
               "integrity_check"):
     setattr(SqliteStore, _name, _translating(getattr(SqliteStore, _name)))
 

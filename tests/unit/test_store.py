@@ -209,7 +209,8 @@ def test_journal_and_stats(store: Store) -> None:
     store.log_event("failed", task_id=b.task_id, worker_id=w, attempt=1, detail="it broke")
     store.log_event("restart", detail="exit status 1", durable=True)
     kinds = [e.kind for e in store.events()]
-    assert kinds == ["worker started", "claimed", "done", "failed", "restart"]
+    assert kinds == ["added", "worker started", "claimed", "done", "failed", "restart"]
+    assert store.events()[0].detail == "2 new tasks"
     assert [e.kind for e in store.events(task="a")] == ["claimed", "done"]
     assert [e.kind for e in store.events(last=2)] == ["failed", "restart"]
     stats = store.stats()

@@ -183,7 +183,9 @@ class Store(Protocol):
 
     # --- tasks ---------------------------------------------------------------------------------------
     def add(self, names: Iterable[str]) -> int:
-        """Add tasks by name; names already present are left alone. Returns how many were new."""
+        """Add tasks by name; names already present are left alone. Returns how many were new, and
+        journals one "added" event for the call when any were (not one per task: a million-line import
+        stays one row)."""
 
     def get_source(self, path_key: str) -> SourceMark | None:
         """The import mark of a tasks file, by its absolute path, or None."""

@@ -237,6 +237,8 @@ class SqliteStore:
             # Counted once here rather than by an insert trigger: a million-line import stays one pass.
             if added:
                 self._db.execute(Q["count_added"], (added,))
+                self._db.execute(Q["log_event"], (now, "added", os.getpid(), _hostname(), None, None, None,
+                                                  f"{added} new task{'s' if added != 1 else ''}"))
         return added
 
     def get_source(self, path_key: str) -> SourceMark | None:

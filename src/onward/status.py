@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from .errors import StoreError
 from .log import one_line
 from .proc import owner_alive
 from .store.base import DONE, FAILED, PENDING, RUNNING, Event, Store
@@ -36,7 +37,7 @@ def status_dict(store: Store) -> dict[str, Any]:
             {"task": t.name, "attempt": t.attempt, "worker_pid": t.owner.pid if t.owner else None,
              "host": t.owner.host if t.owner else None,
              "heartbeat_age": round(t.heartbeat_age, 1) if t.heartbeat_age is not None else None,
-             "note": t.note}
+             "note": t.note, "steps": _steps_of(store, t.task_id, t.fence)}
             for t in stats.running
         ],
         "errors": [{"at": _iso(e.at), "kind": e.kind, "task": e.task, "attempt": e.attempt,
@@ -45,6 +46,18 @@ def status_dict(store: Store) -> dict[str, Any]:
         "rate_per_second": round(rate, 2),
         "eta_seconds": round(left / rate) if rate > 0 and left else (0 if not left else None),
     }
+
+
+def _steps_of(store: Store, task_id: int, fence: int) -> dict[str, Any] | None:
+    """A running task's durable steps: recorded, replayed on this resume, and the time those took at first.
+    None when the task records no steps. Reads only this task's rows (an index range)."""
+    from .steps import summarize
+
+    try:
+        records = store.steps(task_id)
+    except StoreError:
+        return None
+    return summarize(records, fence) if records else None
 
 
 def render_status(report: dict[str, Any]) -> None:
@@ -74,17 +87,27 @@ def render_status(report: dict[str, Any]) -> None:
         console.print(table)
     if report["tasks_running"]:
         table = Table(title="running", title_justify="left", box=None, pad_edge=False)
-        for col in ("task", "attempt", "worker pid", "heartbeat", "note"):
+        for col in ("task", "attempt", "worker pid", "heartbeat", "steps", "note"):
             table.add_column(col)
         for t in report["tasks_running"][:20]:
             age = "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']}s ago"
-            table.add_row(t["task"], str(t["attempt"]), str(t["worker_pid"]), age, t["note"] or "")
+            table.add_row(t["task"], str(t["attempt"]), str(t["worker_pid"]), age, _steps_text(t.get("steps")),
+                          t["note"] or "")
         console.print(table)
     if report["errors"]:
         console.print("[bold]latest errors[/bold]")
         for e in report["errors"]:
             console.print(f"  {e['at']} {e['kind']} {e['task']!r} attempt {e['attempt']}: {e['error']}",
                           markup=False)
+
+
+def _steps_text(steps: dict[str, Any] | None) -> str:
+    if not steps:
+        return ""
+    text = f"{steps['recorded']} recorded"
+    if steps["replayed"]:
+        text += f", {steps['replayed']} replayed (saved {steps['saved_seconds']:.1f}s)"
+    return text
 
 
 def format_event(event: Event) -> str:

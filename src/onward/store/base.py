@@ -73,7 +73,8 @@ class RunningTask:
     child_pid: int | None
     child_start: int | None
     lease_expired: bool  # judged by the store's clock
-    heartbeat_age: float | None  # seconds since the last heartbeat, store clock
+    heartbeat_age: float | None  # seconds since the owner last renewed the lease, store clock
+    progress_age: float | None  # seconds since the task last showed progress (beat, output)
     note: str | None
 
 

@@ -393,16 +393,19 @@ ON CONFLICT (path) DO UPDATE
 SELECT idx, name, kind, data, at FROM onward.steps WHERE task_id = %(task_id)s ORDER BY idx;
 
 -- name: record_step
+-- FOR SHARE: the fence is checked under a row lock, so a reclaim cannot commit between the check and this
+-- insert; it waits for this transaction (or skips the task), and the next owner sees the step.
 INSERT INTO onward.steps (task_id, idx, name, kind, data, at)
 SELECT %(task_id)s, %(idx)s, %(name)s, %(kind)s, %(data)s, %(at)s
- WHERE EXISTS (SELECT 1 FROM onward.tasks WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running')
+ WHERE EXISTS (SELECT 1 FROM onward.tasks WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
+                  FOR SHARE)
 ON CONFLICT (task_id, idx) DO UPDATE
    SET name = excluded.name, kind = excluded.kind, data = excluded.data, at = excluded.at;
 
 -- name: drop_steps
--- The fence check runs first and locks the task row, so a reclaim cannot slip in between.
+-- The fence is checked under a row lock, as in record_step.
 WITH holds AS (
-    SELECT 1 FROM onward.tasks WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running' FOR UPDATE
+    SELECT 1 FROM onward.tasks WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running' FOR SHARE
 ), dropped AS (
     DELETE FROM onward.steps WHERE task_id = %(task_id)s AND idx >= %(from_idx)s AND EXISTS (SELECT 1 FROM holds)
 )

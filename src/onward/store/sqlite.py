@@ -266,10 +266,10 @@ class SqliteStore:
         lost: list[int] = []
         with self._write(durable=False):
             for lease in leases:
-                heartbeat_at = None if lease.progress_age is None else now - lease.progress_age
+                progress_at = None if lease.progress_age is None else now - lease.progress_age
                 cur = self._db.execute(
                     Q["renew"],
-                    {"now": now, "lease": lease_seconds, "heartbeat_at": heartbeat_at, "note": lease.note,
+                    {"now": now, "lease": lease_seconds, "progress_at": progress_at, "note": lease.note,
                      "task_id": lease.task_id, "fence": lease.fence},
                 )
                 if cur.rowcount == 0:
@@ -483,7 +483,7 @@ def _running_task(r: tuple) -> RunningTask:  # type: ignore[type-arg]
     owner = Owner(r[5], r[6], r[7], r[8]) if r[5] is not None else None
     return RunningTask(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], worker_id=r[4], owner=owner,
                        child_pid=r[9], child_start=r[10], lease_expired=bool(r[11]), heartbeat_age=r[12],
-                       note=r[13])
+                       progress_age=r[13], note=r[14])
 
 
 def _event(r: tuple) -> Event:  # type: ignore[type-arg]

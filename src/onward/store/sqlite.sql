@@ -31,7 +31,8 @@ CREATE TABLE tasks (
     ready_at     REAL    NOT NULL DEFAULT 0,   -- a pending task is not claimed before this (retry backoff)
     worker_id    INTEGER,                      -- the owner while running
     lease_until  REAL,
-    heartbeat_at REAL,
+    heartbeat_at REAL,                         -- the owner's last lease renewal
+    progress_at  REAL,                         -- the task's last sign of progress (beat, output)
     note         TEXT,                         -- the last progress note (ctx.beat)
     child_pid    INTEGER,                      -- the command's process group, while running
     child_start  INTEGER,
@@ -104,7 +105,8 @@ UPDATE counts SET n = n + ? WHERE state = 'pending';
 -- name: claim
 UPDATE tasks
    SET state = 'running', attempts = attempts + 1, fence = fence + 1, max_attempts = :max_attempts,
-       worker_id = :worker_id, lease_until = :now + :lease, heartbeat_at = :now, note = NULL,
+       worker_id = :worker_id, lease_until = :now + :lease, heartbeat_at = :now, progress_at = :now,
+       note = NULL,
        started_at = :now, child_pid = NULL, child_start = NULL
  WHERE id IN (SELECT id FROM tasks
                WHERE state = 'pending' AND ready_at <= :now
@@ -115,7 +117,8 @@ RETURNING id, name, attempts, fence, max_attempts;
 -- name: renew
 UPDATE tasks
    SET lease_until = :now + :lease,
-       heartbeat_at = coalesce(:heartbeat_at, heartbeat_at),
+       heartbeat_at = :now,
+       progress_at = coalesce(:progress_at, progress_at),
        note = coalesce(:note, note)
  WHERE id = :task_id AND fence = :fence AND state = 'running';
 
@@ -158,7 +161,7 @@ RETURNING state, attempts;
 
 -- name: running
 SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid, w.pid_start,
-       t.child_pid, t.child_start, t.lease_until < :now, :now - t.heartbeat_at, t.note
+       t.child_pid, t.child_start, t.lease_until < :now, :now - t.heartbeat_at, :now - t.progress_at, t.note
   FROM tasks AS t LEFT JOIN workers AS w ON w.id = t.worker_id
  WHERE t.state = 'running'
  ORDER BY t.id;

@@ -304,7 +304,7 @@ class SqliteStore:
 
     def running(self) -> list[RunningTask]:
         rows = self._db.execute(Q["running"], {"now": self.now()}).fetchall()
-        return [_running_task(r) for r in rows]
+        return sorted((_running_task(r) for r in rows), key=lambda t: t.task_id)
 
     def reclaim(self, task_id: int, fence: int, reason: str) -> str | None:
         with self._write():
@@ -363,8 +363,8 @@ class SqliteStore:
             first = self._db.execute(Q["event_time"], (since,)).fetchone()
             # A job younger than a minute is measured over its own age, not diluted over 60 s.
             window = min(60.0, max(1.0, now - first[0])) if first else 60.0
-            errors = [_event(r) for r in self._db.execute(Q["recent_errors"], (max(0, last_id - 100_000), 5))]
-            restarts = self._db.execute(Q["count_events_of_kind"], ("restart",)).fetchone()[0]
+            errors = [_event(r) for r in self._db.execute(Q["recent_errors"], (5,))]
+            restarts = self._db.execute(Q["count_restarts"]).fetchone()[0]
         finally:
             self._db.execute("COMMIT")
         return Stats(counts=counts, running=running, workers=workers, errors=errors,

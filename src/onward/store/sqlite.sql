@@ -20,6 +20,7 @@ CREATE TABLE workers (
     done        INTEGER NOT NULL DEFAULT 0,
     detail      TEXT
 );
+CREATE INDEX workers_live ON workers (id) WHERE stopped_at IS NULL;
 
 CREATE TABLE tasks (
     id           INTEGER PRIMARY KEY,
@@ -75,6 +76,10 @@ CREATE TABLE events (
     attempt   INTEGER,
     detail    TEXT
 );
+-- Partial indexes: only the rare rows are indexed, so the millions of claimed/done events cost nothing,
+-- and status finds restarts and the latest errors without scanning the journal.
+CREATE INDEX events_restarts ON events (id) WHERE kind = 'restart';
+CREATE INDEX events_errors ON events (id) WHERE kind IN ('failed', 'retrying', 'reclaimed', 'fenced');
 
 CREATE TABLE sources (
     path        TEXT PRIMARY KEY,
@@ -162,9 +167,8 @@ RETURNING state, attempts;
 -- name: running
 SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid, w.pid_start,
        t.child_pid, t.child_start, t.lease_until < :now, :now - t.heartbeat_at, :now - t.progress_at, t.note
-  FROM tasks AS t LEFT JOIN workers AS w ON w.id = t.worker_id
- WHERE t.state = 'running'
- ORDER BY t.id;
+  FROM tasks AS t INDEXED BY tasks_running LEFT JOIN workers AS w ON w.id = t.worker_id
+ WHERE t.state = 'running';
 
 -- name: retry_failed
 UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL
@@ -206,8 +210,8 @@ SELECT w.id, w.host, w.host_key, w.pid, w.pid_start, w.started_at, :now - w.hear
  ORDER BY w.id DESC
  LIMIT 100;
 
--- name: count_events_of_kind
-SELECT count(*) FROM events WHERE kind = ?;
+-- name: count_restarts
+SELECT count(*) FROM events WHERE kind = 'restart';
 
 -- name: count_done_since_event
 SELECT count(*) FROM events WHERE id >= ? AND kind = 'done';
@@ -221,7 +225,7 @@ SELECT coalesce(max(id), 0) FROM events;
 -- name: recent_errors
 SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
   FROM events AS e LEFT JOIN tasks AS t ON t.id = e.task_id
- WHERE e.id > ? AND e.kind IN ('failed', 'retrying', 'reclaimed', 'fenced')
+ WHERE e.kind IN ('failed', 'retrying', 'reclaimed', 'fenced')
  ORDER BY e.id DESC
  LIMIT ?;
 

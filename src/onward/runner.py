@@ -27,7 +27,7 @@ from .executions import Execution, Handler, Outcome
 from .keepawake import KeepAwake
 from .log import Log, quote
 from .notify import Notifier
-from .outdir import OutDir
+from .outdir import OutDir, file_name
 from .proc import current_owner, kill_group, owner_alive, process_alive
 from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Lease, Store
 
@@ -367,8 +367,9 @@ class Runner:
     def _export_missing(self) -> None:
         assert self.out is not None
         exported = 0
+        present = self.out.result_files()
         for row in self.store.iter_tasks(DONE):
-            if not self.out.has(row.name):
+            if file_name(row.name) not in present:
                 stored = self.store.result(row.name)
                 if stored is not None:
                     self._export(row.name, stored.data)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from .errors import StoreError
 from .status import render_status, status_dict
 from .store import open_store
 
@@ -101,7 +102,7 @@ def run_demo(keep: bool = False) -> int:
                     break
                 try:
                     snap = _snapshot(db)
-                except Exception:  # the store may not exist for the first few ms
+                except StoreError:  # the store does not exist for the first few milliseconds
                     continue
                 progress.update(bar, completed=snap["done"])
                 running = snap["tasks_running"]

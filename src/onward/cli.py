@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+
 import click
 
 from . import __version__

@@ -58,7 +58,7 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def _snapshot(db: str) -> dict:  # type: ignore[type-arg]
+def _snapshot(db: str) -> dict:
     store = open_store(db, create=False)
     try:
         return status_dict(store)
@@ -88,7 +88,7 @@ def run_demo(keep: bool = False) -> int:
     console.print("  task: " + " ".join(task_cmd), markup=False)
     log = open(work / "supervisor.log", "wb")
     sup = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    killed: tuple[str, int] | None = None
+    killed: tuple[str, float] | None = None
     paused = False
     notes: list[str] = []
     try:

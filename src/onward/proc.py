@@ -71,7 +71,7 @@ def owner_alive(owner: Owner) -> bool | None:
 
 
 @cache
-def _prctl():  # type: ignore[no-untyped-def]
+def _prctl():
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     return libc.prctl
 

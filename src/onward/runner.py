@@ -142,7 +142,7 @@ class Runner:
     # --- the loop ------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         cfg = self.config
-        old_handlers: dict[int, Any] = {}
+        old_handlers: dict[signal.Signals, Any] = {}
         old_wakeup = None
         if cfg.install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
@@ -431,7 +431,7 @@ class Runner:
         # Give back what was still running, uncounted, when we leave on a graceful stop; after an error
         # the tasks stay claimed and are reclaimed as soon as any worker starts.
         leftovers = self._take_finished()
-        for execution, outcome in leftovers:
+        for execution, _ in leftovers:
             self.running.pop(execution.claim.task_id, None)
         if self.stopping:
             for execution, outcome in leftovers:
@@ -556,7 +556,8 @@ def _resolve_later(future: Future[Any], fn: Callable[[Store], Any], store: Store
     try:
         value = fn(store)
     except OnwardError as e:
-        return lambda: future.set_exception(e)
+        error = e  # `e` itself is unbound when the except block ends
+        return lambda: future.set_exception(error)
     return lambda: future.set_result(value)
 
 

@@ -51,7 +51,7 @@ class LineReader:
     """(line number, raw line without its newline) from a binary file, in constant memory. After the
     loop, ``complete_end`` and ``complete_lines`` tell where the last newline-terminated line ended."""
 
-    def __init__(self, f, start: int, start_line: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, f, start: int, start_line: int) -> None:
         self.f = f
         self.complete_end = start
         self.complete_lines = start_line
@@ -78,7 +78,7 @@ class LineReader:
             yield lineno + 1, rest
 
 
-def iter_tasks(f, start_line: int, source: str) -> Iterator[str]:  # type: ignore[no-untyped-def]
+def iter_tasks(f, start_line: int, source: str) -> Iterator[str]:
     for lineno, raw in LineReader(f, 0, start_line):
         task = parse_line(raw, lineno, source)
         if task is not None:
@@ -118,7 +118,7 @@ class TasksImport:
 class _Limited:
     """A binary file cut off after ``remaining`` bytes."""
 
-    def __init__(self, f, remaining: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, f, remaining: int) -> None:
         self.f = f
         self.remaining = remaining
 
@@ -181,7 +181,7 @@ def import_tasks_file(stores: StoreSource, path: str) -> ImportResult:
     return check_tasks_file(stores.existing, path).apply(stores.get())
 
 
-def _digest(f, start: int, length: int) -> str:  # type: ignore[no-untyped-def]
+def _digest(f, start: int, length: int) -> str:
     f.seek(start)
     return hashlib.sha256(f.read(length)).hexdigest()
 

@@ -451,10 +451,10 @@ class SqliteStore:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
 
 
-def _translating(method):  # type: ignore[no-untyped-def]
+def _translating(method):
     """Reads raise ``StoreError`` too, never a bare sqlite3 error (writes translate in ``_write``)."""
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def wrapper(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
         except sqlite3.Error as e:
@@ -479,14 +479,14 @@ def _split_statements(script: str) -> list[str]:
     return statements
 
 
-def _running_task(r: tuple) -> RunningTask:  # type: ignore[type-arg]
+def _running_task(r: tuple) -> RunningTask:
     owner = Owner(r[5], r[6], r[7], r[8]) if r[5] is not None else None
     return RunningTask(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], worker_id=r[4], owner=owner,
                        child_pid=r[9], child_start=r[10], lease_expired=bool(r[11]), heartbeat_age=r[12],
                        progress_age=r[13], note=r[14])
 
 
-def _event(r: tuple) -> Event:  # type: ignore[type-arg]
+def _event(r: tuple) -> Event:
     return Event(event_id=r[0], at=r[1], kind=r[2], pid=r[3], host=r[4], task=r[5], attempt=r[6], detail=r[7])
 
 

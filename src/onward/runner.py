@@ -212,7 +212,10 @@ class Runner:
             if gap > max(2.0, 2 * cfg.heartbeat):
                 # The whole process was frozen (sandbox pause, SIGSTOP): leases may have expired meanwhile.
                 self.log.warning(f"resumed after {gap:.1f} s pause; renewing leases now")
-                self.store.log_event("resumed", worker_id=self.worker_id, detail=f"after {gap:.1f} s pause")
+                try:
+                    self.store.log_event("resumed", worker_id=self.worker_id, detail=f"after {gap:.1f} s pause")
+                except StoreError as e:
+                    self.log.warning(f"could not journal the pause: {e}")
                 next_tick = now
             last_turn = now
             if now >= next_tick:
@@ -226,17 +229,18 @@ class Runner:
                 self._start(claim)
             if self.stopping and not self.running:
                 return
-            if not self.running and not claims:
-                if self._nothing_left():
+            if claims:
+                idle_wait = 0.01
+            else:
+                if not self.running and self._nothing_left():
                     return
                 idle_wait = min(idle_wait * 2, 1.0, cfg.heartbeat)
-                timeout = idle_wait
-            else:
-                idle_wait = 0.01
-                timeout = self._next_deadline(next_tick) - time.monotonic()
-            if claims and len(self.running) < cfg.concurrency:
-                timeout = 0.0 if len(claims) == want else timeout
-            self._wait(max(0.0, min(timeout, next_tick - time.monotonic())))
+            timeout = self._next_deadline(next_tick) - time.monotonic()
+            if len(self.running) < cfg.concurrency and not self.stopping:
+                # Free slots: look again soon for new work, or for a retry whose backoff ran out (a store
+                # that can announce new work wakes the wait at once).
+                timeout = min(timeout, idle_wait)
+            self._wait(max(0.0, timeout))
 
     def _tick_period(self) -> float:
         period = self.config.heartbeat

@@ -129,3 +129,18 @@ def test_large_file_in_one_pass(sqlite_url: str, tmp_path: Path) -> None:
     f.write_text("".join(f"item-{i:07d}\n" for i in range(n)))
     assert load(sqlite_url, f).added == n
     assert load(sqlite_url, f).skipped
+
+
+@pytest.mark.torture
+def test_a_million_lines(sqlite_url: str, tmp_path: Path) -> None:
+    f = tmp_path / "tasks.txt"
+    with f.open("w") as out:
+        for i in range(1_000_000):
+            out.write(f"https://example.invalid/item/{i:07d}\n")
+    assert load(sqlite_url, f).added == 1_000_000
+    again = load(sqlite_url, f)
+    assert again.skipped
+    with f.open("a") as out:
+        out.write("one more\n")
+    grown = load(sqlite_url, f)
+    assert grown.added == 1 and grown.read_from > 0

@@ -1,0 +1,853 @@
+"""Durable steps (`onward.step`, `ctx.step/checkpoint/restore/sleep/idempotency_key`), sync and async,
+in-process on real stores and as worker processes stopped and killed with real signals.
+
+Every wait polls a condition with a deadline; the only fixed waits are the ones under test (a step's
+backoff, a durable sleep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onward import AsyncTaskContext, Job, StepDrift, TaskContext, UsageError, current_step_key, step
+from onward.log import QUIET
+from onward.steps import PICKLE, idempotency_key, unframe
+from onward.store import is_postgres_url, open_store
+from tests.conftest import run_onward, wait_for
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.fixture
+def db(store_url: str) -> str:
+    """Every backend whose module exists (the PostgreSQL one may not be written yet)."""
+    if is_postgres_url(store_url):
+        pytest.importorskip("onward.store.postgres", reason="the PostgreSQL backend is not there yet")
+    return store_url
+
+
+def new_job(url: str, **kwargs: Any) -> Job:
+    kwargs.setdefault("retry_delay", 0.01)
+    return Job(url, log_level=QUIET, **kwargs)
+
+
+def records(url: str, task: str) -> list[tuple[int, str, str]]:
+    store = open_store(url, create=False)
+    try:
+        task_id = store.task_id(task)  # type: ignore[attr-defined]
+        return [(r.index, r.name, r.kind) for r in store.steps(task_id)]
+    finally:
+        store.close()
+
+
+def events(url: str, task: str) -> list[tuple[str, str]]:
+    store = open_store(url, create=False)
+    try:
+        return [(e.kind, e.detail or "") for e in store.events(task=task)]
+    finally:
+        store.close()
+
+
+# --- replay -----------------------------------------------------------------------------------------------
+def test_steps_replay_after_a_failed_attempt_without_running_again(db: str) -> None:
+    ran: list[int] = []
+    job = new_job(db)
+
+    @step
+    def square(i: int) -> int:
+        ran.append(i)
+        return i * i
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> list[int]:
+        out = [square(i) for i in range(5)]
+        if ctx.attempt == 1:
+            raise RuntimeError("crash after five steps")
+        return out + [square(5)]
+
+    job.add(["t"])
+    summary = job.run()
+    assert (summary.done, summary.retried) == (1, 1)
+    assert job.result("t") == [0, 1, 4, 9, 16, 25]
+    assert ran == [0, 1, 2, 3, 4, 5]  # the five recorded steps ran once, in attempt 1
+    assert [name for _, name, _ in records(db, "t")] == ["square"] * 6
+    journal = events(db, "t")
+    assert ("replayed", "replayed 5 steps (saved 0.0 s)") in journal
+    assert any(kind == "steps" and "1 recorded by this attempt, 5 replayed" in d for kind, d in journal)
+    job.close()
+
+
+def test_a_step_outside_a_task_is_a_plain_call_and_nested_steps_are_not_recorded(db: str) -> None:
+    ran: list[str] = []
+
+    @step
+    def inner() -> str:
+        ran.append("inner")
+        return "i"
+
+    @step
+    def outer() -> str:
+        ran.append("outer")
+        return inner() + "o"
+
+    assert outer() == "io"  # no task: plain calls
+    job = new_job(db)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        value = outer()
+        if ctx.attempt == 1:
+            raise RuntimeError("again")
+        return value
+
+    ran.clear()
+    job.add(["t"])
+    job.run()
+    assert job.result("t") == "io"
+    assert ran == ["outer", "inner"]
+    assert records(db, "t") == [(1, "outer", "value")]
+    job.close()
+
+
+def test_returned_value_is_the_recorded_one_on_first_run_and_on_replay(db: str) -> None:
+    seen: list[Any] = []
+    job = new_job(db)
+
+    @step
+    def pair() -> tuple[int, int]:
+        return (1, 2)
+
+    @step(serializer=PICKLE)
+    def rich() -> set[int]:
+        return {3, 4}
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        seen.append((pair(), rich()))
+        if ctx.attempt == 1:
+            raise RuntimeError("again")
+        return "ok"
+
+    job.add(["t"])
+    job.run()
+    assert seen == [([1, 2], {3, 4}), ([1, 2], {3, 4})]  # JSON makes the tuple a list, both times
+    job.close()
+
+
+def test_a_value_json_cannot_hold_fails_with_a_clear_error(db: str) -> None:
+    job = new_job(db, max_attempts=1)
+
+    @step
+    def bad() -> object:
+        return object()
+
+    job.task(lambda task, ctx: bad())
+    job.add(["t"])
+    job.run()
+    row = job.store.task("t")
+    assert row is not None and row.state == "failed"
+    assert "not JSON" in (row.error or "") and "serializer" in (row.error or "")
+    job.close()
+
+
+def test_ctx_step_records_without_a_decorator(db: str) -> None:
+    ran: list[int] = []
+    job = new_job(db)
+
+    def fetch(n: int, *, scale: int) -> int:
+        ran.append(n)
+        return n * scale
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> int:
+        total = sum(ctx.step("fetch", fetch, n, scale=10) for n in range(3))
+        if ctx.attempt == 1:
+            raise RuntimeError("again")
+        return total
+
+    job.add(["t"])
+    job.run()
+    assert job.result("t") == 30
+    assert ran == [0, 1, 2]
+    assert records(db, "t") == [(1, "fetch", "value"), (2, "fetch", "value"), (3, "fetch", "value")]
+    job.close()
+
+
+# --- errors -----------------------------------------------------------------------------------------------
+def test_a_caught_step_error_is_replayed_and_the_last_error_is_retried(db: str) -> None:
+    ran: list[str] = []
+    job = new_job(db, max_attempts=3)
+
+    @step(name="lookup")
+    def lookup() -> str:
+        ran.append("lookup")
+        raise KeyError("not in the index")
+
+    @step(name="fallback")
+    def fallback() -> str:
+        ran.append("fallback")
+        return "web"
+
+    @step(name="answer")
+    def answer(source: str, attempt: int) -> str:
+        ran.append("answer")
+        if attempt == 1:
+            raise ConnectionError("model unreachable")
+        return f"from {source}"
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        try:
+            source = lookup()
+        except KeyError:
+            source = fallback()
+        return answer(source, ctx.attempt)
+
+    job.add(["t"])
+    job.run()
+    assert job.result("t") == "from web"
+    # lookup's error was caught by the task: replayed (raised again from the record) in attempt 2.
+    # answer's error ended attempt 1: its record was dropped and the step ran again.
+    assert ran == ["lookup", "fallback", "answer", "answer"]
+    assert records(db, "t") == [(1, "lookup", "error"), (2, "fallback", "value"), (3, "answer", "value")]
+    job.close()
+
+
+# --- drift ------------------------------------------------------------------------------------------------
+def _drifting_job(url: str, replay: str, ran: list[str], version: dict[str, int]) -> Job:
+    job = new_job(url, max_attempts=1)
+
+    @step(name="plan")
+    def plan() -> str:
+        ran.append("plan")
+        return "p"
+
+    @step(name="search")
+    def search() -> str:
+        ran.append("search")
+        return "s"
+
+    @step(name="fetch")
+    def fetch() -> str:
+        ran.append("fetch")
+        return "f"
+
+    @job.task(replay=replay)
+    def handle(task: str, ctx: TaskContext) -> str:
+        first = plan()
+        if version["v"] == 1:
+            search()
+            raise RuntimeError("crash after search")
+        return first + fetch()
+
+    return job
+
+
+def test_drift_fails_each_attempt_naming_both_steps_and_never_hands_a_value_over(db: str) -> None:
+    ran: list[str] = []
+    version = {"v": 1}
+    job = _drifting_job(db, "strict", ran, version)
+    job.add(["t"])
+    job.run()
+    version["v"] = 2  # the code changed: a different step where `search` was recorded
+    assert job.store.retry(["t"]) == 1
+    summary = job.run(max_attempts=2)
+    assert (summary.done, summary.failed, summary.retried) == (0, 1, 1)  # drift counts toward max attempts
+    row = job.store.task("t")
+    assert row is not None and row.state == "failed"
+    assert row.error is not None and row.error.startswith("StepDrift: task 't': call 2 is fetch#1, but the recorded"
+                                                          " history has search#1 there")
+    assert 'replay="prefix"' in row.error
+    assert ran == ["plan", "search"]  # plan replayed, fetch never ran
+    assert records(db, "t") == [(1, "plan", "value"), (2, "search", "value")]
+    job.close()
+
+
+def test_drift_caught_by_the_task_still_fails_the_attempt(db: str) -> None:
+    job = new_job(db, max_attempts=1)
+    version = {"v": 1}
+
+    @step(name="a")
+    def a() -> int:
+        return 1
+
+    @step(name="b")
+    def b() -> int:
+        return 2
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        try:
+            (a if version["v"] == 1 else b)()
+        except StepDrift:
+            return "swallowed"
+        if version["v"] == 1:
+            raise RuntimeError("again")
+        return "ok"
+
+    job.add(["t"])
+    job.run()
+    version["v"] = 2
+    job.store.retry(["t"])
+    job.run()
+    row = job.store.task("t")
+    assert row is not None and row.state == "failed" and (row.error or "").startswith("StepDrift:")
+    job.close()
+
+
+def test_prefix_policy_keeps_the_matching_prefix_and_runs_on(db: str) -> None:
+    ran: list[str] = []
+    version = {"v": 1}
+    job = _drifting_job(db, "prefix", ran, version)
+    job.add(["t"])
+    job.run()
+    version["v"] = 2
+    job.store.retry(["t"])
+    summary = job.run()
+    assert summary.done == 1
+    assert job.result("t") == "pf"
+    assert ran == ["plan", "search", "fetch"]
+    assert records(db, "t") == [(1, "plan", "value"), (2, "fetch", "value")]
+    assert any(kind == "replay" and "dropped 1 recorded steps from call 2" in d and "search#1" in d
+               for kind, d in events(db, "t"))
+    job.close()
+
+
+def test_unknown_replay_policy_is_refused(tmp_path: Path) -> None:
+    job = new_job(str(tmp_path / "s.db"))
+    with pytest.raises(UsageError, match="replay must be one of strict, prefix"):
+        job.task(replay="loose")
+    job.close()
+
+
+# --- checkpoints ------------------------------------------------------------------------------------------
+def test_checkpoint_and_restore_resume_a_loop_from_its_state(db: str) -> None:
+    work: list[int] = []
+    job = new_job(db)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> list[int]:
+        state = ctx.restore({"i": 0, "squares": []})
+        while state["i"] < 10:
+            i = state["i"]
+            work.append(i)
+            state = {"i": i + 1, "squares": state["squares"] + [i * i]}
+            ctx.checkpoint(state)
+            if i == 5 and ctx.attempt == 1:
+                raise RuntimeError("crash after checkpoint 6")
+        return state["squares"]
+
+    job.add(["t"])
+    job.run()
+    assert job.result("t") == [i * i for i in range(10)]
+    assert work == list(range(10))  # nothing before the checkpoint was done again
+    job.close()
+
+
+def test_restore_skips_the_steps_its_checkpoint_covers_and_replays_the_rest(db: str) -> None:
+    ran: list[int] = []
+    job = new_job(db)
+
+    @step(name="llm")
+    def llm(turn: int) -> str:
+        ran.append(turn)
+        return f"reply {turn}"
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> list[str]:
+        state = ctx.restore({"turn": 0, "messages": []})
+        while state["turn"] < 4:
+            reply = llm(state["turn"])
+            if state["turn"] == 2 and ctx.attempt == 1:
+                raise RuntimeError("crash between a step and its checkpoint")
+            state = {"turn": state["turn"] + 1, "messages": state["messages"] + [reply]}
+            ctx.checkpoint(state)
+        return state["messages"]
+
+    job.add(["t"])
+    job.run()
+    assert job.result("t") == ["reply 0", "reply 1", "reply 2", "reply 3"]
+    assert ran == [0, 1, 2, 3]  # turn 2's step was recorded before the crash: replayed, not re-run
+    job.close()
+
+
+def test_checkpoint_inside_a_step_body_is_refused(tmp_path: Path) -> None:
+    job = new_job(str(tmp_path / "s.db"), max_attempts=1)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> None:
+        ctx.step("outer", lambda: ctx.checkpoint({"x": 1}))
+
+    job.add(["t"])
+    job.run()
+    row = job.store.task("t")
+    assert row is not None and "ctx.checkpoint cannot be called inside a step's body" in (row.error or "")
+    job.close()
+
+
+# --- idempotency keys -------------------------------------------------------------------------------------
+def test_idempotency_keys_are_stable_across_reruns_and_differ_between_steps(db: str, tmp_path: Path) -> None:
+    sent: list[tuple[int, str, str]] = []  # (attempt, step, key) as a remote API would see them
+    job = new_job(db)
+
+    @step(name="charge")
+    def charge(attempt: int, n: int) -> str:
+        sent.append((attempt, f"charge#{n}", current_step_key()))
+        if attempt == 1 and n == 3:
+            raise ConnectionError("the response was lost")
+        return "charged"
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> list[str]:
+        keys = [ctx.step("notify", lambda: ctx.idempotency_key)]
+        for n in (1, 2, 3):
+            charge(ctx.attempt, n)
+        with pytest.raises(UsageError, match="only inside a step"):
+            ctx.idempotency_key  # noqa: B018 - outside a step there is none
+        return keys
+
+    job.add(["order-7"])
+    job.run()
+    assert [(a, s) for a, s, _ in sent] == [(1, "charge#1"), (1, "charge#2"), (1, "charge#3"), (2, "charge#3")]
+    keys = [k for _, _, k in sent]
+    assert keys[2] == keys[3]  # the re-run of the same step sends the same key
+    assert len(set(keys[:3] + job.result("order-7"))) == 4  # every step has its own
+    assert keys[0] == idempotency_key("order-7", "charge", 2)  # task, step name and call index, nothing else
+    job.close()
+
+    # Another store, another worker: the same task's steps get the same keys.
+    other = new_job(str(tmp_path / "other.db"))
+    again: list[str] = []
+    other.task(lambda task, ctx: [again.append(ctx.step("charge", lambda: current_step_key())) for _ in range(2)])
+    other.add(["order-7"])
+    other.run()
+    assert again == [idempotency_key("order-7", "charge", 1), keys[0]]
+    other.close()
+
+
+# --- retries ----------------------------------------------------------------------------------------------
+def test_step_retries_with_exponential_backoff_only_on_the_listed_errors(db: str) -> None:
+    tries: list[float] = []
+    job = new_job(db, max_attempts=1)
+
+    @step(max_attempts=3, retry_on=(TimeoutError,), backoff=0.2)
+    def flaky() -> str:
+        tries.append(time.monotonic())
+        if len(tries) < 3:
+            raise TimeoutError("slow upstream")
+        return "ok"
+
+    @step(max_attempts=3, retry_on=(TimeoutError,), backoff=0.2)
+    def broken() -> str:
+        tries.append(-1.0)
+        raise ValueError("not retryable")
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        value = flaky()
+        with pytest.raises(ValueError):
+            broken()
+        return value
+
+    job.add(["t"])
+    job.run()
+    assert job.result("t") == "ok"
+    assert len(tries) == 4 and tries[3] == -1.0  # broken: one try, no retry
+    assert tries[1] - tries[0] >= 0.2 and tries[2] - tries[1] >= 0.4  # backoff, then twice that
+    assert tries[2] - tries[0] < 2.0
+    job.close()
+
+
+def test_async_step_retries_without_blocking_the_other_tasks(db: str) -> None:
+    tries: list[float] = []
+    job = new_job(db, concurrency=2)
+
+    @step(max_attempts=2, retry_on=(TimeoutError,), backoff=0.3)
+    async def flaky() -> str:
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            raise TimeoutError
+        return "ok"
+
+    beats: list[float] = []
+
+    @job.task
+    async def handle(task: str, ctx: AsyncTaskContext) -> str:
+        if task == "flaky":
+            return await flaky()
+        for _ in range(5):  # runs while the other task waits out its backoff
+            beats.append(time.monotonic())
+            await asyncio.sleep(0.02)
+        return "ticker"
+
+    job.add(["flaky", "ticker"])
+    job.run()
+    assert job.result("flaky") == "ok" and tries[1] - tries[0] >= 0.3
+    assert beats[-1] < tries[1]  # the ticker finished during the backoff
+    job.close()
+
+
+# --- async ------------------------------------------------------------------------------------------------
+def test_async_tasks_run_concurrently_and_their_steps_replay(db: str) -> None:
+    ran: list[str] = []
+    spans: list[tuple[float, float]] = []
+    job = new_job(db, concurrency=3)
+
+    @step(name="think")
+    async def think(task: str, n: int) -> str:
+        ran.append(f"{task}:{n}")
+        start = time.monotonic()
+        await asyncio.sleep(0.1)
+        spans.append((start, time.monotonic()))
+        return f"{task}-{n}"
+
+    @job.task
+    async def handle(task: str, ctx: AsyncTaskContext) -> list[str]:
+        out = [await think(task, n) for n in range(3)]
+        if ctx.attempt == 1:
+            raise RuntimeError("again")
+        return out
+
+    job.add(["a", "b", "c"])
+    summary = job.run()
+    assert summary.done == 3
+    assert job.result("b") == ["b-0", "b-1", "b-2"]
+    assert sorted(ran) == sorted(f"{t}:{n}" for t in "abc" for n in range(3))  # each once: attempt 2 replayed
+    overlapping = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert overlapping >= 2  # steps of different tasks ran at the same time on the one event loop
+    job.close()
+
+
+@step(name="sync-add")
+def sync_add(a: int, b: int) -> int:
+    SHARED_RAN.append("sync")
+    return a + b
+
+
+@step(name="async-mul")
+async def async_mul(a: int, b: int) -> int:
+    SHARED_RAN.append("async")
+    await asyncio.sleep(0)
+    return a * b
+
+
+SHARED_RAN: list[str] = []
+
+
+@pytest.mark.parametrize("kind", ["sync task", "async task"])
+def test_the_same_steps_serve_sync_and_async_tasks(db: str, kind: str) -> None:
+    SHARED_RAN.clear()
+    job = new_job(db)
+    if kind == "sync task":
+        @job.task
+        def handle(task: str, ctx: TaskContext) -> int:
+            total = sync_add(2, 3) + asyncio.run(async_mul(2, 3))  # a sync task may drive its own loop
+            if ctx.attempt == 1:
+                raise RuntimeError("again")
+            return total
+    else:
+        @job.task
+        async def handle_async(task: str, ctx: AsyncTaskContext) -> int:
+            total = sync_add(2, 3) + await async_mul(2, 3) + await ctx.step("double", async_mul, 2, 2)
+            if ctx.attempt == 1:
+                raise RuntimeError("again")
+            return total
+
+    job.add(["t"])
+    job.run()
+    assert job.result("t") == (11 if kind == "sync task" else 15)
+    assert SHARED_RAN.count("sync") == 1 and SHARED_RAN.count("async") == (1 if kind == "sync task" else 2)
+    job.close()
+
+
+def test_an_async_task_past_its_timeout_is_really_cancelled(tmp_path: Path) -> None:
+    unwound: list[str] = []
+    job = new_job(str(tmp_path / "s.db"), max_attempts=1, timeout=0.3)
+
+    @job.task
+    async def handle(task: str, ctx: AsyncTaskContext) -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            unwound.append(task)
+
+    job.add(["t"])
+    started = time.monotonic()
+    job.run()
+    assert time.monotonic() - started < 5
+    row = job.store.task("t")
+    assert row is not None and row.state == "failed" and "timed out after 0.3s" in (row.error or "")
+    assert unwound == ["t"]  # CancelledError reached the coroutine
+    job.close()
+
+
+def test_async_durable_sleep_and_checkpoint(db: str) -> None:
+    job = new_job(db)
+
+    @job.task
+    async def handle(task: str, ctx: AsyncTaskContext) -> dict[str, Any]:
+        state = await ctx.restore({"n": 0})
+        if state["n"] == 0:
+            await ctx.checkpoint({"n": 1})
+        started = time.monotonic()
+        await ctx.sleep(0.3)
+        if ctx.attempt == 1:
+            raise RuntimeError("again")
+        return {"state": state, "slept": time.monotonic() - started}
+
+    job.add(["t"])
+    job.run()
+    result = job.result("t")
+    assert result["state"] == {"n": 1}
+    assert result["slept"] < 0.25  # the deadline had passed: attempt 2 did not sleep again
+    job.close()
+
+
+# --- fencing ----------------------------------------------------------------------------------------------
+def test_a_step_finishing_after_its_task_was_taken_over_is_not_recorded(sqlite_url: str) -> None:
+    started, release = threading.Event(), threading.Event()
+    ran: list[tuple[int, str]] = []
+    job = new_job(sqlite_url, heartbeat=5.0)
+
+    @step(name="slow")
+    def slow(attempt: int) -> str:
+        ran.append((attempt, "slow"))
+        if attempt == 1:
+            started.set()
+            release.wait(10)
+        return "s"
+
+    @step(name="next")
+    def next_step(attempt: int) -> str:
+        ran.append((attempt, "next"))
+        return "n"
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        return slow(ctx.attempt) + next_step(ctx.attempt)
+
+    job.add(["t"])
+    worker = threading.Thread(target=job.run)
+    worker.start()
+    assert started.wait(10)
+    other = open_store(sqlite_url)  # another worker takes the task over (as if our lease had expired)
+    [running] = other.running()
+    assert other.reclaim(running.task_id, running.fence, "lease expired") == "pending"
+    other.close()
+    release.set()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert job.result("t") == "sn"
+    assert (1, "next") not in ran  # attempt 1 stopped at the refused record
+    assert ran == [(1, "slow"), (2, "slow"), (2, "next")]
+    assert any(kind == "fenced" for kind, _ in events(sqlite_url, "t"))
+    job.close()
+
+
+# --- worker processes: signals, crashes, visibility -------------------------------------------------------
+WORKER = r'''
+import asyncio, json, os, sys, time
+from onward import Job, step
+db, mode, state = sys.argv[1], sys.argv[2], sys.argv[3]
+job = Job(db, max_attempts=20, retry_delay=0.01, heartbeat=0.5, grace=5)
+
+def note(event):
+    with open(os.path.join(state, "events"), "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+@step(name="count")
+def count(n):
+    note({"step": n, "pid": os.getpid()})
+    return n
+
+if mode == "sleep":
+    @job.task
+    def handle(task, ctx):
+        count(0)
+        started = time.time()
+        ctx.sleep(3.0)
+        note({"woke": time.time(), "started": started, "pid": os.getpid()})
+        return "rested"
+
+elif mode == "loop":  # steps until stopped: SIGTERM stops it at its next step (Cancelled)
+    @job.task
+    def handle(task, ctx):
+        n = 0
+        try:
+            while True:
+                count(n)
+                n += 1
+                time.sleep(0.01)
+        finally:
+            note({"stopping": ctx.stopping})
+
+elif mode == "aloop":
+    @step(name="acount")
+    async def acount(n):
+        note({"step": n, "pid": os.getpid()})
+        return n
+
+    @job.task
+    async def handle(task, ctx):
+        n = 0
+        try:
+            while True:
+                await acount(n)
+                n += 1
+                await asyncio.sleep(0.01)
+        finally:
+            note({"stopping": ctx.stopping})
+
+elif mode == "visible":  # five steps, a failed attempt, then a replay that waits in step 6
+    @step(name="slow")
+    def slow(n):
+        time.sleep(0.05)
+        return n
+
+    @job.task
+    def handle(task, ctx):
+        out = [slow(n) for n in range(5)]
+        if ctx.attempt == 1:
+            raise RuntimeError("first attempt fails")
+        def gate():
+            note({"waiting": os.getpid()})
+            while not os.path.exists(os.path.join(state, "go")):
+                time.sleep(0.01)
+            return 5
+        out.append(ctx.step("gate", gate))
+        return out
+
+job.add(["agent"])
+summary = job.run()
+sys.exit(summary.exit_code)
+'''
+
+
+@pytest.fixture
+def worker_env(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(WORKER))
+    state = tmp_path / "state"
+    state.mkdir()
+    yield script, state
+
+
+def start_worker(script: Path, db: str, mode: str, state: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=SRC)
+    return subprocess.Popen([sys.executable, str(script), db, mode, str(state)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def read_events(state: Path) -> list[dict[str, Any]]:
+    path = state / "events"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_durable_sleep_sleeps_only_the_remainder_after_kill_9(worker_env: tuple[Path, Path], sqlite_url: str) -> None:
+    script, state = worker_env
+    proc = start_worker(script, sqlite_url, "sleep", state)
+
+    def sleep_record() -> float | None:
+        if not os.path.exists(sqlite_url):
+            return None
+        store = open_store(sqlite_url, create=False)
+        try:
+            task_id = store.task_id("agent")  # type: ignore[attr-defined]
+            for r in store.steps(task_id) if task_id else []:
+                if r.kind == "sleep":
+                    return float(json.loads(unframe(r.data).payload))
+        finally:
+            store.close()
+        return None
+
+    deadline = wait_for(sleep_record, 30, "the sleep's deadline to be recorded")
+    assert isinstance(deadline, float)
+    wait_for(lambda: time.time() >= deadline - 1.5, 5, "1.5 s into the 3 s sleep")
+    proc.kill()
+    proc.wait(10)
+    restarted = time.time()
+    proc = start_worker(script, sqlite_url, "sleep", state)
+    assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else ""
+    [woke] = [e for e in read_events(state) if "woke" in e]
+    assert woke["woke"] >= deadline - 0.05  # slept until the recorded deadline...
+    assert woke["woke"] - restarted < 2.5  # ...which was the remainder (about 1.5 s), not another 3 s
+    assert [e["step"] for e in read_events(state) if "step" in e] == [0]  # the step before it replayed
+
+
+@pytest.mark.parametrize("mode", ["loop", "aloop"])
+def test_sigterm_stops_sync_and_async_tasks_at_a_step_and_the_next_run_replays(
+        worker_env: tuple[Path, Path], sqlite_url: str, mode: str) -> None:
+    script, state = worker_env
+    proc = start_worker(script, sqlite_url, mode, state)
+    wait_for(lambda: len([e for e in read_events(state) if "step" in e]) >= 5, 30, "five steps")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0  # a graceful stop
+    assert proc.stderr is not None and "released" in proc.stderr.read().decode()
+    assert [e["stopping"] for e in read_events(state) if "stopping" in e] == [True]
+    store = open_store(sqlite_url, create=False)
+    row = store.task("agent")
+    assert row is not None and row.state == "pending" and row.attempts == 0  # the attempt was not counted
+    recorded = len(store.steps(store.task_id("agent")))  # type: ignore[attr-defined]
+    store.close()
+    ran_before = len([e for e in read_events(state) if "step" in e])
+    assert recorded in (ran_before, ran_before - 1)  # at most the step cut short by the stop is missing
+
+    # The next run replays every recorded step: none of them runs again.
+    proc = start_worker(script, sqlite_url, mode, state)
+    wait_for(lambda: len([e for e in read_events(state) if "step" in e]) >= ran_before + 3, 30, "new steps")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    second = [e["step"] for e in read_events(state) if "step" in e][ran_before:]
+    assert second[0] == recorded  # the first step the second run executed is the first unrecorded one
+
+
+def test_status_logs_and_steps_command_show_recorded_and_replayed_steps(
+        worker_env: tuple[Path, Path], sqlite_url: str) -> None:
+    script, state = worker_env
+    proc = start_worker(script, sqlite_url, "visible", state)
+    try:
+        wait_for(lambda: any("waiting" in e for e in read_events(state)), 30, "attempt 2 to reach its gate")
+        status = json.loads(run_onward("status", "--db", sqlite_url, "--json").stdout)
+        [running] = status["tasks_running"]
+        assert running["attempt"] == 2
+        assert running["steps"]["recorded"] == 5 and running["steps"]["replayed"] == 5
+        assert 0.2 < running["steps"]["saved_seconds"] < 5  # five steps of ~0.05 s each, at first
+        text = run_onward("status", "--db", sqlite_url).stdout.decode()
+        assert "5 recorded, 5 replayed (saved" in text
+        logs = run_onward("logs", "--db", sqlite_url, "--task", "agent").stdout.decode()
+        assert "replayed 5 steps (saved" not in logs  # told once the first new step is recorded
+        (state / "go").touch()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    logs = run_onward("logs", "--db", sqlite_url, "--task", "agent").stdout.decode()
+    assert "replayed replayed 5 steps (saved" in logs or "replayed 5 steps (saved" in logs
+    assert "steps: 1 recorded by this attempt, 5 replayed" in logs
+    listing = run_onward("steps", "--db", sqlite_url, "agent")
+    assert listing.returncode == 0
+    lines = listing.stdout.decode().splitlines()
+    assert lines[0].split("\t") == ["index", "step", "kind", "bytes", "seconds", "attempt", "committed"]
+    assert [line.split("\t")[1] for line in lines[1:]] == [f"slow#{n}" for n in range(1, 6)] + ["gate#1"]
+    assert [line.split("\t")[5] for line in lines[1:]] == ["1"] * 5 + ["2"]
+    assert "6 steps" in listing.stderr.decode()
+    as_json = [json.loads(line) for line in run_onward("steps", "--db", sqlite_url, "--json", "agent").stdout
+               .decode().splitlines()]
+    assert as_json[5] == {**as_json[5], "index": 6, "step": "gate#1", "kind": "value", "size": 1, "attempt": 2}
+    missing = run_onward("steps", "--db", sqlite_url, "nope")
+    assert missing.returncode == 1 and b"no task 'nope'" in missing.stderr

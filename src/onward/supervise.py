@@ -31,7 +31,9 @@ Restart rules (exit statuses are those of ``onward run``):
 
 Whenever a child is gone, its process group is SIGKILLed before it is reaped (while its pid still pins the
 group id), so no helper it left behind outlives it. The child runs in its own process group with
-``PR_SET_PDEATHSIG=SIGKILL``, so it dies with the supervisor even when the supervisor is SIGKILLed.
+``PR_SET_PDEATHSIG=SIGKILL``, so it dies with the supervisor even when the supervisor is SIGKILLed. Being
+in its own group, it gets a terminal's ^C only through the supervisor, which forwards it; and it cannot
+read from the terminal (give ``--tasks`` a file, or a pipe, rather than a terminal's stdin).
 
 Watchdog. With ``watchdog=S``, a child that sends no ``WATCHDOG=1`` for S seconds, counted from its start,
 its ``READY=1`` or its last heartbeat, gets its process group SIGKILLed and is restarted (cause
@@ -46,7 +48,8 @@ threshold (one second, or half the watchdog period if that is shorter) means the
 running: it logs ``supervisor resumed after N s pause`` and re-arms the watchdog, giving the child a fresh
 full period to send its next heartbeat. A child that stopped alone (the supervisor kept running) shows no
 such gap and is killed as wedged. The check runs before the deadline is looked at, so the order in which the
-two processes thaw does not matter.
+two processes thaw does not matter. All times are ``time.monotonic()``: it runs on through SIGSTOP and
+freezers (hence the check); where a VM suspend stops it too, there is no gap to see and none to forgive.
 
 Restarts are journaled in the store (event kind ``restart``, the cause in its detail) when a store is known,
 so ``onward status`` counts them like systemd's ``NRestarts``; without a store they are only logged.
@@ -59,6 +62,7 @@ import ctypes
 import ctypes.util
 import os
 import select
+import shlex
 import signal
 import socket
 import struct
@@ -211,6 +215,7 @@ class Supervisor:
     # --- the restart loop ----------------------------------------------------------------------------
     def run(self) -> int:
         """Start the child, restart it by the rules in the module docstring, return the exit status."""
+        self._stop_signal = None
         with tempfile.TemporaryDirectory(prefix="onward-supervise-") as private_dir, \
                 socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify, \
                 self._signals_forwarded():
@@ -252,7 +257,7 @@ class Supervisor:
             streak = streak + 1 if ran_for < FAST_CRASH else 1
             delay = backoff_delay(self.restart_delay, streak)
             log(f"restarting worker after {cause} (restart {len(restarts)} in {self.window:g} s window"
-                + (f", backing off {delay:g} s)" if streak > 1 else ")"))
+                + (f", backing off {delay:g} s)" if delay > self.restart_delay else ")"))
             self._journal(cause)
             if not self._wait_unless_stopped(now + delay):
                 log(f"{signal.Signals(self._stop_signal or signal.SIGTERM).name} received while waiting to "
@@ -273,7 +278,7 @@ class Supervisor:
             env.pop("WATCHDOG_USEC", None)
         parent = os.getpid()
 
-        def in_child() -> None:  # between fork and exec: async-signal-safe calls only
+        def in_child() -> None:  # runs between fork and exec: a few system calls, nothing more
             os.setpgid(0, 0)
             if _prctl is not None:
                 _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -287,7 +292,7 @@ class Supervisor:
                 raise UsageError(f"supervise: cannot start {self.command[0]}: {exc.strerror}") from exc
             log(f"cannot start the worker again: {exc}")
             return None
-        log(f"worker {child.pid} started: {subprocess.list2cmdline(self.command)}")
+        log(f"worker {child.pid} started: {shlex.join(self.command)}")
         return child
 
     # --- watching one child --------------------------------------------------------------------------
@@ -327,14 +332,38 @@ class Supervisor:
                         log(f"worker {child.pid} stopping")
                         deadline = None
                 if _exited(child.pid):
-                    return _reap(child), None
+                    return self._reap(child, pidfd), None
                 if deadline is not None and time.monotonic() >= deadline:
                     cause = f"watchdog: no heartbeat for {time.monotonic() - armed_at:.1f} s"
                     log(f"worker {child.pid}: {cause}; killing its process group")
-                    return _reap(child), cause
+                    return self._reap(child, pidfd), cause
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+
+    def _reap(self, child: subprocess.Popen[bytes], pidfd: int | None) -> int:
+        """SIGKILL the child's process group (the child too, if still alive), wait for the child to be gone,
+        reap it, and return its returncode.
+
+        The group is killed before the child is reaped: until then the child's pid, which is the group id,
+        cannot be reused, so the signal cannot reach an unrelated group. The wait keeps taking stop signals
+        (no restart will follow them): a SIGKILLed process can take a while to die, e.g. forever while a
+        cgroup v1 freezer holds it, and the supervisor must stay responsive meanwhile.
+        """
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+        assert self._wake_r is not None
+        killed_at = time.monotonic()
+        warned = False
+        while not _exited(child.pid):
+            select.select([self._wake_r] + ([pidfd] if pidfd is not None else []), [], [], self.tick)
+            received = self._pending_stop_signals()
+            if received:
+                self._stop_signal = received[-1]
+            if not warned and time.monotonic() - killed_at > 1.0:
+                log(f"worker {child.pid} has not died 1 s after SIGKILL (frozen?); waiting for it")
+                warned = True
+        return child.wait()
 
     # --- signals -------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -422,17 +451,6 @@ def _exited(pid: int) -> bool:
     except ChildProcessError:
         return True
     return info is not None
-
-
-def _reap(child: subprocess.Popen[bytes]) -> int:
-    """SIGKILL the child's process group (the child too, if still alive), then reap the child.
-
-    The group is killed before the child is reaped: until then the child's pid, which is the group id,
-    cannot be reused, so the signal cannot reach an unrelated process group.
-    """
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, signal.SIGKILL)
-    return child.wait()
 
 
 def _receive(notify: socket.socket, child_pid: int) -> Iterator[dict[str, str]]:

@@ -28,7 +28,9 @@ from onward.supervise import backoff_delay, find_run_option, store_url_for
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 # A worker whose behaviour on its Nth start is the Nth word of its plan (the last word repeats):
-#   beat          READY=1, WATCHDOG=1 every 50 ms until SIGTERM/SIGINT, then STOPPING=1 and exit 0
+#   beat          READY=1, WATCHDOG=1 every 50 ms until SIGTERM/SIGINT, then STOPPING=1 and exit 0;
+#                 after a pause of its own (a gap over 1 s between two turns) it first works 0.5 s without
+#                 beating, as a worker does that renews its leases after a thaw
 #   beatfor:S     the same for S seconds, then exit 0
 #   exit:N        READY=1, exit N at once
 #   sleep:S/N     READY=1, beat for S seconds, exit N
@@ -50,12 +52,23 @@ kind, _, arg = word.partition(":")
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 
 def send(message):
-    sock.sendto(message.encode(), os.environ["NOTIFY_SOCKET"])
+    try:
+        sock.sendto(message.encode(), os.environ["NOTIFY_SOCKET"])
+    except OSError:
+        pass  # like onward's Notifier: a supervisor that is gone must not end the worker
+
+last_sent = time.monotonic()
 
 def beat():
+    global last_sent
+    # The pause check sits right before the send, so that a stop can hardly fall between the two.
+    if time.monotonic() - last_sent > 1.0:
+        record("resumed")
+        time.sleep(0.5)
     send("WATCHDOG=1")
+    last_sent = time.monotonic()
     with open(os.path.join(state, "lastbeat"), "w") as f:
-        f.write(str(time.monotonic()))
+        f.write(str(last_sent))
 
 def record(event):
     with open(os.path.join(state, "events"), "a") as f:
@@ -190,8 +203,8 @@ class Run:
 def supervise(tmp_path: Path) -> Iterator[Callable[..., Run]]:
     runs: list[Run] = []
 
-    def start(plan: str, **options: object) -> Run:
-        runs.append(Run(tmp_path, plan, **options))
+    def start(plan: str, env: dict[str, str] | None = None, **options: object) -> Run:
+        runs.append(Run(tmp_path, plan, env, **options))
         return runs[-1]
 
     yield start
@@ -375,7 +388,7 @@ def test_freezing_supervisor_and_worker_together_is_not_a_hang(supervise: Callab
     assert "watchdog:" not in run.log
     os.kill(run.proc.pid, signal.SIGTERM)
     assert run.wait() == 0
-    assert run.events() == ["SIGTERM"]
+    assert run.events() == ["resumed", "SIGTERM"]
 
 
 @needs_freezer
@@ -384,9 +397,12 @@ def test_freezing_the_worker_alone_is_a_hang(supervise: Callable[..., Run], free
     # own the supervisor treats it as wedged.
     run = supervise("beat exit:0", watchdog=1.0)
     child = run.child(1)
-    for pid in [child]:
-        (freezer / "cgroup.procs").write_text(str(pid))
+    (freezer / "cgroup.procs").write_text(str(child))
     (freezer / "freezer.state").write_text("FROZEN")
+    wait_for(lambda: "killing its process group" in run.log, 5, "the watchdog to fire")
+    # A cgroup v1 freezer holds even a SIGKILLed process until the thaw; the supervisor waits for it.
+    wait_for(lambda: "has not died 1 s after SIGKILL" in run.log, 5, "the supervisor to say it waits")
+    (freezer / "freezer.state").write_text("THAWED")
     assert run.wait() == 0
     assert len(run.starts()) == 2
     assert "watchdog: no heartbeat" in run.log
@@ -409,6 +425,7 @@ def test_sigstop_of_supervisor_and_worker_together_is_not_a_hang(supervise: Call
     assert "watchdog:" not in run.log
     os.kill(run.proc.pid, signal.SIGTERM)
     assert run.wait() == 0
+    assert run.events() == ["resumed", "SIGTERM"], run.log
 
 
 def _running(pid: int) -> bool:
@@ -480,3 +497,55 @@ def test_supervise_command_rejects_bad_input(args: list[str]) -> None:
 
     result = CliRunner().invoke(supervise_command, args)
     assert isinstance(result.exception, UsageError), result.output
+
+
+# --- with the real worker --------------------------------------------------------------------------------
+TASK = r'''
+import os, sys, time
+with open(os.environ["EFFECTS"], "a") as f:
+    f.write(f"start {sys.argv[1]} {os.environ['ONWARD_ATTEMPT']}\n")
+time.sleep(0.2)
+print("result of", sys.argv[1])
+'''
+
+
+def test_onward_run_under_onward_supervise(tmp_path: Path) -> None:
+    # `onward supervise -- onward run ...`: the worker is SIGKILLed mid-task and restarted; the restart
+    # is in `onward status --json` (restarts) and `onward logs` with its cause; the job finishes with
+    # only the interrupted task run twice.
+    onward = [sys.executable, "-m", "onward.cli"]
+    names = [f"t{i:02d}" for i in range(1, 11)]
+    (tmp_path / "tasks.txt").write_text("\n".join(names) + "\n")
+    (tmp_path / "task.py").write_text(TASK)
+    effects = tmp_path / "effects.log"
+    db = str(tmp_path / "job.db")
+    env = {**os.environ, "PYTHONPATH": SRC, "EFFECTS": str(effects)}
+    stderr = tmp_path / "stderr"
+
+    def starts() -> list[tuple[str, str]]:
+        lines = effects.read_text().splitlines() if effects.exists() else []
+        return [(line.split()[1], line.split()[2]) for line in lines]
+
+    with open(stderr, "wb") as err:
+        supervisor = subprocess.Popen(
+            [*onward, "supervise", "--watchdog", "5", "--", *onward, "run", "--db", db, "--tasks",
+             str(tmp_path / "tasks.txt"), "--", sys.executable, str(tmp_path / "task.py"), "{task}"],
+            stderr=err, env=env, start_new_session=True)
+    try:
+        wait_for(lambda: len(starts()) >= 3, 20, "the third task to start")
+        worker = int(stderr.read_text().split(" worker ")[1].split()[0])
+        os.kill(worker, signal.SIGKILL)
+        assert supervisor.wait(30) == 0, stderr.read_text()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    log = stderr.read_text()
+    assert "restarting worker after signal SIGKILL (restart 1 in 60 s window)" in log
+    report = json.loads(subprocess.run([*onward, "status", "--db", db, "--json"], env=env, check=True,
+                                       capture_output=True, text=True).stdout)
+    assert (report["done"], report["failed"], report["restarts"]) == (10, 0, 1)
+    journal = subprocess.run([*onward, "logs", "--db", db], env=env, check=True, capture_output=True,
+                             text=True).stdout
+    assert [line for line in journal.splitlines() if "restart" in line and "signal SIGKILL" in line]
+    again = [task for task, attempt in starts() if attempt != "1"]
+    assert len(again) <= 1 and sorted(task for task, attempt in starts() if attempt == "1") == names

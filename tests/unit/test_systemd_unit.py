@@ -1,0 +1,172 @@
+"""onward.systemd: generated units pass `systemd-analyze verify` with nothing on stderr (it exits 0 on bad
+values, so stderr is the verdict), quoting and escaping, name and input validation, the --dry-run command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from onward import systemd
+from onward.deploy_cli import service_group
+from onward.errors import UsageError
+
+needs_verify = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
+                                  reason="systemd-analyze is not installed")
+
+# The executable in ExecStart must exist for verify: the interpreter running the tests does.
+ONWARD = [sys.executable, "-m", "onward.cli"]
+
+
+def verify(tmp_path: Path, name: str, text: str) -> str:
+    """Run systemd-analyze verify on the unit; return its stderr (empty when the unit is clean)."""
+    folder = tmp_path / "units"
+    folder.mkdir(exist_ok=True)
+    path = folder / systemd.unit_name(name)
+    path.write_text(text)
+    done = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True,
+                          env={**os.environ, "SYSTEMD_LOG_COLOR": "0"})
+    return done.stderr + (f"[exit status {done.returncode}]" if done.returncode else "")
+
+
+ODD = "odd dir %n with 'quotes' \"double\" $HOME and \\backslash ; semicolon"
+
+CASES = {
+    "minimal": dict(command=ONWARD + ["run", "--", "true"]),
+    "everything": dict(command=ONWARD + ["run", "--db", "job.db", "--tasks", "tasks.txt", "--out", "out",
+                                         "--concurrency", "4", "--grace", "30", "--", "sh", "-c",
+                                         "echo {task} $X; exit 0"],
+                       user="root", env=["A=1", "B=two words", "C=%h \"quoted\" \\ $x"], watchdog=5),
+    "odd-paths": dict(command=ONWARD + ["run", f"--db={ODD}/s.db", "--tasks", f"{ODD}/t.txt", "--out",
+                                        f"{ODD}/out", "--", "printf", "%s\\n", "{task}", ";"],
+                      workdir=f"/tmp/{ODD}", env=[f"P={ODD}"], watchdog=0.25),
+    "url-and-stdin": dict(command=ONWARD + ["run", "--db", "postgresql://u@h/db?sslmode=disable", "--tasks",
+                                            "-", "--", "/bin/true"]),
+    "plain-command": dict(command=["sh", "-c", "exec sleep 100%"], user="root"),
+}
+
+
+@needs_verify
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_generated_units_verify_cleanly(tmp_path: Path, case: str) -> None:
+    text = systemd.render_unit(f"onward-{case}", **CASES[case])  # type: ignore[arg-type]
+    assert verify(tmp_path, f"onward-{case}", text) == ""
+
+
+@needs_verify
+def test_verify_check_can_fail(tmp_path: Path) -> None:
+    # The harness itself: a bad value or a missing executable leaves a warning on stderr (exit status 0).
+    text = systemd.render_unit("bad", ONWARD + ["run", "--", "true"])
+    assert verify(tmp_path, "bad", text.replace("RestartSec=200ms", "RestartSec=soon")) != ""
+    assert verify(tmp_path, "bad", text.replace(sys.executable, "/no/such/python")) != ""
+
+
+def test_unit_says_what_an_admin_would_write(tmp_path: Path) -> None:
+    text = systemd.render_unit("crawl", ONWARD + ["run", "--db", "j.db", "--grace", "30", "--", "true"],
+                               workdir=str(tmp_path), user="crawler", env=["TOKEN=x"], watchdog=10)
+    lines = text.splitlines()
+    for expected in ["[Unit]", "After=network-online.target", "Wants=network-online.target",
+                     "StartLimitIntervalSec=60s", "StartLimitBurst=6", "[Service]", "Type=notify",
+                     "NotifyAccess=main", f"WorkingDirectory={tmp_path}", "User=crawler",
+                     'Environment="TOKEN=x"', "Restart=on-failure", "RestartSec=200ms", "WatchdogSec=10s",
+                     "KillSignal=SIGTERM", "KillMode=mixed", "TimeoutStopSec=40s", "SuccessExitStatus=2 3",
+                     "RestartPreventExitStatus=2 3", "[Install]", "WantedBy=multi-user.target"]:
+        assert expected in lines
+    exec_start = next(line for line in lines if line.startswith("ExecStart="))
+    assert exec_start == f"ExecStart={sys.executable} -m onward.cli run --db {tmp_path}/j.db --grace 30 -- " \
+                         f"{shutil.which('true')}"
+
+
+def test_timeout_stop_outlasts_the_grace_period() -> None:
+    default = systemd.render_unit("g", ONWARD + ["run", "--", "true"])
+    assert "TimeoutStopSec=20s" in default.splitlines()  # onward run's default --grace of 10 s
+    explicit = systemd.render_unit("g", ONWARD + ["run", "--grace=2.5", "--", "true"])
+    assert "TimeoutStopSec=12500ms" in explicit.splitlines()
+    assert "TimeoutStopSec=70s" in systemd.render_unit("g", ONWARD + ["run"], grace=60).splitlines()
+
+
+@pytest.mark.parametrize(("word", "quoted"), [
+    ("/usr/bin/onward", "/usr/bin/onward"),
+    ("{task}", "{task}"),
+    ("100%", "100%%"),
+    ("two words", '"two words"'),
+    ("$HOME", '"$$HOME"'),
+    ('say "hi"', '"say \\"hi\\""'),
+    ("a\\b", '"a\\\\b"'),
+    (";", '";"'),
+    ("", '""'),
+])
+def test_exec_words_are_quoted_by_systemd_rules(word: str, quoted: str) -> None:
+    assert systemd.quote_exec_word(word) == quoted
+
+
+def test_relative_paths_are_resolved_against_the_working_directory(tmp_path: Path) -> None:
+    words = systemd.resolve_command(ONWARD + ["run", "--db", "a.db", "--tasks=t.txt", "--out", "../o",
+                                              "--keep-awake", "~/k", "--", "sh", "x.sh", "--db", "y"],
+                                    str(tmp_path))
+    tail = words[words.index("run"):]
+    assert tail == ["run", "--db", f"{tmp_path}/a.db", f"--tasks={tmp_path}/t.txt", "--out",
+                    f"{tmp_path.parent}/o", "--keep-awake", os.path.expanduser("~/k"), "--",
+                    shutil.which("sh"), "x.sh", "--db", "y"]
+
+
+def test_urls_and_stdin_are_left_alone(tmp_path: Path) -> None:
+    words = systemd.resolve_command(ONWARD + ["run", "--db", "sqlite:///x.db", "--tasks", "-"], str(tmp_path))
+    assert words[-4:] == ["--db", "sqlite:///x.db", "--tasks", "-"]
+
+
+@pytest.mark.parametrize("name", ["", ".service", "a b", "a/b", "x@", "x@y", ".hidden", "é", "a" * 250])
+def test_bad_unit_names_are_refused(name: str) -> None:
+    with pytest.raises(UsageError, match="not a valid service name"):
+        systemd.render_unit(name, ONWARD + ["run"])
+
+
+def test_good_unit_names() -> None:
+    assert systemd.unit_name("crawl") == "crawl.service"
+    assert systemd.unit_name("crawl.service") == "crawl.service"
+    assert systemd.unit_name("my-job_2:a.b") == "my-job_2:a.b.service"
+
+
+@pytest.mark.parametrize("options", [
+    dict(env=["NOEQUALS"]), dict(env=["1A=x"]), dict(env=["A=line\nbreak"]), dict(user="bad user"),
+    dict(watchdog=0), dict(watchdog=-1), dict(grace=-1), dict(workdir="/tmp/tab\there"),
+    dict(command=[]), dict(command=["no-such-program-anywhere"]), dict(command=ONWARD + ["run", "x\ny"]),
+    dict(command=ONWARD + ["run", "--grace", "soon"]),
+])
+def test_bad_input_is_one_usage_error(options: dict[str, object]) -> None:
+    options.setdefault("command", ONWARD + ["run"])
+    with pytest.raises(UsageError):
+        systemd.render_unit("job", **options)  # type: ignore[arg-type]
+
+
+def test_parse_show() -> None:
+    values = systemd.parse_show("ActiveState=active\nSubState=running\nMainPID=42\nNRestarts=1\nStatusText=a=b\n")
+    assert values == {"ActiveState": "active", "SubState": "running", "MainPID": "42", "NRestarts": "1",
+                      "StatusText": "a=b"}
+
+
+@pytest.mark.skipif(os.path.isdir("/run/systemd/system"), reason="systemd is running on this machine")
+def test_install_without_systemd_says_so(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="systemd is not running"):
+        systemd.install("job", ONWARD + ["run", "--", "true"], unit_dir=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_install_dry_run_prints_the_unit_and_writes_nothing(tmp_path: Path) -> None:
+    args = ["install", "--name", "job", "--workdir", str(tmp_path), "--env", "A=1", "--watchdog", "5",
+            "--dry-run", "--", *ONWARD, "run", "--tasks", "t.txt", "--", "true"]
+    result = CliRunner().invoke(service_group, args)
+    assert result.exit_code == 0, result.output
+    assert result.output == systemd.render_unit("job", ONWARD + ["run", "--tasks", "t.txt", "--", "true"],
+                                                workdir=str(tmp_path), env=["A=1"], watchdog=5)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_install_with_a_bad_name_is_a_usage_error() -> None:
+    result = CliRunner().invoke(service_group, ["install", "--name", "a b", "--dry-run", "--", *ONWARD, "run"])
+    assert isinstance(result.exception, UsageError)

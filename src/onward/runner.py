@@ -158,6 +158,7 @@ class Runner:
                 self._export_missing()
             self._update_keep_awake()
             self.notifier.ready()
+            self._notify_status(self.store.counts())
             self._loop()
             stop_reason = f"stopped by {self._stop_requested}" if self.stopping else "finished"
         except BaseException as e:
@@ -481,6 +482,9 @@ class Runner:
         except StoreError as e:
             self.log.warning(f"store unavailable: {e}")
             return
+        self._notify_status(counts)
+
+    def _notify_status(self, counts: dict[str, int]) -> None:
         self.notifier.status(f"{counts.get(DONE, 0)}/{sum(counts.values())} done, {counts.get(RUNNING, 0)} running,"
                              f" {counts.get(FAILED, 0)} failed")
 

@@ -232,14 +232,16 @@ def _write_atomically(path: str, text: str, mode: int) -> None:
 def install(name: str, command: Sequence[str], user: str | None = None, workdir: str | None = None,
             env: Iterable[str] = (), watchdog: float | None = None, grace: float | None = None,
             unit_dir: str = UNIT_DIR) -> str:
-    """Write the unit (0644, atomically), reload systemd, enable and start the service. Returns the path."""
+    """Write the unit (0644, atomically), reload systemd, enable and (re)start the service. Returns the path."""
     text = render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, grace=grace)
     _require_systemd()
     service = unit_name(name)
     path = os.path.join(unit_dir, service)
     _write_atomically(path, text, 0o644)
     _systemctl("daemon-reload")
-    _systemctl("enable", "--now", service)
+    _systemctl("enable", service)
+    # restart, not start: a reinstall over a running service must take the new unit into use
+    _systemctl("restart", service)
     return path
 
 

@@ -4,6 +4,9 @@ its own process group. Each execution reports exactly one ``Outcome`` to the run
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import os
 import queue
 import selectors
@@ -14,10 +17,11 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from . import results
-from .errors import OnwardError
+from . import steps as durable
+from .errors import OnwardError, StepDrift, UsageError
 from .log import one_line
 from .proc import die_with_parent_preexec, kill_group, pid_start_time, prepare_die_with_parent
 from .store.base import Claim
@@ -25,6 +29,7 @@ from .store.base import Claim
 if TYPE_CHECKING:
     from .runner import Runner
 
+T = TypeVar("T")
 DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024
 ERROR_TAIL_BYTES = 4096
 
@@ -109,14 +114,15 @@ class Handler(Protocol):
 
 
 # --- Python functions ---------------------------------------------------------------------------------
-class TaskContext:
-    """What a Python task function receives as ``ctx``."""
+class _ContextBase:
+    """What every Python task's ``ctx`` offers, sync or async."""
 
     def __init__(self, execution: PythonExecution, runner: Runner) -> None:
         self._execution = execution
         self._runner = runner
         self.task: str = execution.claim.name
         self.attempt: int = execution.claim.attempt
+        self._steps: durable.StepLog | None = None
 
     def beat(self, note: str | None = None) -> None:
         """Report progress: resets the stall timer and shows ``note`` in ``onward status``."""
@@ -138,6 +144,121 @@ class TaskContext:
             raise Cancelled(self._execution.cancel_reason or "cancelled")
         if self._execution.stop_requested:
             raise Cancelled("worker stopping")
+
+    @property
+    def idempotency_key(self) -> str:
+        """While a step's body runs: a key stable across re-runs of that step (same task, step name and call
+        index) and different for every other step. Raises ``UsageError`` outside a step body."""
+        return durable.current_step_key()
+
+    @property
+    def step_log(self) -> durable.StepLog:
+        """This attempt's recorded steps (created on first use: tasks without steps pay nothing)."""
+        if self._steps is None:
+            self._steps = durable.StepLog(self._execution, self._runner, self._execution.replay)
+        return self._steps
+
+    def pause(self, seconds: float, note: str | None = None) -> None:
+        """Wait ``seconds`` (a thread's wait), beating meanwhile; raise ``Cancelled`` if told to stop."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._execution.beat(note)  # a deliberate wait is not a stall
+            self._execution.stop_event.wait(min(left, 1.0))
+
+    async def apause(self, seconds: float, note: str | None = None) -> None:
+        """``pause`` for an asyncio task: only this task waits."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._execution.beat(note)
+            await self._execution.wait_stop_async(min(left, 1.0))
+
+
+class TaskContext(_ContextBase):
+    """What a Python task function receives as ``ctx``."""
+
+    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` as the durable step ``name`` (what ``@step`` does, without a
+        decorator): recorded when it returns, replayed when the task runs again."""
+        if durable.in_step():  # nested in a step's body: the outer step is what is recorded
+            return fn(*args, **kwargs)
+        return cast(T, durable.run_step(self, durable.StepSpec(name), fn, args, kwargs))
+
+    def restore(self, default: Any = None) -> Any:
+        """The value of the latest ``checkpoint`` (from this or an earlier attempt), or ``default``. Steps
+        recorded before that checkpoint are then skipped: replay goes on from the call after it, so call
+        ``restore`` where the task resumes from its state (at the top of its loop)."""
+        if not self.step_log.loaded:
+            self.step_log.load()
+        return durable.restore(self, default)
+
+    def checkpoint(self, value: Any) -> None:
+        """Commit ``value`` (JSON) as the task's state: ``restore`` returns it on resume."""
+        durable.not_in_step("ctx.checkpoint")
+        if not self.step_log.loaded:
+            self.step_log.load()
+        commit = durable.checkpoint(self, value)
+        if commit is not None:
+            commit()
+
+    def sleep(self, seconds: float) -> None:
+        """A durable sleep: the wake-up time is recorded first, so after a crash only what is left is slept.
+        Raises ``Cancelled`` if the worker stops meanwhile (the next run sleeps the rest). Inside a step's
+        body it is a plain wait."""
+        if durable.in_step():
+            return self.pause(seconds, "sleeping")
+        if not self.step_log.loaded:
+            self.step_log.load()
+        deadline = durable.sleep_deadline(self, seconds)
+        if callable(deadline):
+            deadline = deadline()
+        self.pause(deadline - self.step_log.store_now(), "sleeping")
+
+
+class AsyncTaskContext(_ContextBase):
+    """``ctx`` of an ``async def`` task: ``step``, ``checkpoint`` and ``sleep`` are awaited; commits wait in
+    a thread, so the other tasks on the event loop run on meanwhile."""
+
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` (awaited if it returns an awaitable) as the durable step ``name``."""
+        if durable.in_step():
+            value = fn(*args, **kwargs)
+            return await value if inspect.isawaitable(value) else value
+        return await durable.run_step_async(self, durable.StepSpec(name), fn, args, kwargs)
+
+    async def load(self) -> None:
+        if not self.step_log.loaded:
+            await asyncio.to_thread(self.step_log.load)
+
+    async def restore(self, default: Any = None) -> Any:
+        """The value of the latest ``checkpoint``, or ``default`` (see ``TaskContext.restore``)."""
+        await self.load()
+        return durable.restore(self, default)
+
+    async def checkpoint(self, value: Any) -> None:
+        """Commit ``value`` (JSON) as the task's state: ``restore`` returns it on resume."""
+        durable.not_in_step("ctx.checkpoint")
+        await self.load()
+        commit = durable.checkpoint(self, value)
+        if commit is not None:
+            await asyncio.to_thread(commit)
+
+    async def sleep(self, seconds: float) -> None:
+        """A durable sleep (see ``TaskContext.sleep``)."""
+        if durable.in_step():
+            return await self.apause(seconds, "sleeping")
+        await self.load()
+        deadline = durable.sleep_deadline(self, seconds)
+        if callable(deadline):
+            deadline = await asyncio.to_thread(deadline)
+        await self.apause(deadline - self.step_log.store_now(), "sleeping")
 
 
 class _ThreadPool:
@@ -165,32 +286,108 @@ class _ThreadPool:
                 self._idle += 1
 
 
+class _EventLoopThread:
+    """One asyncio event loop in a daemon thread, running every ``async def`` task of a worker. The worker
+    loop (leases, heartbeats, signals) stays on its own thread, so a busy event loop cannot starve it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="onward-async", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def close(self) -> None:
+        def stop() -> None:
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()  # what is left was abandoned (reported released): let it unwind
+            self.loop.call_later(0.1, self.loop.stop)
+        self.loop.call_soon_threadsafe(stop)
+        self._thread.join(timeout=2.0)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
 class PythonExecution(Execution):
-    def __init__(self, claim: Claim, fn: Callable[[str, TaskContext], Any], runner: Runner) -> None:
+    def __init__(self, claim: Claim, fn: Callable[..., Any], runner: Runner, replay: str = "strict") -> None:
         super().__init__(claim)
         self.stop_requested = False
+        self.replay = replay
+        self.stop_event = threading.Event()  # set on stop, cancel or abandon: wakes durable sleeps
         self._runner = runner
         self._reported = False
         self._report_lock = threading.Lock()
-        self.ctx = TaskContext(self, runner)
         self._fn = fn
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._future: concurrent.futures.Future[None] | None = None
+        self._astop: asyncio.Event | None = None
+        self.ctx: _ContextBase = TaskContext(self, runner)
 
+    # -- a function in a thread --
     def run(self) -> None:
+        token = durable.CURRENT.set(self.ctx)
         try:
-            value = self._fn(self.claim.name, self.ctx)
-            data, kind = results.encode(value)
-            outcome = Outcome.done(data, kind)
-        except Cancelled as e:
-            if self.cancel_reason is not None:
-                outcome = Outcome.failure(self.cancel_reason)
-            else:
-                outcome = Outcome.released(f"stopped: {e}")
-        except BaseException as e:  # the task's own failure, whatever it raised
-            tail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-ERROR_TAIL_BYTES:]
-            outcome = Outcome.failure(tail)
-        if self.cancel_reason is not None and outcome.kind == "failed":
-            outcome = Outcome.failure(f"{self.cancel_reason}\n{outcome.error}".strip())
+            try:
+                outcome = self._done(self._fn(self.claim.name, self.ctx))
+            except BaseException as e:  # the task's own failure, whatever it raised
+                outcome = self._failed(e)
+            if self.ctx._steps is not None:
+                self.ctx._steps.finish()
+        finally:
+            durable.CURRENT.reset(token)
         self._report(outcome)
+
+    # -- a coroutine on the worker's event loop --
+    def start_async(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.ctx = AsyncTaskContext(self, self._runner)
+        self._loop = loop
+        self._future = asyncio.run_coroutine_threadsafe(self._run_async(), loop)
+
+    async def _run_async(self) -> None:
+        durable.CURRENT.set(self.ctx)  # this asyncio task's own copy of the context
+        self._astop = asyncio.Event()
+        if self.stop_event.is_set():
+            self._astop.set()
+        try:
+            outcome = self._done(await self._fn(self.claim.name, self.ctx))
+        except asyncio.CancelledError:
+            outcome = self._failed(Cancelled(self.cancel_reason or "cancelled"))
+        except BaseException as e:
+            outcome = self._failed(e)
+        if self.ctx._steps is not None:
+            await asyncio.to_thread(self.ctx._steps.finish)
+        self._report(outcome)
+
+    async def wait_stop_async(self, timeout: float) -> None:
+        """Wait until told to stop, at most ``timeout`` seconds (an asyncio task's ``stop_event.wait``)."""
+        assert self._astop is not None
+        try:
+            await asyncio.wait_for(self._astop.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    # -- outcomes --
+    def _done(self, value: Any) -> Outcome:
+        log = self.ctx._steps
+        if log is not None and isinstance(log.failure, StepDrift):
+            # The task caught the drift error and returned anyway: its result cannot be trusted.
+            return self._failed(log.failure)
+        data, kind = results.encode(value)
+        return Outcome.done(data, kind)
+
+    def _failed(self, e: BaseException) -> Outcome:
+        if isinstance(e, Cancelled):
+            if self.cancel_reason is not None:
+                return Outcome.failure(self.cancel_reason)
+            return Outcome.released(f"stopped: {e}")
+        tail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-ERROR_TAIL_BYTES:]
+        if isinstance(e, StepDrift):
+            tail = f"StepDrift: {e}"  # the one line that says it all; the traceback points into onward
+        if self.cancel_reason is not None:
+            return Outcome.failure(f"{self.cancel_reason}\n{tail}".strip())
+        return Outcome.failure(tail)
 
     def _report(self, outcome: Outcome) -> None:
         with self._report_lock:
@@ -199,27 +396,66 @@ class PythonExecution(Execution):
             self._reported = True
         self._runner.post(self, outcome)
 
+    # -- told from the worker loop --
+    def _wake(self) -> None:
+        self.stop_event.set()
+        loop, astop = self._loop, self._astop
+        if loop is not None and astop is not None:
+            try:
+                loop.call_soon_threadsafe(astop.set)
+            except RuntimeError:
+                pass  # the event loop is closed
+
     def request_stop(self) -> None:
         self.stop_requested = True
+        self._wake()
+
+    def cancel(self, reason: str) -> None:
+        super().cancel(reason)
+        self._wake()
+        if self._future is not None:
+            # An asyncio task can really be stopped: CancelledError at its current await.
+            self._future.cancel()
 
     def abandon(self, reason: str) -> None:
         # A thread cannot be killed: report the attempt released now; the thread's later outcome is
         # ignored, and anything it tries to record is refused by the fence.
         self._report(Outcome.released(reason))
+        self._wake()
+        if self._future is not None:
+            self._future.cancel()
 
     def unresponsive(self, now: float, grace: float) -> bool:
         return self.cancelled_at is not None and not self._reported and now - self.cancelled_at > grace
 
 
 class PythonHandler:
-    def __init__(self, fn: Callable[[str, TaskContext], Any]) -> None:
+    """Runs a Python task function: a plain function in a thread of its own, an ``async def`` on the
+    worker's event loop thread."""
+
+    def __init__(self, fn: Callable[..., Any], replay: str = "strict") -> None:
+        if replay not in durable.REPLAY_POLICIES:
+            raise UsageError(f"replay must be one of {', '.join(durable.REPLAY_POLICIES)} (got {replay!r})")
         self.fn = fn
+        self.replay = replay
+        self.is_async = inspect.iscoroutinefunction(fn)
         self._pool = _ThreadPool()
+        self._event_loop: _EventLoopThread | None = None
 
     def start(self, claim: Claim, runner: Runner) -> Execution:
-        execution = PythonExecution(claim, self.fn, runner)
-        self._pool.submit(execution.run)
+        execution = PythonExecution(claim, self.fn, runner, self.replay)
+        if self.is_async:
+            if self._event_loop is None:
+                self._event_loop = _EventLoopThread()
+            execution.start_async(self._event_loop.loop)
+        else:
+            self._pool.submit(execution.run)
         return execution
+
+    def close(self) -> None:
+        if self._event_loop is not None:
+            self._event_loop.close()
+            self._event_loop = None
 
 
 # --- commands -----------------------------------------------------------------------------------------
@@ -391,7 +627,7 @@ class CommandHandler:
         os.rmdir(self._beat_dir)
 
 
-def _spawn(argv: list[str], env: dict[str, str]):  # type: ignore[no-untyped-def]
+def _spawn(argv: list[str], env: dict[str, str]):
     import subprocess
 
     return subprocess.Popen(

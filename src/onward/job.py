@@ -24,6 +24,7 @@ from .log import NORMAL, Log
 from .notify import Notifier
 from .outdir import OutDir
 from .runner import RunConfig, Runner, RunSummary
+from .steps import REPLAY_POLICIES, STRICT
 from .store import open_store, store_url
 from .store.base import Stats, Store
 
@@ -44,20 +45,30 @@ class Job:
         self.keep_awake = keep_awake
         self.log = Log(log_level)
         self._fn: Callable[[str, TaskContext], Any] | None = None
+        self._replay = STRICT
 
     @overload
     def task(self, fn: F) -> F: ...
     @overload
     def task(self, *, max_attempts: int | None = None, timeout: float | None = None,
-             stall_timeout: float | None = None) -> Callable[[F], F]: ...
+             stall_timeout: float | None = None, replay: str = STRICT) -> Callable[[F], F]: ...
 
     def task(self, fn: Any = None, *, max_attempts: int | None = None, timeout: float | None = None,
-             stall_timeout: float | None = None) -> Any:
-        """Register the function that handles each task: ``fn(task: str, ctx) -> result``."""
+             stall_timeout: float | None = None, replay: str = STRICT) -> Any:
+        """Register the function that handles each task: ``fn(task: str, ctx) -> result``, or an
+        ``async def`` (run on the worker's event loop, ``ctx`` an ``AsyncTaskContext``).
+
+        ``replay``: what a resumed task does when it calls a different step than the one recorded at that
+        position: ``"strict"`` (default) fails the attempt with ``StepDrift``; ``"prefix"`` keeps the steps
+        that matched, drops the recorded ones from there on and runs on."""
+        if replay not in REPLAY_POLICIES:
+            raise UsageError(f"replay must be one of {', '.join(REPLAY_POLICIES)} (got {replay!r})")
+
         def register(f: F) -> F:
             if self._fn is not None:
                 raise UsageError("this job already has a task function")
             self._fn = f
+            self._replay = replay
             changes: dict[str, Any] = {}
             if max_attempts is not None:
                 changes["max_attempts"] = max_attempts
@@ -85,11 +96,13 @@ class Job:
         validate_config(config)
         marker = marker_path(self.keep_awake)
         out = OutDir(self.out) if self.out else None
+        handler = PythonHandler(self._fn, replay=self._replay)
         try:
-            runner = Runner(self.store, PythonHandler(self._fn), config, self.log, notifier=Notifier.from_env(),
+            runner = Runner(self.store, handler, config, self.log, notifier=Notifier.from_env(),
                             keep_awake=KeepAwake(marker) if marker else None, out=out)
             return runner.run()
         finally:
+            handler.close()
             if out is not None:
                 out.close()
 

@@ -431,7 +431,10 @@ def test_idempotency_keys_are_stable_across_reruns_and_differ_between_steps(db: 
     # Another store, another worker: the same task's steps get the same keys.
     other = new_job(str(tmp_path / "other.db"))
     again: list[str] = []
-    other.task(lambda task, ctx: [again.append(ctx.step("charge", lambda: current_step_key())) for _ in range(2)])
+    @other.task
+    def handle_other(task: str, ctx: TaskContext) -> None:
+        again.extend(ctx.step("charge", current_step_key) for _ in range(2))
+
     other.add(["order-7"])
     other.run()
     assert again == [idempotency_key("order-7", "charge", 1), keys[0]]
@@ -570,6 +573,26 @@ def test_the_same_steps_serve_sync_and_async_tasks(db: str, kind: str) -> None:
     job.run()
     assert job.result("t") == (11 if kind == "sync task" else 15)
     assert SHARED_RAN.count("sync") == 1 and SHARED_RAN.count("async") == (1 if kind == "sync task" else 2)
+    job.close()
+
+
+def test_an_async_task_keeps_its_lease_and_its_steps_count_as_progress(sqlite_url: str) -> None:
+    job = new_job(sqlite_url, max_attempts=1, heartbeat=0.1, stall_timeout=0.5)
+
+    @step(name="think")
+    async def think(n: int) -> int:
+        await asyncio.sleep(0.1)
+        return n
+
+    @job.task
+    async def handle(task: str, ctx: AsyncTaskContext) -> int:
+        return sum([await think(n) for n in range(12)])  # 1.2 s: 12 leases of 0.3 s, 2.4 stall timeouts
+
+    job.add(["t"])
+    summary = job.run()
+    assert (summary.done, summary.failed) == (1, 0)
+    assert job.result("t") == 66
+    assert not [kind for kind, _ in events(sqlite_url, "t") if kind in ("reclaimed", "fenced", "retrying")]
     job.close()
 
 

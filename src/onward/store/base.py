@@ -236,6 +236,9 @@ class Store(Protocol):
     def task(self, name: str) -> TaskRow | None:
         """One task by name."""
 
+    def task_id(self, name: str) -> int | None:
+        """A task's id by name, or None."""
+
     def result(self, name: str) -> StoredResult | None:
         """A done task's result, or None if the task is not done."""
 

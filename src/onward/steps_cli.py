@@ -1,0 +1,81 @@
+"""``onward steps TASK``: a task's recorded durable steps, one line each. ``onward.cli`` registers it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from .errors import StoreError, UnknownTask
+from .steps import ordinals, unframe
+from .store.base import StepRecord, Store
+
+
+def step_rows(store: Store, task: str) -> list[dict[str, Any]]:
+    """The recorded steps of ``task`` as plain data (what ``onward steps --json`` prints)."""
+    task_id = _task_id(store, task)
+    records = store.steps(task_id)
+    return [_row(r, label) for r, label in zip(records, ordinals(records), strict=True)]
+
+
+def _task_id(store: Store, task: str) -> int:
+    task_id = store.task_id(task)
+    if task_id is None:
+        raise UnknownTask(f"no task {task!r} in {store.url}")
+    return int(task_id)
+
+
+def _row(record: StepRecord, label: str) -> dict[str, Any]:
+    try:
+        f = unframe(record.data)
+        size, seconds, attempt, serializer = len(f.payload), f.seconds, f.attempt, f.serializer
+    except (StoreError, ValueError):
+        size, seconds, attempt, serializer = len(record.data), None, None, None
+    return {"index": record.index, "step": label, "kind": record.kind, "size": size, "seconds": seconds,
+            "attempt": attempt, "serializer": serializer, "at": record.at}
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+@click.command("steps")
+@click.option("--db", "db", metavar="URL", default=None,
+              help="Store: a file path, sqlite:///path or postgresql://… (env ONWARD_DB; default .onward/onward.db).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per step, one per line.")
+@click.argument("task")
+def steps_command(db: str | None, as_json: bool, task: str) -> None:
+    """A task's recorded durable steps: call index, step (name#n), kind, payload size, seconds the body
+    took, the attempt that recorded it, and when it was committed.
+
+    \b
+    Example:
+      onward steps --db agent.db "ticket-42"
+    """
+    from .store import open_store
+
+    store = open_store(db, create=False)
+    try:
+        rows = step_rows(store, task)
+    finally:
+        store.close()
+    out = sys.stdout
+    if as_json:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+        return
+    if not rows:
+        click.echo(f"task {task!r} has no recorded steps", err=True)
+        return
+    out.write("index\tstep\tkind\tbytes\tseconds\tattempt\tcommitted\n")
+    for row in rows:
+        seconds = "-" if row["seconds"] is None else f"{row['seconds']:.3f}"
+        out.write(f"{row['index']}\t{row['step']}\t{row['kind']}\t{row['size']}\t{seconds}\t"
+                  f"{row['attempt'] or '-'}\t{_iso(row['at'])}\n")
+    total = sum(row["size"] for row in rows)
+    took = sum(row["seconds"] or 0.0 for row in rows if row["kind"] == "value")
+    count = f"{len(rows)} step" + ("" if len(rows) == 1 else "s")
+    click.echo(f"{count}, {total} bytes, {took:.1f} s of step time recorded", err=True)

@@ -317,14 +317,14 @@ class Runner:
         store = self.store
         seconds = time.monotonic() - execution.started
         if execution.fenced:
-            return lambda: None  # already reported when the lease was lost
+            return _nothing_to_report  # already reported when the lease was lost
         if outcome.kind == "done":
             if store.complete(claim.task_id, claim.fence, outcome.result, outcome.result_kind):
                 store.log_event("done", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt)
-                self.summary.done += 1
-                self._completed += 1
 
                 def report_done() -> None:
+                    self.summary.done += 1
+                    self._completed += 1
                     self.log.info(f"done task={quote(claim.name)} attempt={claim.attempt} in {seconds:.2f}s")
                     if self.out is not None:
                         self._export(claim.name, outcome.result)
@@ -334,8 +334,11 @@ class Runner:
             if store.release(claim.task_id, claim.fence, outcome.error):
                 store.log_event("released", task_id=claim.task_id, worker_id=self.worker_id,
                                 attempt=claim.attempt, detail=outcome.error)
-                self.summary.released += 1
-                return lambda: self.log.info(f"released task={quote(claim.name)}: {outcome.error}")
+
+                def report_released() -> None:
+                    self.summary.released += 1
+                    self.log.info(f"released task={quote(claim.name)}: {outcome.error}")
+                return report_released
             return self._fenced(claim)
         delay = min(self.config.retry_delay * 2 ** (claim.attempt - 1), self.config.max_retry_delay)
         state = store.fail(claim.task_id, claim.fence, outcome.error, delay)
@@ -344,22 +347,29 @@ class Runner:
         if state == PENDING:
             store.log_event("retrying", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
                             detail=outcome.error)
-            self.summary.retried += 1
-            return lambda: self.log.warning(
-                f"attempt failed task={quote(claim.name)} attempt={claim.attempt}/{claim.max_attempts}:"
-                f" {outcome.error_line}; retry in {delay:g}s")
+
+            def report_retrying() -> None:
+                self.summary.retried += 1
+                self.log.warning(f"attempt failed task={quote(claim.name)} attempt={claim.attempt}/"
+                                 f"{claim.max_attempts}: {outcome.error_line}; retry in {delay:g}s")
+            return report_retrying
         store.log_event("failed", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
                         detail=outcome.error)
-        self.summary.failed += 1
-        return lambda: self.log.warning(
-            f"failed task={quote(claim.name)} after {claim.attempt} attempts: {outcome.error_line}")
+
+        def report_failed() -> None:
+            self.summary.failed += 1
+            self.log.warning(f"failed task={quote(claim.name)} after {claim.attempt} attempts: {outcome.error_line}")
+        return report_failed
 
     def _fenced(self, claim: Claim) -> Callable[[], None]:
         self.store.log_event("fenced", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
                              detail="outcome not committed: the task was taken over")
-        self.summary.fenced += 1
-        return lambda: self.log.warning(
-            f"fenced task={quote(claim.name)} attempt={claim.attempt}: it was taken over, outcome dropped")
+
+        def report_fenced() -> None:
+            self.summary.fenced += 1
+            self.log.warning(f"fenced task={quote(claim.name)} attempt={claim.attempt}: it was taken over,"
+                             " outcome dropped")
+        return report_fenced
 
     def _export(self, name: str, data: bytes) -> None:
         assert self.out is not None
@@ -557,6 +567,10 @@ class Runner:
                   and owner_alive(w.owner) is not False]
         if not work_left or not others:
             self.keep_awake.release()
+
+
+def _nothing_to_report() -> None:
+    pass
 
 
 def _resolve_later(future: Future[Any], fn: Callable[[Store], Any], store: Store) -> Callable[[], None]:

@@ -1,0 +1,113 @@
+"""Real disk faults under a running worker: a full disk (a small tmpfs) and failing fsyncs (strace)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import onward_argv, wait_for
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def can_mount() -> bool:
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    if not can_mount():
+        if os.environ.get("CI") == "true":
+            pytest.fail("the disk-fault tests need root to mount a tmpfs")
+        pytest.skip("needs root to mount a tmpfs")
+    mnt = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_stalls_the_job_and_it_finishes_once_there_is_room(small_disk: Path, tmp_path: Path) -> None:
+    db = small_disk / "s.db"
+    log = tmp_path / "executions.log"
+    tasks = tmp_path / "tasks.txt"
+    names = [f"t{i:03d}" for i in range(60)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    # Each result is 40 KB: 60 of them cannot fit on a 1 MB disk.
+    worker = subprocess.Popen(
+        onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--heartbeat", "0.5", "--", "sh", "-c",
+                    f'echo "$1" >> {log}; head -c 40000 /dev/zero | tr "\\0" x', "x", "{task}"),
+        env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        first_error = wait_for(lambda: _stderr_has(worker, b"disk is full"), 60, "the store to report a full disk")
+        assert first_error
+        assert worker.poll() is None, "a full disk must not kill the worker"
+        subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+        worker.wait(timeout=120)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0
+    c = sqlite3.connect(db)
+    assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    rows = dict(c.execute("SELECT name, state FROM tasks"))
+    assert rows == {n: "done" for n in names}
+    assert all(len(r) == 40000 for (r,) in c.execute("SELECT result FROM tasks"))
+    c.close()
+
+
+_seen: dict[int, bytes] = {}
+
+
+def _stderr_has(p: subprocess.Popen[bytes], needle: bytes) -> bool:
+    """Read what the worker wrote to stderr so far (without blocking) and look for ``needle``."""
+    assert p.stderr is not None
+    os.set_blocking(p.stderr.fileno(), False)
+    chunk = p.stderr.read() or b""
+    _seen[p.pid] = _seen.get(p.pid, b"") + chunk
+    return needle in _seen[p.pid]
+
+
+def test_failing_fsync_never_reports_a_completion_that_is_not_durable(tmp_path: Path) -> None:
+    """fdatasync fails with EIO (strace): the commit fails, the worker carries on, nothing is reported done
+    that the store does not hold, and the store stays intact."""
+    strace = shutil.which("strace")
+    if strace is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("strace is needed")
+        pytest.skip("needs strace")
+    db = tmp_path / "s.db"
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(f"t{i}\n" for i in range(30)))
+    run = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--", "sh", "-c", "echo ok")
+    # every 4th fdatasync from the 6th on fails with EIO
+    faulty = subprocess.run(
+        [strace, "-f", "-qq", "-o", "/dev/null", "-e", "trace=fdatasync", "-e",
+         "inject=fdatasync:error=EIO:when=6+4", *run],
+        env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    err = faulty.stderr.decode()
+    assert "Traceback" not in err or "StoreError" in err or "disk I/O" in err, err
+    assert "store error, will retry" in err, "the injected fsync failures did not reach the worker"
+    reported = {line.split('task="')[1].split('"')[0] for line in err.splitlines() if ' done task="' in line}
+    summary = next(line for line in err.splitlines() if "worker stopped" in line)
+    assert f"done={len(reported)} " in summary, summary  # the summary counts only committed completions
+    c = sqlite3.connect(db)
+    assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    durable = {n for (n,) in c.execute("SELECT name FROM tasks WHERE state = 'done'")}
+    c.close()
+    assert reported <= durable, f"reported done but not in the store: {reported - durable}"
+    # and a clean run finishes the job
+    clean = subprocess.run(run, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    assert clean.returncode == 0, clean.stderr.decode()
+    c = sqlite3.connect(db)
+    assert c.execute("SELECT count(*) FROM tasks WHERE state = 'done'").fetchone()[0] == 30
+    c.close()

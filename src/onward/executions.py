@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import os
 import queue
 import selectors
+import shutil
 import signal
 import tempfile
 import threading
@@ -550,6 +552,9 @@ class CommandExecution(Execution):
         kill_group(self._proc.pid)
         self._drain()
         status = self._proc.wait()
+        if self._heartbeat_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._heartbeat_file)
         self._report(self._outcome(status))
 
     def _drain(self) -> None:
@@ -602,29 +607,57 @@ class CommandHandler:
 
     def __init__(self, argv: list[str], db_url: str, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> None:
         self.argv = argv
-        self.db_url = db_url
         self.max_result_bytes = max_result_bytes
-        self._beat_dir = tempfile.mkdtemp(prefix="onward-beat-")  # mkdtemp makes it 0700
-        prepare_die_with_parent()
-
-    def start(self, claim: Claim, runner: Runner) -> Execution:
-        argv = [arg.replace("{task}", claim.name) for arg in self.argv]
-        beat_file = os.path.join(self._beat_dir, f"task-{claim.task_id}-{claim.fence}")
-        with open(beat_file, "wb"):
-            pass
-        env = dict(os.environ)
-        env.update(ONWARD_TASK=claim.name, ONWARD_ATTEMPT=str(claim.attempt), ONWARD_DB=self.db_url,
-                   ONWARD_HEARTBEAT_FILE=beat_file)
+        _remove_stale_beat_dirs()
+        # The heartbeat files live in a private folder of this worker (mkdtemp makes it 0700).
+        self._beat_dir = tempfile.mkdtemp(prefix=f"{BEAT_DIR_PREFIX}{os.getpid()}-")
+        env = dict(os.environ, ONWARD_DB=db_url)
         # Variables meant for the worker itself must not leak to the task: a task speaking sd_notify
         # would otherwise pose as the worker to systemd.
         for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID"):
             env.pop(name, None)
+        self._env = env
+        prepare_die_with_parent()
+
+    def start(self, claim: Claim, runner: Runner) -> Execution:
+        argv = [arg.replace("{task}", claim.name) for arg in self.argv]
+        # Not created here (a file per task would cost a create and a delete each): the command creates
+        # or touches it to show progress, and the runner removes it when the attempt ends.
+        beat_file = os.path.join(self._beat_dir, f"task-{claim.task_id}-{claim.fence}")
+        env = dict(self._env, ONWARD_TASK=claim.name, ONWARD_ATTEMPT=str(claim.attempt),
+                   ONWARD_HEARTBEAT_FILE=beat_file)
         return CommandExecution(claim, argv, env, beat_file, runner, self.max_result_bytes)
 
     def close(self) -> None:
-        for name in os.listdir(self._beat_dir):
-            os.unlink(os.path.join(self._beat_dir, name))
-        os.rmdir(self._beat_dir)
+        shutil.rmtree(self._beat_dir, ignore_errors=True)
+
+
+BEAT_DIR_PREFIX = "onward-beat-"
+
+
+def _remove_stale_beat_dirs() -> None:
+    """Heartbeat folders of workers that died without cleaning up (kill -9) are removed by the next one."""
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(BEAT_DIR_PREFIX):
+            continue
+        pid = name[len(BEAT_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) > 0 and not _pid_exists(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _spawn(argv: list[str], env: dict[str, str]):

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar, overload
 
@@ -82,11 +82,14 @@ class Job:
         return register(fn) if fn is not None else register
 
     def add(self, tasks: Iterable[str]) -> int:
-        """Add tasks (idempotent). Returns how many were new."""
-        names = [str(t).strip() for t in tasks]
-        for name in names:
-            check_task_name(name)
-        return self.store.add(names)
+        """Add tasks (idempotent). Returns how many were new. Streams: a million names need not be held in
+        memory; the add is one transaction, so a bad name anywhere adds nothing."""
+        def checked() -> Iterator[str]:
+            for task in tasks:
+                name = str(task).strip()
+                check_task_name(name)
+                yield name
+        return self.store.add(checked())
 
     def run(self, **overrides: Any) -> RunSummary:
         """Run until no task is pending or running (or a stop signal). Resumes where it left off."""

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from .errors import Fenced, OnwardError, StoreError
 from .executions import Execution, Handler, Outcome
 from .keepawake import KeepAwake
-from .log import Log, quote
+from .log import NORMAL, Log, quote
 from .notify import Notifier
 from .outdir import OutDir, file_name
 from .proc import current_owner, kill_group, owner_alive, process_alive
@@ -325,7 +325,8 @@ class Runner:
                 def report_done() -> None:
                     self.summary.done += 1
                     self._completed += 1
-                    self.log.info(f"done task={quote(claim.name)} attempt={claim.attempt} in {seconds:.2f}s")
+                    if self.log.level >= NORMAL:  # skip formatting a line nobody will see (hot path)
+                        self.log.info(f"done task={quote(claim.name)} attempt={claim.attempt} in {seconds:.2f}s")
                     if self.out is not None:
                         self._export(claim.name, outcome.result)
                 return report_done

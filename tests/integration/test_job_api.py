@@ -208,3 +208,12 @@ def test_a_task_ignoring_cancellation_makes_the_worker_exit_for_a_restart(tmp_pa
     row = job.store.task("stuck")
     assert row is not None and row.attempts == 1
     job.close()
+
+
+def test_a_bad_name_anywhere_adds_nothing(store_url: str) -> None:
+    job = Job(store_url, log_level=QUIET)
+    names = (f"t{i}" if i != 5000 else "" for i in range(10_000))
+    with pytest.raises(UsageError, match="cannot be empty"):
+        job.add(names)
+    assert job.store.counts()["pending"] == 0
+    job.close()

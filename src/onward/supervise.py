@@ -58,8 +58,6 @@ so ``onward status`` counts them like systemd's ``NRestarts``; without a store t
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import select
 import shlex
@@ -67,15 +65,14 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
 
 from onward.errors import UsageError
 from onward.log import Log
+from onward.proc import die_with_parent_preexec, prepare_die_with_parent
 from onward.store import DEFAULT_DB, open_store
 
 DEFAULT_RESTART_DELAY = 0.2
@@ -86,7 +83,6 @@ FAST_CRASH = 2.0  # a run shorter than this (seconds) counts as crashing fast, f
 MAX_BACKOFF = 30.0  # the restart delay never grows beyond this (seconds)
 NOT_RESTARTED = {0: "finished", 3: "finished, some tasks failed", 2: "usage or configuration error"}
 
-_PR_SET_PDEATHSIG = 1
 _NOTIFY_MAX = 4096  # systemd reads at most this much of one datagram (NOTIFY_BUFFER_MAX)
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
@@ -163,19 +159,6 @@ def store_url_for(command: Sequence[str], environ: Mapping[str, str]) -> str | N
     if environ.get("ONWARD_DB"):
         return environ["ONWARD_DB"]
     return DEFAULT_DB if os.path.isfile(DEFAULT_DB) else None
-
-
-def _load_prctl() -> Any:
-    """libc's prctl, loaded once in the parent (never between fork and exec), or None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_prctl = _load_prctl()
 
 
 class Supervisor:
@@ -276,14 +259,11 @@ class Supervisor:
             env["WATCHDOG_USEC"] = str(round(self.watchdog * 1_000_000))
         else:
             env.pop("WATCHDOG_USEC", None)
-        parent = os.getpid()
+        prepare_die_with_parent()  # load libc's prctl now: nothing may be loaded between fork and exec
 
         def in_child() -> None:  # runs between fork and exec: a few system calls, nothing more
             os.setpgid(0, 0)
-            if _prctl is not None:
-                _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-                if os.getppid() != parent:  # the supervisor died before prctl took effect
-                    os.kill(os.getpid(), signal.SIGKILL)
+            die_with_parent_preexec()
 
         try:
             child = subprocess.Popen(self.command, env=env, preexec_fn=in_child)

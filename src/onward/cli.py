@@ -234,6 +234,15 @@ def _quiet_broken_pipe() -> None:
         pass
 
 
+def _hide_passwords_from_ps(argv: list[str]) -> None:
+    """A store URL with a password on the command line (``--db postgresql://u:secret@…``, also in the
+    command given to ``onward supervise``) is visible to every user through ``ps``: blank it out at once."""
+    from .secrets import hide_secrets_in_argv, url_secrets
+
+    secrets = [secret for arg in argv if "://" in arg for secret in url_secrets(arg)]
+    hide_secrets_in_argv(secrets)
+
+
 def _register_optional_commands() -> None:
     """Commands that live in their own modules, so each part of onward keeps its own face."""
     import importlib
@@ -257,6 +266,7 @@ _register_optional_commands()
 
 def entry(argv: list[str] | None = None) -> int:
     """Run the CLI, mapping every error type to its exit status in one place."""
+    _hide_passwords_from_ps(sys.argv if argv is None else argv)
     try:
         main.main(args=argv, prog_name="onward", standalone_mode=False)
     except click.exceptions.Exit as e:

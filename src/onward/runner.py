@@ -33,6 +33,7 @@ from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Lease, Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 T = TypeVar("T")
+UNSETTLED_RETRY = 0.2  # seconds between attempts to commit outcomes after the store failed
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Runner:
             # New work announced by the store (NOTIFY) ends an idle wait at once.
             self.selector.register(store_fd, selectors.EVENT_READ, store.drain_wakeups)
         self._lease_valid_until = float("inf")  # monotonic time our leases are known to hold until
+        self._renewal_failing = False
         self._stop_requested: str | None = None
         self._stop_deadline: float | None = None
         self._completed = 0
@@ -241,13 +243,27 @@ class Runner:
                 # Free slots: look again soon for new work, or for a retry whose backoff ran out (a store
                 # that can announce new work wakes the wait at once).
                 timeout = min(timeout, idle_wait)
+            if self._unsettled:
+                timeout = min(timeout, UNSETTLED_RETRY)  # outcomes wait in memory for the store to come back
             self._wait(max(0.0, timeout))
 
     def _tick_period(self) -> float:
         period = self.config.heartbeat
         if self.config.stall_timeout:
             period = min(period, self.config.stall_timeout / 4)
-        return max(period, 0.05)
+        if self._renewal_failing and any(not e.fenced for e in self.running.values()):
+            # Cannot renew: look again in time to stop our tasks before the leases run out, not a whole
+            # heartbeat later.
+            fence_at = self._lease_valid_until - self._fence_margin() - time.monotonic()
+            if fence_at > 0:
+                period = min(period, fence_at)
+        return max(period, 0.02)
+
+    def _fence_margin(self) -> float:
+        """How long before our leases run out we stop their tasks when we cannot renew them: longer than
+        one store call may keep this loop waiting (the PostgreSQL store bounds that at a quarter of the
+        lease), so that the stop is in time even if the loop was inside a call at that moment."""
+        return self.config.lease_seconds / 3
 
     def _wait(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout):
@@ -298,7 +314,6 @@ class Runner:
             self._unsettled = finished
             for _, future in calls:
                 future.set_exception(e)
-            time.sleep(0.2)
             return []
         if claims:
             # A claim's lease runs from (at the latest) the moment we asked for it.
@@ -476,8 +491,10 @@ class Runner:
             lost = self.store.renew(self.worker_id, leases, self.config.lease_seconds, self._completed)
             # Measured from before the renewal was sent: the store may have stamped it any time after.
             self._lease_valid_until = started + self.config.lease_seconds
+            self._renewal_failing = False
         except StoreError as e:
             self.log.warning(f"could not renew leases: {e}")
+            self._renewal_failing = True
             lost = []
             self._fence_self_if_lease_ran_out()
         for task_id in lost:
@@ -502,9 +519,7 @@ class Runner:
     def _fence_self_if_lease_ran_out(self) -> None:
         """Cut off from the store past our lease: others may take our tasks over, so stop them now and
         commit nothing about them (they run again elsewhere; two executions must not overlap)."""
-        # Stop a little early: the others' clock (the store's) and ours may tick at slightly different rates.
-        margin = min(1.0, self.config.lease_seconds * 0.1)
-        if time.monotonic() < self._lease_valid_until - margin:
+        if time.monotonic() < self._lease_valid_until - self._fence_margin():
             return
         for execution in self.running.values():
             if not execution.fenced:
@@ -520,8 +535,8 @@ class Runner:
                 if w.worker_id != self.worker_id and owner_alive(w.owner) is False:
                     self.store.worker_stopped(w.worker_id, f"died: worker {w.worker_id} pid {w.owner.pid} is gone")
         for task in self.store.running():
-            if task.worker_id == self.worker_id:
-                continue
+            if task.worker_id == self.worker_id and task.task_id in self.running:
+                continue  # ours, and running (a claim whose commit we never heard back about is not)
             alive = owner_alive(task.owner) if task.owner is not None else False
             if alive is False:
                 reason = "owner died"
@@ -543,7 +558,11 @@ class Runner:
             self.log.warning(f"reclaimed task={quote(task.name)} attempt={task.attempt}: {reason}; now {state}")
 
     def _nothing_left(self) -> bool:
-        counts = self.store.counts()
+        try:
+            counts = self.store.counts()
+        except StoreError as e:
+            self.log.warning(f"store unavailable: {e}")
+            return False
         if counts.get(PENDING, 0) == 0 and counts.get(RUNNING, 0) == 0:
             return True
         if counts.get(PENDING, 0) == 0 and not self.config.wait_for_others:

@@ -73,6 +73,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from onward.errors import UsageError
 from onward.log import Log
 from onward.proc import die_with_parent_preexec, prepare_die_with_parent
+from onward.secrets import redact_url, scrub, url_secrets
 from onward.store import DEFAULT_DB, open_store
 
 DEFAULT_RESTART_DELAY = 0.2
@@ -272,7 +273,7 @@ class Supervisor:
                 raise UsageError(f"supervise: cannot start {self.command[0]}: {exc.strerror}") from exc
             log(f"cannot start the worker again: {exc}")
             return None
-        log(f"worker {child.pid} started: {shlex.join(self.command)}")
+        log(f"worker {child.pid} started: {redact_url(shlex.join(self.command))}")
         return child
 
     # --- watching one child --------------------------------------------------------------------------
@@ -412,7 +413,7 @@ class Supervisor:
             finally:
                 store.close()
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            log(f"could not record the restart in {self.store_url}: {exc}")
+            log(f"could not record the restart in {redact_url(self.store_url)}: {scrub(str(exc), url_secrets(self.store_url))}")
 
 
 def _pidfd(pid: int) -> int | None:

@@ -47,7 +47,8 @@ CREATE TABLE onward.tasks (
     ready_at     float8  NOT NULL DEFAULT 0,      -- a pending task is not claimed before this (retry backoff)
     worker_id    bigint,                          -- the owner while running
     lease_until  float8,
-    heartbeat_at float8,
+    heartbeat_at float8,                          -- the owner's last lease renewal
+    progress_at  float8,                          -- the task's last sign of progress (beat, output)
     note         text,                            -- the last progress note (ctx.beat)
     child_pid    integer,                         -- the command's process group, while running
     child_start  bigint,
@@ -65,23 +66,16 @@ CREATE INDEX tasks_running ON onward.tasks (worker_id) WHERE state = 'running';
 -- Task counts per state, without scanning the tasks and without a hot row. A single counter row per state
 -- (as in SQLite) would be updated by every claim and completion of every worker: they would queue on its
 -- row lock, one commit at a time, and a worker cut off in the middle of a transaction would stall them
--- all. Instead every change of state APPENDS its deltas here (inserts never wait for each other), and
--- the current count is the sum. `counts_compact` folds the rows into one per state from time to time.
+-- all. Instead every statement that changes states APPENDS its deltas here (inserts never wait for each
+-- other), and the current count is the sum; `counts_compact` folds the rows into one per state from time
+-- to time. The deltas are written by the statements themselves (a "counted" step in each: claim,
+-- complete, fail, release, reclaim, retry_*, add), not by a trigger: a trigger call per changed row cost
+-- a fifth of the throughput.
 CREATE TABLE onward.counts (
     state text   NOT NULL,
     n     bigint NOT NULL
 ) WITH (autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_scale_factor = 0);
 INSERT INTO onward.counts (state, n) VALUES ('pending', 0), ('running', 0), ('done', 0), ('failed', 0);
-
-CREATE FUNCTION onward.count_state_change() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO onward.counts (state, n) VALUES (OLD.state, -1), (NEW.state, 1);
-    RETURN NULL;
-END
-$$;
-CREATE TRIGGER tasks_state_counted AFTER UPDATE OF state ON onward.tasks
-    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state)
-    EXECUTE FUNCTION onward.count_state_change();
 
 -- The journal. `at` is the server's clock at insert time (see events_bound for why that matters).
 CREATE TABLE onward.events (
@@ -128,7 +122,8 @@ CREATE TABLE onward.steps (
 -- default; crash-safe writes turn it off for their own transaction only (SET LOCAL). The timeouts make a
 -- stuck server or a lock held by a cut-off worker an error within seconds, never a hang; the keepalive
 -- settings make the SERVER notice a worker that vanished from the network and end its session (and
--- release its locks) within seconds too.
+-- release its locks) within seconds too. Once a worker names its lease, set_stall_limits tightens the lock
+-- and idle-transaction timeouts to a fraction of it.
 SET synchronous_commit = on;
 SET statement_timeout = '60s';
 SET lock_timeout = '5s';
@@ -137,6 +132,17 @@ SET tcp_keepalives_idle = 2;
 SET tcp_keepalives_interval = 1;
 SET tcp_keepalives_count = 3;
 SET tcp_user_timeout = 5000;
+
+-- name: now
+SELECT onward.clock();
+
+-- name: crash_safe
+-- A write that must survive the worker, not the server: the commit does not wait for its WAL flush.
+SET LOCAL synchronous_commit = off;
+
+-- name: snapshot
+-- First statement of a read-only transaction whose numbers must agree with each other (status).
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
 -- name: lock_schema
 -- Serialises creation and upgrades between workers that start at the same moment; released at commit.
@@ -166,28 +172,41 @@ LISTEN onward_work;
 -- name: add_tasks
 -- One statement per chunk of names. ORDER BY keeps ids in the order of the file; a name already present
 -- (or twice in the chunk) is left alone.
-INSERT INTO onward.tasks (key, name, added_at)
-SELECT k, n, onward.epoch()
-  FROM unnest(%(keys)s::bytea[], %(names)s::text[]) WITH ORDINALITY AS u (k, n, i)
- ORDER BY i
-ON CONFLICT (key) DO NOTHING;
-
--- name: count_added
-INSERT INTO onward.counts (state, n) VALUES ('pending', %(n)s);
+WITH changed AS (
+    INSERT INTO onward.tasks (key, name, added_at)
+    SELECT k, n, onward.epoch()
+      FROM unnest(%(keys)s::bytea[], %(names)s::text[]) WITH ORDINALITY AS u (k, n, i)
+     ORDER BY i
+    ON CONFLICT (key) DO NOTHING
+    RETURNING state
+), counted AS (
+    INSERT INTO onward.counts (state, n)
+    SELECT state, count(*) FROM changed GROUP BY state
+)
+SELECT count(*) FROM changed;
 
 -- name: claim
 -- SKIP LOCKED: workers claiming at the same moment each lock different rows instead of queueing on the
 -- same ones; the locked row's state is re-checked under the lock, so no two workers ever hold one task.
-UPDATE onward.tasks AS t
-   SET state = 'running', attempts = t.attempts + 1, fence = t.fence + 1, max_attempts = %(max_attempts)s,
-       worker_id = %(worker_id)s, lease_until = onward.epoch() + %(lease)s, heartbeat_at = onward.epoch(),
-       note = NULL, started_at = onward.epoch(), child_pid = NULL, child_start = NULL
- WHERE t.id IN (SELECT id FROM onward.tasks
-                 WHERE state = 'pending' AND ready_at <= onward.epoch()
-                 ORDER BY ready_at, id
-                 LIMIT %(limit)s
-                   FOR UPDATE SKIP LOCKED)
-RETURNING t.id, t.name, t.attempts, t.fence, t.max_attempts;
+WITH changed AS (
+    UPDATE onward.tasks AS t
+       SET state = 'running', attempts = t.attempts + 1, fence = t.fence + 1, max_attempts = %(max_attempts)s,
+           worker_id = %(worker_id)s, lease_until = onward.epoch() + %(lease)s, heartbeat_at = onward.epoch(),
+           progress_at = onward.epoch(), note = NULL, started_at = onward.epoch(), child_pid = NULL,
+           child_start = NULL
+     WHERE t.id IN (SELECT id FROM onward.tasks
+                     WHERE state = 'pending' AND ready_at <= onward.epoch()
+                     ORDER BY ready_at, id
+                     LIMIT %(limit)s
+                       FOR UPDATE SKIP LOCKED)
+    RETURNING t.id, t.name, t.attempts, t.fence, t.max_attempts, t.state
+), counted AS (
+    INSERT INTO onward.counts (state, n)
+    SELECT state, count(*) FROM changed GROUP BY state
+    UNION ALL
+    SELECT 'pending', -count(*) FROM changed HAVING count(*) > 0
+)
+SELECT id, name, attempts, fence, max_attempts FROM changed;
 
 -- name: renew
 -- Every lease of the worker and its own heartbeat in one statement (a data-modifying WITH always runs).
@@ -196,7 +215,8 @@ WITH beat AS (
 )
 UPDATE onward.tasks AS t
    SET lease_until = onward.epoch() + %(lease)s,
-       heartbeat_at = coalesce(onward.epoch() - l.progress_age, t.heartbeat_at),
+       heartbeat_at = onward.epoch(),
+       progress_at = coalesce(onward.epoch() - l.progress_age, t.progress_at),
        note = coalesce(l.note, t.note)
   FROM unnest(%(ids)s::bigint[], %(fences)s::bigint[], %(ages)s::float8[], %(notes)s::text[])
        AS l (id, fence, progress_age, note)
@@ -209,59 +229,122 @@ SELECT set_config('synchronous_commit', 'off', true),
        set_config('lock_timeout', %(timeout)s, true),
        set_config('statement_timeout', %(timeout)s, true);
 
+-- name: set_stall_limits
+-- A lock waited for longer than the bound fails the statement. A transaction of ours left idle for twice
+-- as long (its worker paused, or cut off between two statements) is ended by the server: it may hold row
+-- locks other workers need (even on their own tasks: a claim's SKIP LOCKED scan locks in passing the rows
+-- claimed by others a moment before), and they must not wait for it past their leases.
+SELECT set_config('lock_timeout', %(timeout)s, false),
+       set_config('idle_in_transaction_session_timeout', %(idle)s, false);
+
+-- name: add_limits
+SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true);
+
 -- name: note_child
 UPDATE onward.tasks SET child_pid = %(pid)s, child_start = %(start)s
  WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running';
 
 -- name: complete
-UPDATE onward.tasks
-   SET state = 'done', finished_at = onward.epoch(), result = %(result)s, result_kind = %(kind)s, error = NULL,
-       worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
- WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running';
+WITH changed AS (
+    UPDATE onward.tasks
+       SET state = 'done', finished_at = onward.epoch(), result = %(result)s, result_kind = %(kind)s,
+           error = NULL, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
+     WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
+    RETURNING id, state
+), counted AS (
+    INSERT INTO onward.counts (state, n)
+    SELECT state, count(*) FROM changed GROUP BY state
+    UNION ALL
+    SELECT 'running', -count(*) FROM changed HAVING count(*) > 0
+)
+SELECT id FROM changed;
 
 -- name: fail
-UPDATE onward.tasks
-   SET state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
-       ready_at = CASE WHEN attempts >= max_attempts THEN ready_at ELSE onward.epoch() + %(delay)s END,
-       finished_at = CASE WHEN attempts >= max_attempts THEN onward.epoch() ELSE NULL END,
-       error = %(error)s, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
- WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
-RETURNING state;
+WITH changed AS (
+    UPDATE onward.tasks
+       SET state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
+           ready_at = CASE WHEN attempts >= max_attempts THEN ready_at ELSE onward.epoch() + %(delay)s END,
+           finished_at = CASE WHEN attempts >= max_attempts THEN onward.epoch() ELSE NULL END,
+           error = %(error)s, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
+     WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
+    RETURNING state
+), counted AS (
+    INSERT INTO onward.counts (state, n)
+    SELECT state, count(*) FROM changed GROUP BY state
+    UNION ALL
+    SELECT 'running', -count(*) FROM changed HAVING count(*) > 0
+)
+SELECT state FROM changed;
 
 -- name: release
-UPDATE onward.tasks
-   SET state = 'pending', attempts = attempts - 1, worker_id = NULL, lease_until = NULL,
-       child_pid = NULL, child_start = NULL
- WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
-RETURNING attempts;
+WITH changed AS (
+    UPDATE onward.tasks
+       SET state = 'pending', attempts = attempts - 1, worker_id = NULL, lease_until = NULL,
+           child_pid = NULL, child_start = NULL
+     WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
+    RETURNING state
+), counted AS (
+    INSERT INTO onward.counts (state, n)
+    SELECT state, count(*) FROM changed GROUP BY state
+    UNION ALL
+    SELECT 'running', -count(*) FROM changed HAVING count(*) > 0
+)
+SELECT state FROM changed;
 
 -- name: reclaim
 -- SKIP LOCKED: a row locked by another transaction (its owner committing right now, or a worker cut
 -- off in the middle of one) is left for the next round instead of stalling this worker's loop.
-UPDATE onward.tasks
-   SET state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
-       finished_at = CASE WHEN attempts >= max_attempts THEN onward.epoch() ELSE NULL END,
-       error = CASE WHEN attempts >= max_attempts THEN %(reason)s ELSE error END,
-       fence = fence + 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
- WHERE id = (SELECT id FROM onward.tasks
-              WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
-                FOR UPDATE SKIP LOCKED)
-RETURNING state;
+WITH changed AS (
+    UPDATE onward.tasks
+       SET state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
+           finished_at = CASE WHEN attempts >= max_attempts THEN onward.epoch() ELSE NULL END,
+           error = CASE WHEN attempts >= max_attempts THEN %(reason)s ELSE error END,
+           fence = fence + 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
+     WHERE id = (SELECT id FROM onward.tasks
+                  WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
+                    FOR UPDATE SKIP LOCKED)
+    RETURNING state
+), counted AS (
+    INSERT INTO onward.counts (state, n)
+    SELECT state, count(*) FROM changed GROUP BY state
+    UNION ALL
+    SELECT 'running', -count(*) FROM changed HAVING count(*) > 0
+)
+SELECT state FROM changed;
 
 -- name: running
 SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid, w.pid_start,
-       t.child_pid, t.child_start, t.lease_until < onward.epoch(), onward.epoch() - t.heartbeat_at, t.note
+       t.child_pid, t.child_start, t.lease_until < onward.epoch(), onward.epoch() - t.heartbeat_at,
+       onward.epoch() - t.progress_at, t.note
   FROM onward.tasks AS t LEFT JOIN onward.workers AS w ON w.id = t.worker_id
  WHERE t.state = 'running'
  ORDER BY t.id;
 
 -- name: retry_failed
-UPDATE onward.tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL
- WHERE state = 'failed';
+WITH changed AS (
+    UPDATE onward.tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL
+     WHERE state = 'failed'
+    RETURNING state
+), counted AS (
+    INSERT INTO onward.counts (state, n)
+    SELECT state, count(*) FROM changed GROUP BY state
+    UNION ALL
+    SELECT 'failed', -count(*) FROM changed HAVING count(*) > 0
+)
+SELECT count(*) FROM changed;
 
 -- name: retry_named
-UPDATE onward.tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL
- WHERE key = ANY(%(keys)s::bytea[]) AND state = 'failed';
+WITH changed AS (
+    UPDATE onward.tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL
+     WHERE key = ANY(%(keys)s::bytea[]) AND state = 'failed'
+    RETURNING state
+), counted AS (
+    INSERT INTO onward.counts (state, n)
+    SELECT state, count(*) FROM changed GROUP BY state
+    UNION ALL
+    SELECT 'failed', -count(*) FROM changed HAVING count(*) > 0
+)
+SELECT count(*) FROM changed;
 
 -- name: task
 SELECT name, state, attempts, added_at, started_at, finished_at, error, result_kind
@@ -308,8 +391,13 @@ SELECT w.id, w.host, w.host_key, w.pid, w.pid_start, w.started_at, onward.epoch(
 -- name: count_restarts
 SELECT count(*) FROM onward.events WHERE kind = 'restart';
 
--- name: count_done_last_minute
-SELECT count(*) FROM onward.events WHERE at >= onward.epoch() - 60 AND kind = 'done';
+-- name: done_last_minute
+-- Tasks done in the last minute, and the window they were done in: a job younger than a minute is
+-- measured over its own age (from its first event in that minute), not diluted over 60 s.
+SELECT count(*) FILTER (WHERE kind = 'done'),
+       coalesce(least(60, greatest(1, onward.epoch() - min(at))), 60)
+  FROM onward.events
+ WHERE at >= onward.epoch() - 60;
 
 -- name: recent_errors
 SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
@@ -328,13 +416,12 @@ UPDATE onward.workers SET stopped_at = onward.epoch(), stop_reason = %(reason)s
  WHERE id = %(worker_id)s AND stopped_at IS NULL;
 
 -- name: log_events
--- Appends events in the order given (a batch buffers its events and writes them with one statement).
+-- Appends events of one process in the order given; the braces stand for one row of five placeholders
+-- (kind, worker_id, task_id, attempt, detail) per event. A batch buffers its events and writes them all
+-- with this one statement just before its commit.
 INSERT INTO onward.events (kind, pid, host, worker_id, task_id, attempt, detail)
-SELECT kind, pid, host, worker_id, task_id, attempt, detail
-  FROM unnest(%(kinds)s::text[], %(pids)s::integer[], %(hosts)s::text[], %(worker_ids)s::bigint[],
-              %(task_ids)s::bigint[], %(attempts)s::integer[], %(details)s::text[])
-       WITH ORDINALITY AS e (kind, pid, host, worker_id, task_id, attempt, detail, i)
- ORDER BY i;
+SELECT e.kind, %s, %s, e.worker_id::bigint, e.task_id::bigint, e.attempt::integer, e.detail
+  FROM (VALUES {rows}) AS e (kind, worker_id, task_id, attempt, detail);
 
 -- name: events_bound
 -- Event ids come from a sequence, so a transaction still open may hold an id lower than events already
@@ -400,7 +487,8 @@ SELECT %(task_id)s, %(idx)s, %(name)s, %(kind)s, %(data)s, %(at)s
  WHERE EXISTS (SELECT 1 FROM onward.tasks WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
                   FOR SHARE)
 ON CONFLICT (task_id, idx) DO UPDATE
-   SET name = excluded.name, kind = excluded.kind, data = excluded.data, at = excluded.at;
+   SET name = excluded.name, kind = excluded.kind, data = excluded.data, at = excluded.at
+RETURNING idx;
 
 -- name: drop_steps
 -- The fence is checked under a row lock, as in record_step.

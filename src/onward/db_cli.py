@@ -1,0 +1,45 @@
+"""``onward db``: looking after the store's schema (``onward db upgrade``)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from .store import is_postgres_url, open_store, store_url
+
+
+@click.group(name="db")
+def db_group() -> None:
+    """Look after the store's schema."""
+
+
+@db_group.command()
+@click.option("--db", "db", metavar="URL", default=None,
+              help="Store: a file path, sqlite:///path or postgresql://… (env ONWARD_DB; default .onward/onward.db).")
+def upgrade(db: str | None) -> None:
+    """Create the store, or bring its schema up to this onward's version. Safe to run while workers of the
+    same version run, and from several places at once (one of them does the work, the others wait)."""
+    url = store_url(db)
+    if is_postgres_url(url):
+        from .secrets import redact_url
+        from .store.postgres import upgrade as upgrade_postgres
+
+        before, after = upgrade_postgres(url)
+        shown = redact_url(url)
+    else:
+        from .store.sqlite import SCHEMA_VERSION, path_from_url
+
+        # The SQLite store has had one schema version so far: opening it creates or checks it.
+        path = path_from_url(url)
+        existed = os.path.exists(path) and os.path.getsize(path) > 0
+        store = open_store(url)
+        shown = store.url
+        store.close()
+        before, after = (SCHEMA_VERSION if existed else 0), SCHEMA_VERSION
+    if before == after:
+        click.echo(f"store {shown} is up to date (schema version {after})", err=True)
+    elif not before:
+        click.echo(f"store {shown} created (schema version {after})", err=True)
+    else:
+        click.echo(f"store {shown} upgraded from schema version {before} to {after}", err=True)

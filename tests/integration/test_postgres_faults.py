@@ -1,0 +1,526 @@
+"""The PostgreSQL store under faults: a server restart mid-job, a worker cut off from the database past its
+lease, a late completion, lost connections, a database that is not what it should be, and passwords.
+
+Real servers (a throwaway cluster of the test's own where the server itself is restarted), real `onward run`
+processes; every wait is a condition with a deadline. Each task appends to a side-effect log, which is
+how executions are counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onward.errors import NotAStore, SchemaTooOld, StoreError
+from onward.proc import current_owner
+from onward.store import open_store
+from onward.store.base import DONE, FAILED, PENDING, RUNNING, Lease, StepRecord
+from tests import pgutil
+from tests.conftest import onward_argv, run_onward, wait_for
+
+pytestmark = pytest.mark.postgres
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with pgutil.fresh_database() as url:
+        yield url
+
+
+def admin(url: str):
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def spawn(*args: str, log: Path, **env: str) -> subprocess.Popen[bytes]:
+    """An `onward` process writing its stderr to ``log``."""
+    full = dict(os.environ, PYTHONPATH=SRC, **env)
+    with open(log, "wb") as err:
+        return subprocess.Popen(onward_argv(*args), env=full, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def wait_exit(p: subprocess.Popen[bytes], timeout: float, log: Path) -> int:
+    try:
+        return p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise AssertionError(f"worker {p.pid} still running after {timeout}s; its log:\n{log.read_text()[-3000:]}") from None
+
+
+def side_effects(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def done_events_by_task(url: str) -> Counter[str]:
+    store = open_store(url, create=False)
+    try:
+        return Counter(e.task for e in store.events(limit=100_000) if e.kind == "done" and e.task)
+    finally:
+        store.close()
+
+
+# --- a server restart in the middle of a job ----------------------------------------------------------
+def test_a_run_survives_a_server_restart(tmp_path: Path, seed: int) -> None:
+    """Two workers, 400 tasks; `pg_ctlcluster … restart` while tasks are running and being committed. The
+    workers reconnect; every task is done, executed exactly once (the restart is far shorter than the
+    lease), committed exactly once."""
+    rng = random.Random(seed)
+    names = [f"t{i:03d}" for i in range(400)]
+    side = tmp_path / "side.log"
+    restart_after = rng.randint(60, 160)
+    with pgutil.private_cluster() as cluster:
+        url = cluster.url(cluster.create_database("onward"))
+        store = open_store(url)
+        store.add(names)
+        store.close()
+        command = ["sh", "-c", f'echo "$ONWARD_TASK $ONWARD_ATTEMPT" >> {side}; sleep 0.1; printf %s "$ONWARD_TASK"']
+        logs = [tmp_path / f"worker{i}.log" for i in range(2)]
+        workers = [spawn("run", "--db", url, "--concurrency", "4", "--", *command, log=log) for log in logs]
+        try:
+            wait_for(lambda: len(side_effects(side)) >= restart_after, 60, f"{restart_after} executions")
+            before = cluster.started_at()
+            cluster.restart()
+            restarted_at = time.time()
+            assert cluster.started_at() > before
+            codes = [wait_exit(w, 120, log) for w, log in zip(workers, logs, strict=True)]
+        finally:
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+                    w.wait()
+        assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
+        warnings = "".join(log.read_text() for log in logs)
+        # Both workers did lose their connections (and said so), and carried on.
+        assert all(any(word in log.read_text() for word in ("terminating connection", "not connected", "closed"))
+                   for log in logs), warnings
+
+        executions = Counter(name for name, _ in side_effects(side))
+        assert set(executions) == set(names)
+        assert [n for n, k in executions.items() if k != 1] == [], "a task ran twice across the restart"
+        assert done_events_by_task(url) == Counter(names)
+        store = open_store(url, create=False)
+        # The restart landed mid-job: tasks were completed after the server came back.
+        assert any(e.kind == "done" and e.at > restarted_at for e in store.events(limit=100_000))
+        assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 400, FAILED: 0}
+        assert all(store.result(n).data == n.encode() for n in rng.sample(names, 40))
+        store.close()
+
+
+# --- a worker that cannot renew its lease --------------------------------------------------------------
+def test_a_worker_that_cannot_renew_its_lease_stops_its_tasks_and_commits_nothing(pg_url: str,
+                                                                               tmp_path: Path) -> None:
+    """Worker A loses the database (its sessions are ended and its role may no longer connect) while it
+    runs two tasks. Before its lease runs out it kills them and commits nothing; once it can connect
+    again, worker B takes the tasks over, and A moves on and finishes."""
+    role = f"onward_cut_{uuid.uuid4().hex[:8]}"
+    dbname = pg_url.rsplit("/", 1)[1]
+    side = tmp_path / "side.log"
+    sql = admin(pg_url)
+    store = open_store(pg_url)
+    store.add(["slow-a", "slow-b"])
+    # Attempt 1 would take 30 s (it must be stopped long before); the takeover's attempt is quick.
+    command = ["sh", "-c", f'echo "start $ONWARD_TASK $ONWARD_ATTEMPT $$" >> {side};'
+               ' if [ "$ONWARD_ATTEMPT" = 1 ]; then sleep 30; fi;'
+               f' echo "end $ONWARD_TASK $ONWARD_ATTEMPT $$" >> {side}; printf "attempt %s" "$ONWARD_ATTEMPT"']
+    a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
+    a = b = None
+    try:
+        sql.execute(f'CREATE ROLE "{role}" LOGIN')
+        sql.execute(f'GRANT USAGE ON SCHEMA onward TO "{role}"')
+        sql.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA onward TO "{role}"')
+        sql.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA onward TO "{role}"')
+        a_url = pg_url.replace(f"{pgutil.PG_USER}@", f"{role}@", 1)
+        a = spawn("run", "--db", a_url, "--concurrency", "2", "--heartbeat", "0.5", "--", *command, log=a_log)
+        wait_for(lambda: len(side_effects(side)) == 2, 30, "worker A to start both tasks")
+        children = [int(line[3]) for line in side_effects(side)]
+
+        # Cut A off: no new session for its role, its sessions ended. Once they are gone, the leases in
+        # the store are the last A will ever have written.
+        sql.execute(f'REVOKE CONNECT ON DATABASE "{dbname}" FROM PUBLIC')
+        sql.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        wait_for(lambda: sql.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s",
+                                     (role,)).fetchone()[0] == 0, 10, "A's sessions to end")
+        lease_until = min(r[0] for r in sql.execute("SELECT lease_until FROM onward.tasks"))
+
+        # A stops both tasks before its lease runs out (the store's clock: this machine's, here).
+        def stopped_at() -> float | None:
+            alive = [pid for pid in children if Path(f"/proc/{pid}").exists()
+                     and b"Z" != Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]]
+            return None if alive else time.time()
+        killed_at = float(wait_for(stopped_at, 10, "A to stop its tasks", interval=0.01))  # type: ignore[arg-type]
+        assert killed_at < lease_until, f"tasks still ran {killed_at - lease_until:.3f}s after the lease expired"
+        wait_for(lambda: "lease ran out" in a_log.read_text(), 10, "A to say why it stopped them")
+        assert not [line for line in side_effects(side) if line[0] == "end"]
+        # ... and committed nothing about them: they are still running, attempt 1, as far as the store knows.
+        rows = sql.execute("SELECT state, attempts FROM onward.tasks ORDER BY name").fetchall()
+        assert rows == [(RUNNING, 1), (RUNNING, 1)]
+
+        # A can connect again; B (another worker) takes the expired tasks over.
+        sql.execute(f'GRANT CONNECT ON DATABASE "{dbname}" TO PUBLIC')
+        b = spawn("run", "--db", pg_url, "--heartbeat", "0.5", "--", *command, log=b_log)
+        assert wait_exit(b, 60, b_log) == 0, b_log.read_text()
+        assert wait_exit(a, 60, a_log) == 0, a_log.read_text()
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        sql.execute(f'GRANT CONNECT ON DATABASE "{dbname}" TO PUBLIC')
+        sql.execute(f'DROP OWNED BY "{role}"')
+        sql.execute(f'DROP ROLE IF EXISTS "{role}"')
+        sql.close()
+        store.close()
+
+    store = open_store(pg_url, create=False)
+    try:
+        assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 2, FAILED: 0}
+        for name in ("slow-a", "slow-b"):
+            assert store.result(name).data == b"attempt 2"
+        # Committed once each, by the takeover's attempt (B's, or A's own once it could connect again).
+        done = [e for e in store.events() if e.kind == "done"]
+        assert sorted((e.task, e.attempt) for e in done) == [("slow-a", 2), ("slow-b", 2)]
+        reclaims = [e for e in store.events() if e.kind == "reclaimed"]
+        assert len(reclaims) == 2 and all("lease expired" in (e.detail or "") for e in reclaims)
+    finally:
+        store.close()
+    ends = [line for line in side_effects(side) if line[0] == "end"]
+    assert sorted((line[1], line[2]) for line in ends) == [("slow-a", "2"), ("slow-b", "2")]
+
+
+# --- a late completion ---------------------------------------------------------------------------------
+def test_a_late_completion_is_rejected(pg_url: str) -> None:
+    """The first owner comes back after its task was reclaimed and claimed again elsewhere: every write it
+    tries about that task is refused, before and after the new owner completes it."""
+    a, b = open_store(pg_url), open_store(pg_url)
+    try:
+        a.add(["job"])
+        wa = a.register_worker(current_owner(), "a")
+        wb = b.register_worker(current_owner(), "b")
+        (ca,) = a.claim(wa, 1, 0.3, 3)
+        assert a.record_step(ca.task_id, ca.fence, StepRecord(1, "early", "value", b"1", time.time()))
+        wait_for(lambda: b.running()[0].lease_expired, 5, "the lease to expire on the server's clock")
+        assert b.reclaim(ca.task_id, ca.fence, "lease expired") == PENDING
+        (cb,) = b.claim(wb, 1, 30, 3)
+        assert (cb.task_id, cb.attempt, cb.fence) == (ca.task_id, 2, ca.fence + 2)
+
+        assert a.renew(wa, [Lease(ca.task_id, ca.fence)], 30, 0) == [ca.task_id]
+        assert not a.complete(ca.task_id, ca.fence, b"late", "str")
+        assert a.fail(ca.task_id, ca.fence, "late failure", 0) is None
+        assert not a.release(ca.task_id, ca.fence, "late release")
+        assert not a.record_step(ca.task_id, ca.fence, StepRecord(2, "late", "value", b"2", time.time()))
+        assert not a.drop_steps(ca.task_id, ca.fence, 1)
+        a.note_child(ca.task_id, ca.fence, 12345, 1)
+        assert b.running()[0].child_pid is None
+
+        assert b.complete(cb.task_id, cb.fence, b"on time", "str")
+        assert not a.complete(ca.task_id, ca.fence, b"later still", "str")
+        assert a.result("job").data == b"on time"
+        assert a.counts() == {PENDING: 0, RUNNING: 0, DONE: 1, FAILED: 0}
+    finally:
+        a.close()
+        b.close()
+
+
+# --- lost connections ----------------------------------------------------------------------------------
+def test_a_lost_connection_fails_one_call_and_is_replaced_in_the_background(pg_url: str) -> None:
+    store = open_store(pg_url)
+    sql = admin(pg_url)
+    try:
+        store.add(["a"])
+        backend = store._conn.info.backend_pid
+        sql.execute("SELECT pg_terminate_backend(%s)", (backend,))
+        wait_for(lambda: sql.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                     (backend,)).fetchone()[0] == 0, 5, "the session to end")
+        with pytest.raises(StoreError) as lost:
+            store.counts()
+        assert "\n" not in str(lost.value) and str(lost.value).startswith(f"store {store.url}")
+        started = time.monotonic()
+        wait_for(lambda: _try(store.counts), 5, "a new connection")
+        assert time.monotonic() - started < 2
+        assert store.counts()[PENDING] == 1
+    finally:
+        sql.close()
+        store.close()
+
+
+def _try(fn: Any) -> Any:
+    try:
+        return fn() or True
+    except StoreError:
+        return False
+
+
+def test_new_work_wakes_a_listening_store_even_after_its_listen_session_is_lost(pg_url: str) -> None:
+    listening, adding = open_store(pg_url), open_store(pg_url)
+    sql = admin(pg_url)
+    try:
+        fd = listening.wakeup_fd()
+        assert fd is not None
+        assert select.select([fd], [], [], 5)[0]  # the first connection announces itself
+        listening.drain_wakeups()
+        assert not select.select([fd], [], [], 0.2)[0]
+        started = time.monotonic()
+        adding.add(["x"])
+        assert select.select([fd], [], [], 2)[0]
+        assert time.monotonic() - started < 0.5
+        listening.drain_wakeups()
+        assert not select.select([fd], [], [], 0)[0]
+
+        # The server ends the LISTEN session: the store makes another on the same descriptor.
+        sql.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND query ILIKE 'LISTEN%%'")
+        assert select.select([fd], [], [], 5)[0]  # reconnected (notifications may have been missed)
+        listening.drain_wakeups()
+        wait_for(lambda: sql.execute("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%'"
+                                     " AND datname = current_database()").fetchone()[0] == 1, 5, "a new LISTEN")
+        adding.retry(None)  # nothing to retry: no notification
+        adding.add(["y"])
+        assert select.select([fd], [], [], 2)[0]
+    finally:
+        sql.close()
+        listening.close()
+        adding.close()
+
+
+def test_calls_cannot_hang_on_the_network_longer_than_a_fraction_of_the_lease(pg_url: str) -> None:
+    store = open_store(pg_url)
+    try:
+        conn = store._conn
+        settings = dict(conn.execute("SELECT name, setting FROM pg_settings WHERE name IN ('synchronous_commit',"
+                                     " 'statement_timeout', 'idle_in_transaction_session_timeout',"
+                                     " 'tcp_keepalives_idle', 'tcp_user_timeout')").fetchall())
+        assert settings["synchronous_commit"] == "on"
+        assert int(settings["statement_timeout"]) > 0 and int(settings["idle_in_transaction_session_timeout"]) > 0
+
+        def user_timeout() -> int:
+            with socket.socket(fileno=os.dup(store._conn.fileno())) as s:
+                return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+        assert 0 < user_timeout() <= 3000
+        w = store.register_worker(current_owner(), "t")
+        store.claim(w, 1, 1.5, 3)  # a worker with a 1.5 s lease: calls give up after 375 ms of silence
+        assert user_timeout() == 375
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("375ms",)
+        assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("750ms",)
+    finally:
+        store.close()
+
+
+# --- counts and the journal under concurrency ---------------------------------------------------------
+def test_counts_stay_exact_under_concurrent_workers_and_compaction(pg_url: str) -> None:
+    setup = open_store(pg_url)
+    setup.add([f"n{i}" for i in range(600)])
+    w = setup.register_worker(current_owner(), "t")
+    setup.close()
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        s = open_store(pg_url)
+        try:
+            while True:
+                claims = s.claim(w, 5, 30, 2)
+                if not claims:
+                    counts = s.counts()  # (another thread may still give tasks back)
+                    if counts[PENDING] == counts[RUNNING] == 0:
+                        return
+                    time.sleep(0.01)
+                for c in claims:
+                    outcome = rng.random()
+                    if outcome < 0.6:
+                        s.complete(c.task_id, c.fence, b"", "bytes")
+                    elif outcome < 0.8:
+                        s.fail(c.task_id, c.fence, "x", 0)
+                    elif outcome < 0.9:
+                        # A reclaim skips a row another transaction holds locked right now (a claimer's
+                        # SKIP LOCKED scan may lock it in passing): the runner tries again next tick.
+                        while s.reclaim(c.task_id, c.fence, "lease expired") is None:
+                            time.sleep(0.001)
+                    else:
+                        s.release(c.task_id, c.fence, "stop")
+                s.counts()  # compacts now and then, concurrently with the others' deltas
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    store = open_store(pg_url, create=False)
+    sql = admin(pg_url)
+
+    def exact() -> None:
+        real = dict(sql.execute("SELECT state, count(*) FROM onward.tasks GROUP BY state").fetchall())
+        assert store.counts() == {s: real.get(s, 0) for s in (PENDING, RUNNING, DONE, FAILED)}
+    try:
+        exact()
+        assert store.counts()[DONE] + store.counts()[FAILED] == 600
+        failed = [t.name for t in store.iter_tasks(FAILED)]
+        assert store.retry(failed[:3]) == 3
+        exact()
+        assert store.retry(None) == len(failed) - 3
+        exact()
+        assert store.add(["n1", "new"]) == 1
+        exact()
+    finally:
+        sql.close()
+        store.close()
+
+
+def test_following_the_journal_never_skips_an_event_of_a_transaction_still_open(pg_url: str) -> None:
+    """Event ids are handed out before commit: a reader must not move past an id still uncommitted."""
+    import psycopg
+
+    store = open_store(pg_url)
+    slow = psycopg.connect(pg_url, autocommit=True, application_name="onward")
+    try:
+        store.log_event("first", durable=True)
+        after = store.events(last=1)[-1].event_id
+        slow.execute("BEGIN")
+        slow.execute("INSERT INTO onward.events (kind) VALUES ('slow')")
+        store.log_event("fast", durable=True)  # a higher id, committed first
+        seen = store.events(after_id=after)
+        assert [e.kind for e in seen] == []  # not yet: "slow" may still commit below "fast"
+        slow.execute("COMMIT")
+        assert [e.kind for e in store.events(after_id=after)] == ["slow", "fast"]
+    finally:
+        slow.close()
+        store.close()
+
+
+# --- a database that is not what it should be ---------------------------------------------------------
+def test_workers_starting_together_on_an_empty_database_create_the_store_once(pg_url: str) -> None:
+    env = dict(os.environ, PYTHONPATH=SRC)
+    procs = [subprocess.Popen(onward_argv("add", "--db", pg_url, f"t{i}"), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for i in range(6)]
+    results = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, results
+    store = open_store(pg_url, create=False)
+    assert store.counts()[PENDING] == 6
+    store.close()
+    sql = admin(pg_url)
+    assert sql.execute("SELECT value FROM onward.meta WHERE key = 'schema_version'").fetchall() == [("1",)]
+    sql.close()
+
+
+def test_reading_commands_do_not_create_a_store(pg_url: str) -> None:
+    r = run_onward("status", "--db", pg_url)
+    assert r.returncode == 2 and r.stderr.decode().count("\n") == 1 and b"no onward store" in r.stderr
+    sql = admin(pg_url)
+    assert sql.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'onward'").fetchone()[0] == 0
+    sql.close()
+
+
+def test_a_foreign_onward_schema_is_refused_untouched(pg_url: str) -> None:
+    sql = admin(pg_url)
+    sql.execute("CREATE SCHEMA onward")
+    sql.execute("CREATE TABLE onward.jobs (id int)")
+    try:
+        for command, *rest in (("status",), ("add", "x"), ("run", "--", "true")):
+            r = run_onward(command, "--db", pg_url, *rest)
+            assert r.returncode == 2 and b"not an onward store" in r.stderr, r.stderr
+            assert r.stderr.decode().count("\n") == 1
+        with pytest.raises(NotAStore):
+            open_store(pg_url)
+        assert sql.execute("SELECT count(*) FROM pg_class WHERE relnamespace = 'onward'::regnamespace"
+                           ).fetchone()[0] == 1
+    finally:
+        sql.close()
+
+
+def test_a_newer_schema_is_refused_in_one_line(pg_url: str) -> None:
+    open_store(pg_url).close()
+    sql = admin(pg_url)
+    sql.execute("UPDATE onward.meta SET value = '99' WHERE key = 'schema_version'")
+    sql.close()
+    for args in (("status", "--db", pg_url), ("run", "--db", pg_url, "--", "true"), ("db", "upgrade", "--db", pg_url)):
+        r = run_onward(*args)
+        assert r.returncode == 2, r.stderr
+        line = r.stderr.decode()
+        assert line.count("\n") == 1 and "schema version 99, newer than this onward's 1" in line
+
+
+def test_an_older_schema_asks_for_db_upgrade_which_brings_it_up(pg_url: str, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    from onward.cli import entry
+    from onward.store import postgres
+
+    open_store(pg_url).close()
+    # This onward pretends to be one version ahead, with a migration to it.
+    monkeypatch.setattr(postgres, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(postgres.Q, "migrate_to_2", "ALTER TABLE onward.meta ADD COLUMN note text")
+    with pytest.raises(SchemaTooOld, match="run `onward db upgrade`"):
+        open_store(pg_url)
+    assert entry(["db", "upgrade", "--db", pg_url]) == 0
+    store = open_store(pg_url)
+    store.close()
+    sql = admin(pg_url)
+    assert sql.execute("SELECT value FROM onward.meta WHERE key = 'schema_version'").fetchone() == ("2",)
+    assert sql.execute("SELECT count(*) FROM information_schema.columns WHERE table_schema = 'onward'"
+                       " AND table_name = 'meta' AND column_name = 'note'").fetchone() == (1,)
+    sql.close()
+    assert entry(["db", "upgrade", "--db", pg_url]) == 0  # already there: nothing to do
+
+
+# --- secrets -------------------------------------------------------------------------------------------
+def test_the_password_never_shows_in_titles_logs_status_or_errors(pg_url: str, tmp_path: Path) -> None:
+    secret = f"S3cr3t-{uuid.uuid4().hex[:10]}"
+    url = pg_url.replace(f"{pgutil.PG_USER}@", f"{pgutil.PG_USER}:{secret}@", 1)
+    outputs: list[str] = []
+
+    def onward(*args: str, code: int = 0) -> str:
+        r = run_onward(*args)
+        text = (r.stdout + r.stderr).decode()
+        assert r.returncode == code, text
+        outputs.append(text)
+        return text
+
+    onward("add", "--db", url, "a", "b")
+    log = tmp_path / "worker.log"
+    # The child gets the full URL in ONWARD_DB (an environment is not a log); it checks it and says so.
+    worker = spawn("run", "--db", url, "--heartbeat", "0.5", "-v", "--", "sh", "-c",
+                   'sleep 1; if [ "$ONWARD_DB" = "$EXPECTED_DB" ]; then printf env-ok; fi',
+                   log=log, EXPECTED_DB=url)
+    try:
+        wait_for(lambda: "worker started" in log.read_text(), 30, "the worker to open the store")
+        title = Path(f"/proc/{worker.pid}/cmdline").read_bytes().decode()
+        ps = subprocess.run(["ps", "-o", "args=", "-p", str(worker.pid)], capture_output=True, text=True).stdout
+        assert secret not in title and secret not in ps
+        assert f"{pgutil.PG_USER}:{'*' * len(secret)}@" in title  # wiped in place, the rest intact
+        outputs.append(onward("status", "--db", url))
+        assert wait_exit(worker, 60, log) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    outputs.append(log.read_text())
+    assert "store=postgresql://postgres:***@" in log.read_text()
+    status = json.loads(onward("status", "--db", url, "--json").split("\n", 1)[0])
+    assert status["store"].startswith("postgresql://postgres:***@") and status["done"] == 2
+    onward("logs", "--db", url)
+    onward("list", "--db", url, "--long")
+    assert onward("result", "--db", url, "a") == "env-ok"
+    onward("result", "--db", url, "nope", code=1)
+    # Errors: a missing database, a refused port, a URL libpq cannot parse (its message quotes it).
+    base, _, dbname = url.rpartition("/")
+    for bad in (f"{base}/{dbname}_missing", url.replace(f":{pgutil.PG_PORT}/", ":1/"),
+                url.replace(secret, secret + "%zz"), url + "?sslmode=bogus&password=" + secret):
+        text = onward("status", "--db", bad, code=2)
+        assert text.count("\n") == 1 and text.startswith("onward: error: ")
+    for text in outputs:
+        assert secret not in text, text

@@ -11,6 +11,7 @@ one transaction (group commit): with one slot that is exactly one durable commit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -212,7 +213,9 @@ class Runner:
             now = time.monotonic()
             self.notifier.watchdog()
             gap = now - last_turn
-            if gap > max(2.0, 2 * cfg.heartbeat):
+            # The loop never sleeps past a tick; a much longer gap means the process was not running. A gap
+            # longer than the lease is reported whatever the heartbeat: the leases may be gone.
+            if gap > min(max(2.0, 2 * cfg.heartbeat), cfg.lease_seconds):
                 # The whole process was frozen (sandbox pause, SIGSTOP): leases may have expired meanwhile.
                 self.log.warning(f"resumed after {gap:.1f} s pause; renewing leases now")
                 try:
@@ -502,7 +505,11 @@ class Runner:
             if execution is not None and not execution.fenced:
                 execution.fenced = True
                 execution.cancel("lease lost: the task was taken over")
-                self.log.warning(f"lease lost task={quote(execution.claim.name)}: it was taken over, stopping it")
+                self.log.warning(f"fenced task={quote(execution.claim.name)} attempt={execution.claim.attempt}:"
+                                 " lease lost, it was taken over; stopping it, nothing of it will be committed")
+                with contextlib.suppress(StoreError):
+                    self.store.log_event("fenced", task_id=task_id, worker_id=self.worker_id,
+                                         attempt=execution.claim.attempt, detail="lease lost: taken over; stopped")
         try:
             self._reclaim_abandoned(at_start=False)
             self._update_keep_awake()

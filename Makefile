@@ -26,6 +26,7 @@ check: $(STAMP)
 	$(VENV)/bin/mypy src/onward
 
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/run.py
 
 clean:

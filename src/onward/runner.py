@@ -48,7 +48,6 @@ class RunConfig:
     lease: float | None = None  # lease length; default 3 heartbeats
     grace: float = 10.0  # on SIGTERM: how long running tasks may take to finish
     stall_timeout: float | None = None  # cancel a task with no sign of progress for this long
-    wait_for_others: bool = True  # when nothing is left to claim, wait for other workers' tasks
     install_signal_handlers: bool = True
 
     @property
@@ -565,16 +564,14 @@ class Runner:
             self.log.warning(f"reclaimed task={quote(task.name)} attempt={task.attempt}: {reason}; now {state}")
 
     def _nothing_left(self) -> bool:
+        """Nothing pending and nothing running anywhere. Other workers' running tasks keep this one
+        waiting: they may fail and come back, or their owner may die and leave them to be reclaimed."""
         try:
             counts = self.store.counts()
         except StoreError as e:
             self.log.warning(f"store unavailable: {e}")
             return False
-        if counts.get(PENDING, 0) == 0 and counts.get(RUNNING, 0) == 0:
-            return True
-        if counts.get(PENDING, 0) == 0 and not self.config.wait_for_others:
-            return True
-        return False
+        return counts.get(PENDING, 0) == 0 and counts.get(RUNNING, 0) == 0
 
     def _update_keep_awake(self) -> None:
         if self.keep_awake is None:

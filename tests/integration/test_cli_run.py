@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -360,34 +363,6 @@ def test_two_workers_share_one_store(tmp_path: Path) -> None:
     assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
-def test_paused_worker_loses_its_lease_and_cannot_commit(tmp_path: Path) -> None:
-    """SIGSTOP a worker past its lease: another takes the task over (killing the paused worker's child
-    first, so two executions never overlap); after SIGCONT the paused worker's outcome is fenced."""
-    db = str(tmp_path / "s.db")
-    run_onward("add", "--db", db, "t")
-    marks = tmp_path / "marks"
-    pidfile = tmp_path / "child.pid"
-    script = (f'echo "start $ONWARD_ATTEMPT" >> {marks}; echo $$ > {pidfile}; '
-              f'if [ "$ONWARD_ATTEMPT" = 1 ]; then sleep 60; fi; echo "end $ONWARD_ATTEMPT" >> {marks}')
-    a = popen_onward("run", "--db", db, "--heartbeat", "0.2", "--lease", "0.6", "--", "sh", "-c", script)
-    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20, "A's task to start")
-    child = int(pidfile.read_text())
-    a.send_signal(signal.SIGSTOP)
-    try:
-        b = run_onward("run", "--db", db, "--heartbeat", "0.2", "--lease", "0.6", "--", "sh", "-c", script)
-        assert b.returncode == 0, b.stderr
-        assert b"lease expired" in b.stderr
-        assert not _alive(child), "the paused owner's child must be killed before the task runs again"
-    finally:
-        a.send_signal(signal.SIGCONT)
-    _, err = a.communicate(timeout=30)
-    assert a.returncode == 0, err
-    assert b"resumed after" in err and b"fenced" in err
-    assert marks.read_text().split("\n")[:-1] == ["start 1", "start 2", "end 2"]
-    assert run_onward("result", "--db", db, "t").returncode == 0
-    assert status(db)["done"] == 1
-
-
 def test_journald_lines_have_no_second_timestamp(tmp_path: Path) -> None:
     db = str(tmp_path / "s.db")
     run_onward("add", "--db", db, "a")
@@ -401,12 +376,44 @@ def test_journald_lines_have_no_second_timestamp(tmp_path: Path) -> None:
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
 
-def test_frozen_worker_loses_its_lease_and_cannot_commit(tmp_path: Path) -> None:
-    """The same, with the cgroup freezer (a sandbox pause delivers no signal): worker and child frozen."""
+@contextmanager
+def stopped_with_sigstop(worker: int, child: int) -> Iterator[None]:
+    """SIGSTOP the worker alone: its command runs on, as when a debugger or a shell stops a process."""
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(worker, signal.SIGCONT)
+
+
+@contextmanager
+def frozen_by_cgroup(worker: int, child: int) -> Iterator[None]:
+    """Freeze worker and command with the cgroup v1 freezer: a sandbox pause, no signal delivered."""
     if not (FREEZER / "cgroup.procs").exists() or os.geteuid() != 0:
         if os.environ.get("CI") == "true":
             pytest.fail("the cgroup v1 freezer is needed in CI")
         pytest.skip("needs root and the cgroup v1 freezer")
+    group = FREEZER / f"onward-test-{os.getpid()}-{worker}"
+    group.mkdir()
+    try:
+        for pid in (worker, child):
+            (group / "cgroup.procs").write_text(str(pid))
+        (group / "freezer.state").write_text("FROZEN")
+        wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10, "the freeze")
+        yield
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError, OSError):
+                (FREEZER / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+@pytest.mark.parametrize("pause", [stopped_with_sigstop, frozen_by_cgroup], ids=["sigstop", "freezer"])
+def test_paused_worker_loses_its_lease_and_cannot_commit(tmp_path: Path, pause) -> None:  # type: ignore[no-untyped-def]
+    """Pause a worker past its lease: another takes the task over (killing the paused worker's command
+    first, so two executions never overlap); after the thaw the paused worker notices the gap and its
+    outcome is fenced."""
     db = str(tmp_path / "s.db")
     run_onward("add", "--db", db, "t")
     marks = tmp_path / "marks"
@@ -416,29 +423,22 @@ def test_frozen_worker_loses_its_lease_and_cannot_commit(tmp_path: Path) -> None
     a = popen_onward("run", "--db", db, "--heartbeat", "0.2", "--lease", "0.6", "--", "sh", "-c", script)
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20, "A's task to start")
     child = int(pidfile.read_text())
-    group = FREEZER / f"onward-test-{os.getpid()}-{a.pid}"
-    group.mkdir()
-    try:
-        for pid in (a.pid, child):
-            (group / "cgroup.procs").write_text(str(pid))
-        (group / "freezer.state").write_text("FROZEN")
-        wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10, "the freeze")
-        frozen_at = time.monotonic()
+    with pause(a.pid, child):
+        paused_at = time.monotonic()
         b = run_onward("run", "--db", db, "--heartbeat", "0.2", "--lease", "0.6", "--", "sh", "-c", script)
         assert b.returncode == 0, b.stderr
         assert b"lease expired" in b.stderr
-        # a pause of a sandbox lasts a while: at least twice the lease in all
-        time.sleep(max(0.0, 1.2 - (time.monotonic() - frozen_at)))
-    finally:
-        (group / "freezer.state").write_text("THAWED")
+        if pause is stopped_with_sigstop:
+            assert not _alive(child), "the paused owner's child must be killed before the task runs again"
+        # a pause lasts a while: at least twice the lease in all
+        time.sleep(max(0.0, 1.2 - (time.monotonic() - paused_at)))
     _, err = a.communicate(timeout=30)
-    wait_for(lambda: not _alive(child), 5, "the frozen child to die (SIGKILLed while frozen) once thawed")
-    for pid in (group / "cgroup.procs").read_text().split():
-        (FREEZER / "cgroup.procs").write_text(pid)
-    group.rmdir()
+    # a frozen command got its SIGKILL while frozen: it dies as soon as it thaws, before running on
+    wait_for(lambda: not _alive(child), 5, "the paused worker's command to be gone")
     assert a.returncode == 0, err
     assert b"resumed after" in err and b"fenced" in err
     assert marks.read_text().split("\n")[:-1] == ["start 1", "start 2", "end 2"]
+    assert run_onward("result", "--db", db, "t").returncode == 0
     assert status(db)["done"] == 1
 
 

@@ -76,25 +76,18 @@ def test_other_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
     assert same()
 
 
-def test_newer_schema_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version, error, message", [
+    ("99", SchemaTooNew, "schema version 99, newer than this onward"),
+    ("0", SchemaTooOld, "onward db upgrade"),
+])
+def test_other_schema_versions_are_refused(tmp_path: Path, version: str, error: type, message: str) -> None:
     path = tmp_path / "s.db"
     open_store(str(path)).close()
     db = sqlite3.connect(path)
-    db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
     db.commit()
     db.close()
-    with pytest.raises(SchemaTooNew, match="schema version 99"):
-        open_store(str(path))
-
-
-def test_older_schema_asks_for_upgrade(tmp_path: Path) -> None:
-    path = tmp_path / "s.db"
-    open_store(str(path)).close()
-    db = sqlite3.connect(path)
-    db.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
-    db.commit()
-    db.close()
-    with pytest.raises(SchemaTooOld, match="onward db upgrade"):
+    with pytest.raises(error, match=message):
         open_store(str(path))
 
 

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test torture bench check lint clean
+.PHONY: demo test torture bench check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -m "not torture" tests
 
 torture: $(STAMP)
-	$(PY) -m pytest -q -m torture tests
+	$(PY) -m pytest -q -s -m torture tests
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

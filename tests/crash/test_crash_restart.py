@@ -1,6 +1,6 @@
 """The core guarantees under SIGKILL at random moments, some of them inside a commit.
 
-A restart loop runs `onward run` on 300 tasks and SIGKILLs it at seeded random moments; a second kind of
+A restart loop runs `onward run` on 600 tasks and SIGKILLs it at seeded random moments; a second kind of
 kill is delivered by strace at the N-th fdatasync of the store, i.e. inside a commit, after SQLite wrote
 its log frames and before they reached the disk. After every kill the store must pass integrity_check; at
 the end every task is done with its result, none ran again after its completion was committed (each
@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import onward_argv
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-N_TASKS = 400
+N_TASKS = 600  # enough work that 62 kills happen before the job could finish
 RANDOM_KILLS = 50
 COMMIT_KILLS = 12
 

@@ -96,11 +96,11 @@ class TasksImport:
     start_line: int
     end: int  # where the checked bytes end: what was appended since the check waits for the next import
     mark: SourceMark | None  # the mark to record; None for stdin or an unchanged file
-    stdin_tasks: list[str] | None = None
+    streamed_tasks: list[str] | None = None  # the tasks of stdin or a pipe, read once (no mark: no file)
 
     def apply(self, store: Store) -> ImportResult:
-        if self.stdin_tasks is not None:
-            return ImportResult(added=store.add(self.stdin_tasks), read_from=0, skipped=False)
+        if self.streamed_tasks is not None:
+            return ImportResult(added=store.add(self.streamed_tasks), read_from=0, skipped=False)
         if self.mark is None:
             return ImportResult(added=0, read_from=self.start, skipped=True)
         try:
@@ -131,15 +131,19 @@ class _Limited:
 def check_tasks_file(store: Store | None, path: str) -> TasksImport:
     """Read the file from its mark on and check every line; write nothing. Raises UsageError."""
     if path == "-":
-        return TasksImport(path, "-", 0, 0, 0, None, stdin_tasks=_tasks_from_bytes(sys.stdin.buffer.read()))
+        return TasksImport(path, "-", 0, 0, 0, None,
+                           streamed_tasks=_tasks_from_bytes(sys.stdin.buffer.read(), "stdin"))
     try:
         f = open(path, "rb")
     except OSError as e:
         raise UsageError(f"cannot read tasks file {path}: {e.strerror}") from None
     with f:
         st = os.fstat(f.fileno())
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"tasks file {path} is a directory")
         if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"tasks file {path} is not a regular file")
+            # A pipe (`--tasks <(generate)`) or a device: read once, whole; there is no file to mark.
+            return TasksImport(path, path, 0, 0, 0, None, streamed_tasks=_tasks_from_bytes(f.read(), path))
         key = os.path.abspath(path)
         identity = f"{st.st_dev}:{st.st_ino}"
         mark = store.get_source(key) if store is not None else None
@@ -186,10 +190,10 @@ def _digest(f, start: int, length: int) -> str:
     return hashlib.sha256(f.read(length)).hexdigest()
 
 
-def _tasks_from_bytes(data: bytes) -> list[str]:
+def _tasks_from_bytes(data: bytes, source: str) -> list[str]:
     tasks = []
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
-        task = parse_line(raw, lineno, "stdin")
+        task = parse_line(raw, lineno, source)
         if task is not None:
             tasks.append(task)
     return tasks

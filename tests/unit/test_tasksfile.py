@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -64,11 +66,22 @@ def test_line_exactly_at_the_limit_is_fine(sqlite_url: str, tmp_path: Path) -> N
     assert load(sqlite_url, f).added == 1
 
 
-def test_missing_file(sqlite_url: str, tmp_path: Path) -> None:
+def test_missing_file_or_a_directory(sqlite_url: str, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cannot read tasks file"):
         load(sqlite_url, tmp_path / "nope.txt")
-    with pytest.raises(UsageError, match="not a regular file|cannot read"):
+    with pytest.raises(UsageError, match="is a directory|cannot read"):
         load(sqlite_url, tmp_path)
+
+
+def test_a_pipe_is_read_whole(sqlite_url: str, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("p1\np2\n# c\np3\n"))
+    writer.start()
+    result = load(sqlite_url, fifo)
+    writer.join(10)
+    assert result.added == 3 and names(sqlite_url) == ["p1", "p2", "p3"]
+    assert load(sqlite_url, Path("/dev/null")).added == 0
 
 
 def test_unchanged_file_is_not_read_again(sqlite_url: str, tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
 from .errors import (  # noqa: E402
     CorruptStore,
     Fenced,
@@ -21,10 +23,31 @@ from .errors import (  # noqa: E402
     TaskNotDone,
     UsageError,
 )
-from .executions import AsyncTaskContext, Cancelled, TaskContext  # noqa: E402
-from .job import Job  # noqa: E402
-from .runner import RunSummary  # noqa: E402
-from .steps import StepError, current_step_key, step  # noqa: E402
+
+if TYPE_CHECKING:
+    from .executions import AsyncTaskContext, Cancelled, TaskContext
+    from .job import Job
+    from .runner import RunSummary
+    from .steps import StepError, current_step_key, step
+
+# The rest of the public surface loads on first use (PEP 562), so that `onward status` and friends do not
+# pay for the runner, asyncio and the step machinery they never touch.
+_LAZY = {
+    "Job": ".job", "RunSummary": ".runner", "TaskContext": ".executions", "AsyncTaskContext": ".executions",
+    "Cancelled": ".executions", "step": ".steps", "current_step_key": ".steps", "StepError": ".steps",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onward' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Job", "RunSummary", "TaskContext", "AsyncTaskContext", "Cancelled", "step", "current_step_key",

@@ -15,9 +15,8 @@ import time
 import click
 
 from . import __version__
-from .errors import OnwardError, StoreError, TaskNotDone, UnknownTask, UsageError
+from .errors import OnwardError, StoreError, TaskNotDone, UnknownTask, UsageError, WedgedTask
 from .log import NORMAL, QUIET, VERBOSE, Log
-from .runner import WedgedTask
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (TaskNotDone, 1),
@@ -37,7 +36,32 @@ def _log_level(quiet: bool, verbose: bool) -> int:
     return QUIET if quiet else VERBOSE if verbose else NORMAL
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """Commands that live in their own modules load only when used, so that `onward status` does not pay
+    for importing the supervisor, systemd units or the step machinery."""
+
+    lazy = {
+        "supervise": ("onward.deploy_cli", "supervise_command"),
+        "service": ("onward.deploy_cli", "service_group"),
+        "steps": ("onward.steps_cli", "steps_command"),
+        "db": ("onward.db_cli", "db_group"),
+        "demo": ("onward.demo", "demo_command"),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            import importlib
+
+            module, attribute = self.lazy[cmd_name]
+            command: click.Command = getattr(importlib.import_module(module), attribute)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="onward")
 def main() -> None:
     """Run long jobs that resume after a crash: every finished task is checkpointed durably."""
@@ -243,25 +267,6 @@ def _hide_passwords_from_ps(argv: list[str]) -> None:
     hide_secrets_in_argv(secrets)
 
 
-def _register_optional_commands() -> None:
-    """Commands that live in their own modules, so each part of onward keeps its own face."""
-    import importlib
-
-    for module, names in (("onward.deploy_cli", ("supervise_command", "service_group")),
-                          ("onward.steps_cli", ("steps_command",)),
-                          ("onward.demo", ("demo_command",)),
-                          ("onward.db_cli", ("db_group",))):
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        for name in names:
-            command = getattr(mod, name, None)
-            if command is not None:
-                main.add_command(command)
-
-
-_register_optional_commands()
 
 
 def entry(argv: list[str] | None = None) -> int:

@@ -51,3 +51,12 @@ class Fenced(OnwardError):
 
 class StepDrift(OnwardError):
     """A resumed task called a different step than the one recorded at that position."""
+
+
+class WedgedTask(OnwardError):
+    """A Python task ignored its cancellation past the grace period: a thread cannot be killed, so the
+    worker exits (status 4) for its supervisor to start a clean one."""
+
+    def __init__(self, task: str, reason: str) -> None:
+        super().__init__(f"task {task!r} ignored cancellation ({reason}); exiting so a supervisor restarts"
+                         " the worker")

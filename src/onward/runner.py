@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .errors import Fenced, OnwardError, StoreError
+from .errors import Fenced, OnwardError, StoreError, WedgedTask
 from .executions import Execution, Handler, Outcome
 from .keepawake import KeepAwake
 from .log import NORMAL, Log, quote
@@ -605,11 +605,3 @@ def _resolve_later(future: Future[Any], fn: Callable[[Store], Any], store: Store
         error = e  # `e` itself is unbound when the except block ends
         return lambda: future.set_exception(error)
     return lambda: future.set_result(value)
-
-
-class WedgedTask(OnwardError):
-    """A Python task ignored cancellation past the grace period; the worker must be restarted."""
-
-    def __init__(self, task: str, reason: str) -> None:
-        super().__init__(f"task {quote(task)} ignored cancellation ({reason}); exiting so a supervisor restarts"
-                         " the worker")

@@ -43,6 +43,12 @@ def process_alive(pid: int | None, start: int | None) -> bool:
 
 
 @cache
+def hostname() -> str:
+    """This host's name, as shown to people (in the journal, status, logs)."""
+    return socket.gethostname()
+
+
+@cache
 def host_key() -> str:
     """Equal for two processes exactly when their pids can be compared: same host name, same boot (pids
     restart after a reboot), same pid namespace (containers have their own)."""
@@ -55,12 +61,12 @@ def host_key() -> str:
         pidns = str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
         pidns = "unknown-pidns"
-    return f"{socket.gethostname()}/{boot}/{pidns}"
+    return f"{hostname()}/{boot}/{pidns}"
 
 
 def current_owner() -> Owner:
     pid = os.getpid()
-    return Owner(host=socket.gethostname(), host_key=host_key(), pid=pid, pid_start=pid_start_time(pid) or 0)
+    return Owner(host=hostname(), host_key=host_key(), pid=pid, pid_start=pid_start_time(pid) or 0)
 
 
 def owner_alive(owner: Owner) -> bool | None:

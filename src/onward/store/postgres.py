@@ -44,6 +44,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import NotAStore, SchemaTooNew, SchemaTooOld, StoreError
+from ..proc import hostname
 from ..secrets import hide_secrets_in_argv, redact_url, scrub, url_secrets
 from .base import (
     PENDING,
@@ -59,6 +60,7 @@ from .base import (
     TaskRow,
     WorkerRow,
 )
+from .rows import event_of, running_task_of, step_of, worker_of
 from .sql import load_queries
 
 if TYPE_CHECKING:
@@ -513,7 +515,7 @@ class PostgresStore:
 
     @_translating
     def running(self) -> list[RunningTask]:
-        return [_running_task(r) for r in self._live().execute(Q["running"])]
+        return [running_task_of(r) for r in self._live().execute(Q["running"])]
 
     @_translating
     def reclaim(self, task_id: int, fence: int, reason: str) -> str | None:
@@ -591,7 +593,7 @@ class PostgresStore:
             running = self.running()
             workers = self.workers()
             done_last_minute, window = conn.execute(Q["done_last_minute"]).fetchone()  # type: ignore[misc]
-            errors = [_event(r) for r in conn.execute(Q["recent_errors"], {"limit": 5})]
+            errors = [event_of(r) for r in conn.execute(Q["recent_errors"], {"limit": 5})]
             restarts = conn.execute(Q["count_restarts"]).fetchone()[0]  # type: ignore[index]
         return Stats(counts=counts, running=running, workers=workers, errors=errors,
                      done_last_minute=int(done_last_minute), restarts=int(restarts), rate_window=float(window))
@@ -599,8 +601,7 @@ class PostgresStore:
     @_translating
     def workers(self) -> list[WorkerRow]:
         return [
-            WorkerRow(worker_id=r[0], owner=Owner(r[1], r[2], r[3], r[4]), started_at=r[5], heartbeat_age=r[6],
-                      stopped_at=r[7], stop_reason=r[8], done=r[9], running=r[10])
+            worker_of(r)
             for r in self._live().execute(Q["live_workers"])
         ]
 
@@ -636,7 +637,7 @@ class PostgresStore:
              pid: int | None = None, host: str | None = None) -> None:
         """Journal one event: inside a batch it waits in memory and all of the batch's events are written by
         one statement just before its commit (the journal costs a batch one round trip, not one per event)."""
-        row = (kind, pid or os.getpid(), host or _hostname(), worker_id, task_id, attempt, detail)
+        row = (kind, pid or os.getpid(), host or hostname(), worker_id, task_id, attempt, detail)
         if self._batch_depth:
             self._events.append(row)
         else:
@@ -658,13 +659,12 @@ class PostgresStore:
         if task is not None:
             params["key"] = task_key(task)
             name += "_for_task"
-        return [_event(r) for r in conn.execute(Q[name], params)]
+        return [event_of(r) for r in conn.execute(Q[name], params)]
 
     # --- durable steps -------------------------------------------------------------------------------
     @_translating
     def steps(self, task_id: int) -> list[StepRecord]:
-        return [StepRecord(index=r[0], name=r[1], kind=r[2], data=bytes(r[3]), at=r[4])
-                for r in self._live().execute(Q["steps"], {"task_id": task_id})]
+        return [step_of(r) for r in self._live().execute(Q["steps"], {"task_id": task_id})]
 
     @_translating
     def record_step(self, task_id: int, fence: int, step: StepRecord) -> bool:
@@ -802,20 +802,10 @@ def _application_name(conn: psycopg.Connection[Any]) -> str:
     return conn.info.parameter_status("application_name") or APP_NAME
 
 
-def _running_task(r: tuple[Any, ...]) -> RunningTask:
-    owner = Owner(r[5], r[6], r[7], r[8]) if r[5] is not None else None
-    return RunningTask(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], worker_id=r[4], owner=owner,
-                       child_pid=r[9], child_start=r[10], lease_expired=bool(r[11]), heartbeat_age=r[12],
-                       progress_age=r[13], note=r[14])
 
 
-def _event(r: tuple[Any, ...]) -> Event:
-    return Event(event_id=r[0], at=r[1], kind=r[2], pid=r[3], host=r[4], task=r[5], attempt=r[6], detail=r[7])
 
 
-@functools.cache
-def _hostname() -> str:
-    return socket.gethostname()
 
 
 __all__ = ["PostgresStore", "SCHEMA_VERSION", "redact_url", "upgrade", "hide_secrets_in_argv"]

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError
+from ..proc import hostname
 from .base import (
     PENDING,
     Claim,
@@ -37,6 +38,7 @@ from .base import (
     TaskRow,
     WorkerRow,
 )
+from .rows import event_of, running_task_of, step_of, worker_of
 from .sql import load_queries
 
 SCHEMA_VERSION = 1
@@ -237,7 +239,7 @@ class SqliteStore:
             # Counted once here rather than by an insert trigger: a million-line import stays one pass.
             if added:
                 self._db.execute(Q["count_added"], (added,))
-                self._db.execute(Q["log_event"], (now, "added", os.getpid(), _hostname(), None, None, None,
+                self._db.execute(Q["log_event"], (now, "added", os.getpid(), hostname(), None, None, None,
                                                   f"{added} new task{'s' if added != 1 else ''}"))
         return added
 
@@ -304,7 +306,7 @@ class SqliteStore:
 
     def running(self) -> list[RunningTask]:
         rows = self._db.execute(Q["running"], {"now": self.now()}).fetchall()
-        return sorted((_running_task(r) for r in rows), key=lambda t: t.task_id)
+        return sorted((running_task_of(r) for r in rows), key=lambda t: t.task_id)
 
     def reclaim(self, task_id: int, fence: int, reason: str) -> str | None:
         with self._write():
@@ -363,7 +365,7 @@ class SqliteStore:
             first = self._db.execute(Q["event_time"], (since,)).fetchone()
             # A job younger than a minute is measured over its own age, not diluted over 60 s.
             window = min(60.0, max(1.0, now - first[0])) if first else 60.0
-            errors = [_event(r) for r in self._db.execute(Q["recent_errors"], (5,))]
+            errors = [event_of(r) for r in self._db.execute(Q["recent_errors"], (5,))]
             restarts = self._db.execute(Q["count_restarts"]).fetchone()[0]
         finally:
             self._db.execute("COMMIT")
@@ -385,8 +387,7 @@ class SqliteStore:
 
     def workers(self) -> list[WorkerRow]:
         return [
-            WorkerRow(worker_id=r[0], owner=Owner(r[1], r[2], r[3], r[4]), started_at=r[5], heartbeat_age=r[6],
-                      stopped_at=r[7], stop_reason=r[8], done=r[9], running=r[10])
+            worker_of(r)
             for r in self._db.execute(Q["live_workers"], {"now": self.now()})
         ]
 
@@ -405,13 +406,13 @@ class SqliteStore:
         now = self.now()
         with self._write():
             self._db.execute(Q["worker_stopped"], (now, reason, worker_id))
-            self._db.execute(Q["log_event"], (now, "worker stopped", os.getpid(), _hostname(), worker_id,
+            self._db.execute(Q["log_event"], (now, "worker stopped", os.getpid(), hostname(), worker_id,
                                               None, None, reason))
 
     def log_event(self, kind: str, *, task_id: int | None = None, worker_id: int | None = None,
                   attempt: int | None = None, detail: str | None = None, durable: bool = False) -> None:
         with self._write(durable=durable):
-            self._db.execute(Q["log_event"], (self.now(), kind, os.getpid(), _hostname(), worker_id, task_id,
+            self._db.execute(Q["log_event"], (self.now(), kind, os.getpid(), hostname(), worker_id, task_id,
                                               attempt, detail))
 
     def events(self, after_id: int = 0, task: str | None = None, limit: int = 1000,
@@ -425,12 +426,11 @@ class SqliteStore:
             rows = self._db.execute(Q["events_after_for_task"], (after_id, task, limit)).fetchall()
             if last is not None:
                 rows = rows[-last:]
-        return [_event(r) for r in rows]
+        return [event_of(r) for r in rows]
 
     # --- durable steps -------------------------------------------------------------------------------
     def steps(self, task_id: int) -> list[StepRecord]:
-        return [StepRecord(index=r[0], name=r[1], kind=r[2], data=bytes(r[3]), at=r[4])
-                for r in self._db.execute(Q["steps"], (task_id,))]
+        return [step_of(r) for r in self._db.execute(Q["steps"], (task_id,))]
 
     def record_step(self, task_id: int, fence: int, step: StepRecord) -> bool:
         with self._write():
@@ -479,27 +479,10 @@ def _split_statements(script: str) -> list[str]:
     return statements
 
 
-def _running_task(r: tuple) -> RunningTask:
-    owner = Owner(r[5], r[6], r[7], r[8]) if r[5] is not None else None
-    return RunningTask(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], worker_id=r[4], owner=owner,
-                       child_pid=r[9], child_start=r[10], lease_expired=bool(r[11]), heartbeat_age=r[12],
-                       progress_age=r[13], note=r[14])
 
 
-def _event(r: tuple) -> Event:
-    return Event(event_id=r[0], at=r[1], kind=r[2], pid=r[3], host=r[4], task=r[5], attempt=r[6], detail=r[7])
 
 
-_HOST: str | None = None
-
-
-def _hostname() -> str:
-    global _HOST
-    if _HOST is None:
-        import socket
-
-        _HOST = socket.gethostname()
-    return _HOST
 
 
 __all__ = ["SqliteStore", "SCHEMA_VERSION", "PENDING"]

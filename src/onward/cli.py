@@ -16,7 +16,7 @@ import click
 
 from . import __version__
 from .errors import OnwardError, StoreError, TaskNotDone, UnknownTask, UsageError, WedgedTask
-from .log import NORMAL, QUIET, VERBOSE, Log
+from .log import NORMAL, QUIET, VERBOSE, Log, iso_time
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (TaskNotDone, 1),
@@ -154,7 +154,7 @@ def list_(db: str | None, state: str | None, long_: bool) -> None:
     try:
         for row in store.iter_tasks(state):
             if long_:
-                out.write(f"{row.state}\t{row.attempts}\t{_iso(row.added_at)}\t{_iso(row.finished_at)}\t{row.name}\n")
+                out.write(f"{row.state}\t{row.attempts}\t{iso_time(row.added_at)}\t{iso_time(row.finished_at)}\t{row.name}\n")
             else:
                 out.write(row.name + "\n")
     except BrokenPipeError:
@@ -243,10 +243,6 @@ def logs(db: str | None, task: str | None, last: int | None, follow: bool) -> No
         store.close()
 
 
-def _iso(t: float | None) -> str:
-    if t is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def _quiet_broken_pipe() -> None:

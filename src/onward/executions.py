@@ -25,7 +25,7 @@ from . import results
 from . import steps as durable
 from .errors import OnwardError, StepDrift, UsageError
 from .log import one_line
-from .proc import die_with_parent_preexec, kill_group, pid_start_time, prepare_die_with_parent
+from .proc import die_with_parent_preexec, kill_group, pid_exists, pid_start_time, prepare_die_with_parent
 from .store.base import Claim
 
 if TYPE_CHECKING:
@@ -646,18 +646,10 @@ def _remove_stale_beat_dirs() -> None:
         if not name.startswith(BEAT_DIR_PREFIX):
             continue
         pid = name[len(BEAT_DIR_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and int(pid) > 0 and not _pid_exists(int(pid)):
+        if pid.isdigit() and int(pid) > 0 and not pid_exists(int(pid)):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _spawn(argv: list[str], env: dict[str, str]):

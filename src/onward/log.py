@@ -21,6 +21,14 @@ def quote(text: str, limit: int = 200) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def iso_time(t: float | None, precise: bool = False) -> str:
+    """UTC time as ISO 8601 (``2026-11-30T03:30:01Z``; with ``precise``, milliseconds too); "-" for None."""
+    if t is None:
+        return "-"
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+    return base + (f".{int(t % 1 * 1000):03d}Z" if precise else "Z")
+
+
 def one_line(text: str | None, limit: int = 300) -> str:
     """A possibly long, multi-line message (a traceback, a stderr tail) as one line: first … last."""
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
@@ -40,9 +48,7 @@ class Log:
     def _write(self, text: str) -> None:
         prefix = f"{self.name} pid={os.getpid()} "
         if self.stamped:
-            t = time.time()
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z "
-            prefix = stamp + prefix
+            prefix = iso_time(time.time(), precise=True) + " " + prefix
         try:
             self.stream.write(prefix + text.replace("\n", " ") + "\n")
             self.stream.flush()

@@ -34,6 +34,7 @@ import stat
 from types import TracebackType
 
 from onward.errors import UsageError
+from onward.proc import pid_exists
 
 # The longest stem (file name without '.txt') of any form; with the suffix, 204 bytes, within the 255
 # that Linux and macOS file systems allow for one path component.
@@ -125,14 +126,6 @@ def _create_folders(path: str) -> None:
         pass
 
 
-def _process_is_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, owned by another user
-        return False
-    return False
 
 
 class OutDir:
@@ -177,7 +170,7 @@ class OutDir:
             if match is None:
                 continue
             pid = int(match.group(1))
-            if pid == 0 or not _process_is_gone(pid):
+            if pid == 0 or pid_exists(pid):
                 continue
             try:
                 os.unlink(name, dir_fd=self._dir_fd)

@@ -34,6 +34,18 @@ def pid_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether any process has this pid (a zombie or another user's process counts). For files named
+    after their writer's pid, where no start time was recorded."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
 def process_alive(pid: int | None, start: int | None) -> bool:
     """Whether the very process (pid, start time) still runs on this host."""
     if not pid:

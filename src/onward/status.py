@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from .errors import StoreError
-from .log import one_line
+from .log import iso_time, one_line
 from .proc import owner_alive
 from .store.base import DONE, FAILED, PENDING, RUNNING, Event, Store
 
@@ -24,7 +23,7 @@ def status_dict(store: Store) -> dict[str, Any]:
         workers.append({
             "id": w.worker_id, "host": w.owner.host, "pid": w.owner.pid,
             "heartbeat_age": round(w.heartbeat_age, 1), "done": w.done, "running": w.running,
-            "started_at": _iso(w.started_at),
+            "started_at": iso_time(w.started_at),
             # Same host: we can tell for sure; elsewhere the heartbeat is all we have.
             "alive": alive if alive is not None else None,
         })
@@ -40,7 +39,7 @@ def status_dict(store: Store) -> dict[str, Any]:
              "note": t.note, "steps": _steps_of(store, t.task_id, t.fence)}
             for t in stats.running
         ],
-        "errors": [{"at": _iso(e.at), "kind": e.kind, "task": e.task, "attempt": e.attempt,
+        "errors": [{"at": iso_time(e.at), "kind": e.kind, "task": e.task, "attempt": e.attempt,
                     "error": one_line(e.detail, 200)} for e in stats.errors],
         "restarts": stats.restarts,
         "rate_per_second": round(rate, 2),
@@ -111,7 +110,7 @@ def _steps_text(steps: dict[str, Any] | None) -> str:
 
 
 def format_event(event: Event) -> str:
-    parts = [_iso(event.at, precise=True), f"pid={event.pid}", event.kind]
+    parts = [iso_time(event.at, precise=True), f"pid={event.pid}", event.kind]
     if event.task is not None:
         parts.append("task=" + json.dumps(event.task, ensure_ascii=False))
     if event.attempt is not None:
@@ -121,11 +120,6 @@ def format_event(event: Event) -> str:
     return " ".join(parts)
 
 
-def _iso(t: float | None, precise: bool = False) -> str:
-    if t is None:
-        return "-"
-    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
-    return base + (f".{int(t % 1 * 1000):03d}Z" if precise else "Z")
 
 
 def _duration(seconds: float) -> str:

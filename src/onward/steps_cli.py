@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Any
 
 import click
 
 from .errors import StoreError, UnknownTask
+from .log import iso_time
 from .steps import ordinals, unframe
 from .store.base import StepRecord, Store
 
@@ -38,8 +38,6 @@ def _row(record: StepRecord, label: str) -> dict[str, Any]:
             "attempt": attempt, "serializer": serializer, "at": record.at}
 
 
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
 @click.command("steps")
@@ -74,7 +72,7 @@ def steps_command(db: str | None, as_json: bool, task: str) -> None:
     for row in rows:
         seconds = "-" if row["seconds"] is None else f"{row['seconds']:.3f}"
         out.write(f"{row['index']}\t{row['step']}\t{row['kind']}\t{row['size']}\t{seconds}\t"
-                  f"{row['attempt'] or '-'}\t{_iso(row['at'])}\n")
+                  f"{row['attempt'] or '-'}\t{iso_time(row['at'], precise=True)}\n")
     total = sum(row["size"] for row in rows)
     took = sum(row["seconds"] or 0.0 for row in rows if row["kind"] == "value")
     count = f"{len(rows)} step" + ("" if len(rows) == 1 else "s")

@@ -158,9 +158,10 @@ class Runner:
             self._reclaim_abandoned(at_start=True)
             if self.out is not None:
                 self._export_missing()
-            self._update_keep_awake()
+            counts = self.store.counts()
+            self._update_keep_awake(counts)
             self.notifier.ready()
-            self._notify_status(self.store.counts())
+            self._notify_status(counts)
             self._loop()
             stop_reason = f"stopped by {self._stop_requested}" if self.stopping else "finished"
         except BaseException as e:
@@ -178,7 +179,7 @@ class Runner:
             try:
                 self.summary.counts = self.store.counts()
                 self.store.worker_stopped(self.worker_id, stop_reason)
-                self._release_keep_awake()
+                self._release_keep_awake(self.summary.counts)
             except OnwardError as e:
                 self.log.warning(f"could not record the stop: {e}")
             for sig, handler in old_handlers.items():
@@ -511,8 +512,8 @@ class Runner:
                                          attempt=execution.claim.attempt, detail="lease lost: taken over; stopped")
         try:
             self._reclaim_abandoned(at_start=False)
-            self._update_keep_awake()
             counts = self.store.counts()
+            self._update_keep_awake(counts)
         except StoreError as e:
             self.log.warning(f"store unavailable: {e}")
             return
@@ -573,18 +574,16 @@ class Runner:
             return False
         return counts.get(PENDING, 0) == 0 and counts.get(RUNNING, 0) == 0
 
-    def _update_keep_awake(self) -> None:
+    def _update_keep_awake(self, counts: dict[str, int]) -> None:
         if self.keep_awake is None:
             return
-        counts = self.store.counts()
         if counts.get(PENDING, 0) or counts.get(RUNNING, 0):
             self.keep_awake.hold(self.store.url)
 
-    def _release_keep_awake(self) -> None:
+    def _release_keep_awake(self, counts: dict[str, int]) -> None:
         """Remove the marker when nothing is left to do, or when no other live worker remains to do it."""
         if self.keep_awake is None:
             return
-        counts = self.store.counts()
         work_left = counts.get(PENDING, 0) or counts.get(RUNNING, 0)
         others = [w for w in self.store.workers()
                   if w.worker_id != self.worker_id and w.heartbeat_age < self.config.lease_seconds

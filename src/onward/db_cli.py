@@ -6,6 +6,7 @@ import os
 
 import click
 
+from .cli import db_option
 from .store import is_postgres_url, open_store, store_url
 
 
@@ -15,8 +16,7 @@ def db_group() -> None:
 
 
 @db_group.command()
-@click.option("--db", "db", metavar="URL", default=None,
-              help="Store: a file path, sqlite:///path or postgresql://… (env ONWARD_DB; default .onward/onward.db).")
+@db_option
 def upgrade(db: str | None) -> None:
     """Create the store, or bring its schema up to this onward's version. Safe to run while workers of the
     same version run, and from several places at once (one of them does the work, the others wait)."""

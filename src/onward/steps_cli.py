@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from .cli import db_option
 from .errors import StoreError, UnknownTask
 from .log import iso_time
 from .steps import ordinals, unframe
@@ -41,8 +42,7 @@ def _row(record: StepRecord, label: str) -> dict[str, Any]:
 
 
 @click.command("steps")
-@click.option("--db", "db", metavar="URL", default=None,
-              help="Store: a file path, sqlite:///path or postgresql://… (env ONWARD_DB; default .onward/onward.db).")
+@db_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per step, one per line.")
 @click.argument("task")
 def steps_command(db: str | None, as_json: bool, task: str) -> None:

@@ -41,14 +41,6 @@ class Notifier:
             usec = None
         return cls(address, usec)
 
-    @property
-    def active(self) -> bool:
-        return self._sock is not None
-
-    @property
-    def watchdog_enabled(self) -> bool:
-        return self._sock is not None and self._watchdog_every > 0
-
     def send(self, message: str) -> None:
         if self._sock is None or self._address is None:
             return

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import os
 import signal
 import socket
@@ -121,13 +120,3 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
         return False
     except PermissionError:
         return False
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except OSError as e:
-        return e.errno == errno.EPERM

@@ -51,7 +51,14 @@ def seed(request: pytest.FixtureRequest) -> int:
     return value
 
 
+ONWARD_SCRIPT = Path(sys.executable).with_name("onward")
+
+
 def onward_argv(*args: str) -> list[str]:
+    """The installed console script, as users run it (its entry point is what maps errors to exit codes);
+    ``python -m onward`` only where no script is installed beside the interpreter."""
+    if ONWARD_SCRIPT.exists():
+        return [str(ONWARD_SCRIPT), *args]
     return [sys.executable, "-m", "onward", *args]
 
 

@@ -269,9 +269,9 @@ def entry(argv: list[str] | None = None) -> int:
     """Run the CLI, mapping every error type to its exit status in one place."""
     _hide_passwords_from_ps(sys.argv if argv is None else argv)
     try:
-        main.main(args=argv, prog_name="onward", standalone_mode=False)
-    except click.exceptions.Exit as e:
-        return e.exit_code
+        # Without standalone mode click returns, instead of raising, the status given to ctx.exit() (by
+        # --version, or by onward supervise passing its worker's on); a command that just returns gives None.
+        status = main.main(args=argv, prog_name="onward", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("onward: aborted", err=True)
         return 130
@@ -292,7 +292,7 @@ def entry(argv: list[str] | None = None) -> int:
             if isinstance(e, kind):
                 return code
         return 1
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 def cli_main() -> None:

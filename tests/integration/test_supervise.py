@@ -19,11 +19,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from onward.errors import UsageError
 from onward.store import open_store
 from onward.supervise import backoff_delay, find_run_option, store_url_for
+from tests.conftest import onward_argv, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -126,15 +125,9 @@ if kind == "grandbeat":
         time.sleep(1)
 '''
 
-LAUNCH = "import json, sys\nfrom onward.supervise import Supervisor\nsys.exit(Supervisor(**json.loads(sys.argv[1])).run())\n"
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+# The supervisor's options, as `onward supervise` spells them.
+OPTIONS = {"restart_delay": "--restart-delay", "max_restarts": "--max-restarts", "window": "--window",
+           "watchdog": "--watchdog", "store_url": "--db"}
 
 
 def alive(pid: int) -> bool:
@@ -154,14 +147,15 @@ class Run:
         self.state.mkdir()
         script = tmp / "child.py"
         script.write_text(CHILD)
-        options["command"] = [sys.executable, str(script), str(self.state), plan]
+        flags = [word for key, value in options.items() for word in (OPTIONS[key], str(value))]
         self.stderr_path = self.state / "stderr"
         environment = {**os.environ, "PYTHONPATH": SRC, **(env or {})}
         with open(self.stderr_path, "wb") as err:
             # Its own session: signals for the test's process group never reach it, and SIGSTOP can be
             # sent to its group alone.
-            self.proc = subprocess.Popen([sys.executable, "-c", LAUNCH, json.dumps(options)], stderr=err,
-                                         env=environment, start_new_session=True)
+            self.proc = subprocess.Popen(
+                onward_argv("supervise", *flags, "--", sys.executable, str(script), str(self.state), plan),
+                stderr=err, env=environment, start_new_session=True)
 
     @property
     def log(self) -> str:
@@ -476,27 +470,15 @@ def test_store_is_found_like_onward_run_finds_it(tmp_path: Path, monkeypatch: py
 
 
 # --- the command line ------------------------------------------------------------------------------------
-def test_supervise_command(tmp_path: Path) -> None:
-    from onward.deploy_cli import supervise_command
-
+def test_supervise_restarts_then_exits_with_the_workers_3(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    result = CliRunner().invoke(supervise_command, ["--restart-delay", "0.01", "--", sys.executable,
-                                                    str(script), str(state), "exit:1 exit:3"])
-    assert result.exit_code == 3, result.output
+    done = run_onward("supervise", "--restart-delay", "0.01", "--", sys.executable, str(script), str(state),
+                      "exit:1 exit:3")
+    assert done.returncode == 3, done.stderr
     assert len((state / "starts").read_text().splitlines()) == 2
-
-
-@pytest.mark.parametrize("args", [["--max-restarts", "-1", "--", "true"], ["--window", "0", "--", "true"],
-                                  ["--watchdog", "0", "--", "true"], ["--restart-delay", "-1", "--", "true"],
-                                  ["--"], ["--", "/no/such/program"]])
-def test_supervise_command_rejects_bad_input(args: list[str]) -> None:
-    from onward.deploy_cli import supervise_command
-
-    result = CliRunner().invoke(supervise_command, args)
-    assert isinstance(result.exception, UsageError), result.output
 
 
 # --- with the real worker --------------------------------------------------------------------------------
@@ -513,7 +495,7 @@ def test_onward_run_under_onward_supervise(tmp_path: Path) -> None:
     # `onward supervise -- onward run ...`: the worker is SIGKILLed mid-task and restarted; the restart
     # is in `onward status --json` (restarts) and `onward logs` with its cause; the job finishes with
     # only the interrupted task run twice.
-    onward = [sys.executable, "-m", "onward.cli"]
+    onward = onward_argv()
     names = [f"t{i:02d}" for i in range(1, 11)]
     (tmp_path / "tasks.txt").write_text("\n".join(names) + "\n")
     (tmp_path / "task.py").write_text(TASK)

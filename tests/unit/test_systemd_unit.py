@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from onward import systemd
-from onward.deploy_cli import service_group
 from onward.errors import UsageError
+from tests.conftest import run_onward
 
 needs_verify = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                                   reason="systemd-analyze is not installed")
@@ -158,15 +157,17 @@ def test_install_without_systemd_says_so(tmp_path: Path) -> None:
 
 
 def test_install_dry_run_prints_the_unit_and_writes_nothing(tmp_path: Path) -> None:
-    args = ["install", "--name", "job", "--workdir", str(tmp_path), "--env", "A=1", "--watchdog", "5",
-            "--dry-run", "--", *ONWARD, "run", "--tasks", "t.txt", "--", "true"]
-    result = CliRunner().invoke(service_group, args)
-    assert result.exit_code == 0, result.output
-    assert result.output == systemd.render_unit("job", ONWARD + ["run", "--tasks", "t.txt", "--", "true"],
-                                                workdir=str(tmp_path), env=["A=1"], watchdog=5)
+    done = run_onward("service", "install", "--name", "job", "--workdir", str(tmp_path), "--env", "A=1",
+                      "--watchdog", "5", "--dry-run", "--", *ONWARD, "run", "--tasks", "t.txt", "--", "true",
+                      cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == systemd.render_unit("job", ONWARD + ["run", "--tasks", "t.txt", "--", "true"],
+                                                       workdir=str(tmp_path), env=["A=1"], watchdog=5)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_install_with_a_bad_name_is_a_usage_error() -> None:
-    result = CliRunner().invoke(service_group, ["install", "--name", "a b", "--dry-run", "--", *ONWARD, "run"])
-    assert isinstance(result.exception, UsageError)
+def test_install_with_a_bad_name_is_a_usage_error(tmp_path: Path) -> None:
+    done = run_onward("service", "install", "--name", "a b", "--dry-run", "--", *ONWARD, "run", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.decode().startswith("onward: error: not a valid service name: 'a b'")
+    assert done.stdout == b"" and list(tmp_path.iterdir()) == []

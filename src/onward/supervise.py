@@ -52,7 +52,10 @@ two processes thaw does not matter. All times are ``time.monotonic()``: it runs 
 freezers (hence the check); where a VM suspend stops it too, there is no gap to see and none to forgive.
 
 Restarts are journaled in the store (event kind ``restart``, the cause in its detail) when a store is known,
-so ``onward status`` counts them like systemd's ``NRestarts``; without a store they are only logged.
+so ``onward status`` counts them like systemd's ``NRestarts``; without a store they are only logged. The
+store is looked up at each restart (``--db`` of the supervisor, else the worker's ``--db``, ``ONWARD_DB``,
+or the default file once it exists), so the restarts of a job whose first worker created its store are
+counted too; no store is ever created just to journal.
 """
 
 from __future__ import annotations
@@ -187,7 +190,7 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.window = window
         self.watchdog = watchdog
-        self.store_url = store_url if store_url is not None else store_url_for(self.command, os.environ)
+        self.store_url = store_url  # the explicit --db; else found anew at each restart (see _journal)
         # A gap in the supervisor's own loop above pause_threshold means it was frozen (see the module
         # docstring); the loop wakes every tick so that a gap of that size cannot be its own doing.
         self.pause_threshold = min(1.0, watchdog / 2) if watchdog else 1.0
@@ -404,16 +407,18 @@ class Supervisor:
     def _journal(self, cause: str) -> None:
         """Record one restart in the store. Best effort on purpose: a restart must never fail because the
         store cannot be reached, so any error is reported on stderr and the restart goes on."""
-        if self.store_url is None:
+        # Looked up at each restart, not once at start: in a fresh folder the worker creates the store.
+        url = self.store_url if self.store_url is not None else store_url_for(self.command, os.environ)
+        if url is None:
             return
         try:
-            store = open_store(self.store_url, create=False)  # journaling never creates a store
+            store = open_store(url, create=False)  # journaling never creates a store
             try:
                 store.log_event("restart", detail=cause, durable=True)
             finally:
                 store.close()
         except Exception as exc:  # noqa: BLE001 - see the docstring
-            log(f"could not record the restart in {redact_url(self.store_url)}: {scrub(str(exc), url_secrets(self.store_url))}")
+            log(f"could not record the restart in {redact_url(url)}: {scrub(str(exc), url_secrets(url))}")
 
 
 def _pidfd(pid: int) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -531,3 +532,84 @@ def test_onward_run_under_onward_supervise(tmp_path: Path) -> None:
     assert [line for line in journal.splitlines() if "restart" in line and "signal SIGKILL" in line]
     again = [task for task, attempt in starts() if attempt != "1"]
     assert len(again) <= 1 and sorted(task for task, attempt in starts() if attempt == "1") == names
+
+
+class Supervised:
+    """``onward supervise [OPTIONS] -- onward run [RUN...]`` started in ``cwd`` as a user would, with its
+    stderr in a file."""
+
+    def __init__(self, cwd: Path, options: list[str], run: list[str], env: dict[str, str] | None = None) -> None:
+        self.cwd = cwd
+        self.stderr_path = cwd / f"supervise-{uuid.uuid4().hex[:8]}.err"
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(onward_argv("supervise", *options, "--", *onward_argv("run", *run)),
+                                         stderr=err, cwd=cwd, env={**os.environ, "PYTHONPATH": SRC, **(env or {})},
+                                         start_new_session=True)
+
+    @property
+    def log(self) -> str:
+        return self.stderr_path.read_text()
+
+    def workers(self) -> list[int]:
+        return [int(pid) for pid in re.findall(r"onward supervise pid=\d+ worker (\d+) started: ", self.log)]
+
+    def ready(self, n: int, timeout: float = 20) -> int:
+        """The pid of the Nth worker, once it said READY=1."""
+        wait_for(lambda: len(self.workers()) >= n and f"worker {self.workers()[n - 1]} ready" in self.log,
+                 timeout, f"worker {n} to be ready; log:\n{self.log}")
+        return self.workers()[n - 1]
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"supervisor still running after {timeout} s; its log:\n{self.log}") from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # its worker follows (PR_SET_PDEATHSIG)
+            self.proc.wait()
+
+
+@pytest.fixture
+def supervised(tmp_path: Path) -> Iterator[Callable[..., Supervised]]:
+    started: list[Supervised] = []
+
+    def start(options: list[str], run: list[str], env: dict[str, str] | None = None) -> Supervised:
+        started.append(Supervised(tmp_path, options, run, env))
+        return started[-1]
+
+    yield start
+    for job in started:
+        job.kill()
+
+
+def status_of(cwd: Path) -> dict[str, object]:
+    done = run_onward("status", "--json", cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    report: dict[str, object] = json.loads(done.stdout)
+    return report
+
+
+def test_a_restart_is_journaled_in_the_store_the_worker_created(supervised: Callable[..., Supervised],
+                                                                tmp_path: Path) -> None:
+    # A fresh folder: no store exists when the supervisor starts; the worker creates the default one.
+    (tmp_path / "t.txt").write_text("a\n")
+    job = supervised([], ["--tasks", "t.txt", "--grace", "0.5", "--", "sleep", "60"])
+    os.kill(job.ready(1), signal.SIGKILL)
+    job.ready(2)
+    assert job.stop() == 0
+    assert "could not record" not in job.log
+    assert status_of(tmp_path)["restarts"] == 1
+    journal = run_onward("logs", cwd=tmp_path).stdout.decode().splitlines()
+    assert [line for line in journal if "restart" in line and "signal SIGKILL" in line], journal
+
+
+def test_journaling_a_restart_creates_no_store(tmp_path: Path) -> None:
+    done = run_onward("supervise", "--max-restarts", "1", "--restart-delay", "0", "--", "sh", "-c", "exit 1",
+                      cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert b"could not record" not in done.stderr
+    assert list(tmp_path.iterdir()) == []

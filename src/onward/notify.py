@@ -26,6 +26,13 @@ class Notifier:
         self._watchdog_every = (watchdog_usec / 1e6 / 4) if watchdog_usec else 0.0
         self._last_watchdog = 0.0
 
+    @property
+    def watchdog_every(self) -> float | None:
+        """How often the loop calling ``watchdog()`` must wake, whatever else it waits for: a loop that
+        wakes at least this often sends WATCHDOG=1 at least every half period (systemd asks for that).
+        None without a watchdog."""
+        return self._watchdog_every or None
+
     @classmethod
     def from_env(cls) -> Notifier:
         address = os.environ.get("NOTIFY_SOCKET")

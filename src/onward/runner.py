@@ -248,6 +248,9 @@ class Runner:
                 timeout = min(timeout, idle_wait)
             if self._unsettled:
                 timeout = min(timeout, UNSETTLED_RETRY)  # outcomes wait in memory for the store to come back
+            if self.notifier.watchdog_every is not None:
+                # A watchdog shorter than the heartbeat must still be fed, from this loop turning.
+                timeout = min(timeout, self.notifier.watchdog_every)
             self._wait(max(0.0, timeout))
 
     def _tick_period(self) -> float:

@@ -82,3 +82,28 @@ def test_no_socket_no_messages(tmp_path: Path) -> None:
     r = run_onward("run", "--db", db, "--", "true", env={"NOTIFY_SOCKET": str(tmp_path / "nobody-listens")})
     assert r.returncode == 0, r.stderr  # a supervisor that went away never stops the work
     assert time.monotonic() - started < 30
+
+
+def test_a_short_watchdog_is_fed_whatever_the_heartbeat(tmp_path: Path) -> None:
+    # WATCHDOG_USEC of 1 s with --heartbeat 30 and a task that blocks: the loop must still wake (and send
+    # WATCHDOG=1) at least twice a watchdog period, or systemd / onward supervise kills a healthy worker.
+    address = str(tmp_path / "notify.sock")
+    sock = listen(address)
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "a")
+    gate = tmp_path / "gate"
+    worker = subprocess.Popen(
+        onward_argv("run", "--db", db, "--heartbeat", "30", "--grace", "1", "--", "sh", "-c",
+                    f"while [ ! -e {gate} ]; do sleep 0.02; done"),
+        env=dict(os.environ, PYTHONPATH=SRC, NOTIFY_SOCKET=address, WATCHDOG_USEC="1000000"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    messages: list[str] = []
+    try:
+        wait_for(lambda: any(m.startswith("READY=1") for m in drain(sock, messages)), 20, "READY=1")
+        after_ready = len(messages)
+        wait_for(lambda: sum(m == "WATCHDOG=1" for m in drain(sock, messages)[after_ready:]) >= 6, 10,
+                 "WATCHDOG=1 every quarter second or so while the task runs")
+    finally:
+        gate.touch()
+        worker.wait(timeout=20)
+        sock.close()

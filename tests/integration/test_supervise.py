@@ -613,3 +613,14 @@ def test_journaling_a_restart_creates_no_store(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr
     assert b"could not record" not in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_short_watchdog_does_not_kill_a_healthy_worker(supervised: Callable[..., Supervised],
+                                                         tmp_path: Path) -> None:
+    # --watchdog 2 is shorter than the worker's heartbeat (5 s by default) and than its task.
+    (tmp_path / "t.txt").write_text("a\n")
+    job = supervised(["--watchdog", "2"], ["--tasks", "t.txt", "--", "sleep", "3"])
+    assert job.proc.wait(60) == 0, job.log
+    assert "watchdog:" not in job.log and len(job.workers()) == 1
+    report = status_of(tmp_path)
+    assert (report["done"], report["restarts"]) == (1, 0)

@@ -10,6 +10,10 @@ import os
 import socket
 import time
 
+# A custom sd_notify field (sd_notify(3): custom fields start with X_, systemd ignores them): the worker
+# settled a task. ``onward supervise`` reads it; see ``onward.supervise``.
+PROGRESS_FIELD = "X_ONWARD_PROGRESS"
+
 
 class Notifier:
     """Sends sd_notify messages; every method is a no-op when no supervisor listens."""
@@ -25,6 +29,7 @@ class Notifier:
         # rarely enough that the hot loop does not pay a syscall per task.
         self._watchdog_every = (watchdog_usec / 1e6 / 4) if watchdog_usec else 0.0
         self._last_watchdog = 0.0
+        self._progress_sent = False
 
     @property
     def watchdog_every(self) -> float | None:
@@ -70,6 +75,13 @@ class Notifier:
         if now - self._last_watchdog >= self._watchdog_every:
             self._last_watchdog = now
             self.send("WATCHDOG=1")
+
+    def progress(self) -> None:
+        """Tell the supervisor, once per process, that this worker settled a task (committed its outcome):
+        ``onward supervise`` then restarts it without backoff and does not count its death as a crash loop."""
+        if not self._progress_sent:
+            self._progress_sent = True
+            self.send(PROGRESS_FIELD + "=1")
 
     def stopping(self) -> None:
         self.send("STOPPING=1")

@@ -328,6 +328,8 @@ class Runner:
             self.running.pop(execution.claim.task_id, None)
         for report in after_commit:
             report()
+        if self.summary.done or self.summary.failed or self.summary.retried:
+            self.notifier.progress()  # a supervisor does not treat a worker that gets somewhere as crash-looping
         for claim in claims:
             self.log.debug(f"claimed task={quote(claim.name)} attempt={claim.attempt}")
         return claims

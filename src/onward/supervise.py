@@ -22,9 +22,21 @@ Restart rules (exit statuses are those of ``onward run``):
 - exit 2 (usage or configuration error): exit 2, no restart, since a restart would fail the same way;
 - any other exit status, death by a signal, or a watchdog kill: restart after a delay. The delay is
   ``restart_delay * 2 ** (streak - 1)``, at most ``MAX_BACKOFF`` seconds, where ``streak`` counts the
-  consecutive runs that lasted less than ``FAST_CRASH`` seconds (a run that lasted longer resets it to 1).
-  A worker killed once in a while is back after ``restart_delay``; one that dies at start-up backs off.
-- more than ``max_restarts`` restarts within ``window`` seconds: one line on stderr and exit 1.
+  consecutive runs that lasted less than ``FAST_CRASH`` seconds and made no progress (a run that lasted
+  longer, or made progress, resets it to 1). A worker killed once in a while, or however often as long as
+  it gets somewhere, is back after ``restart_delay``; one that dies at start-up backs off.
+- more than ``max_restarts`` restarts within ``window`` seconds: one line on stderr and exit 1. Only runs
+  without progress count, and a run with progress forgets the restarts before it: a worker that keeps
+  settling tasks is never given up on, however often it is killed; one that settles nothing (it dies at
+  start-up, or before it finishes any task) is stopped as before.
+
+Progress. A run made progress when the child said ``READY=1`` and then ``X_ONWARD_PROGRESS=1``, a custom
+sd_notify field (``X_`` prefix, which systemd ignores) that ``onward run`` sends once, right after its first
+commit that settled a task (done, failed, or a failed attempt to be retried). It is an explicit message,
+not read from ``STATUS=``: that text is only sent every ``--heartbeat``, and a worker killed more often
+would never show its progress in it. A child that does not speak it is treated as making no progress, as
+before. What the supervisor prints when a child dies says how long it ran, whether it made progress, and
+its last ``STATUS=`` with that status's age, so an old count is not mistaken for the current one.
 - SIGTERM or SIGINT to the supervisor is forwarded to the child's pid (not its group: the worker stops its
   tasks itself, within its ``--grace``), the watchdog is disarmed as systemd does once a stop begins, and no
   restart follows: the supervisor exits with the child's status (128 + N for death by signal N).
@@ -75,6 +87,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from onward.errors import UsageError
 from onward.log import Log
+from onward.notify import PROGRESS_FIELD
 from onward.proc import die_with_parent_preexec, prepare_die_with_parent
 from onward.secrets import redact_url, scrub, url_secrets
 from onward.store import DEFAULT_DB, open_store
@@ -195,7 +208,10 @@ class Supervisor:
         # docstring); the loop wakes every tick so that a gap of that size cannot be its own doing.
         self.pause_threshold = min(1.0, watchdog / 2) if watchdog else 1.0
         self.tick = min(0.1, self.pause_threshold / 5)
-        self.last_status: str | None = None  # the child's latest STATUS=, shown when it dies
+        # What the current child said: its latest STATUS= and when it came (monotonic), and whether it
+        # reported progress (see the module docstring). Shown and used when it dies.
+        self.last_status: tuple[str, float] | None = None
+        self.progressed = False
         self._stop_signal: int | None = None
         self._wake_r: socket.socket | None = None
 
@@ -231,26 +247,31 @@ class Supervisor:
                     "not restarting")
                 return returncode
             cause = watchdog_cause or status
-            last = f" (last status: {self.last_status})" if self.last_status else ""
-            log(f"worker {child.pid} died: {cause}{last}")
             now = time.monotonic()
+            log(f"worker {child.pid} died: {cause} after {ran_for:.1f} s{self._last_words(now)}")
             while restarts and restarts[0] <= now - self.window:
                 restarts.popleft()
-            if len(restarts) >= self.max_restarts:
+            if self.progressed:
+                # Not a crash loop: the restarts before this progress do not count against it either.
+                restarts.clear()
+                counted = "it made progress, not counted toward --max-restarts"
+            elif len(restarts) >= self.max_restarts:
                 log(f"giving up after {len(restarts)} restarts within {self.window:g} s "
                     f"(--max-restarts {self.max_restarts}): the worker keeps dying, last by {cause}")
                 return 1
-            restarts.append(now)
-            streak = streak + 1 if ran_for < FAST_CRASH else 1
+            else:
+                restarts.append(now)
+                counted = f"restart {len(restarts)} in {self.window:g} s window"
+            streak = streak + 1 if ran_for < FAST_CRASH and not self.progressed else 1
             delay = backoff_delay(self.restart_delay, streak)
-            log(f"restarting worker after {cause} (restart {len(restarts)} in {self.window:g} s window"
+            log(f"restarting worker after {cause} ({counted}"
                 + (f", backing off {delay:g} s)" if delay > self.restart_delay else ")"))
             self._journal(cause)
             if not self._wait_unless_stopped(now + delay):
                 log(f"{signal.Signals(self._stop_signal or signal.SIGTERM).name} received while waiting to "
                     "restart; not restarting")
                 return exit_code(returncode)
-            self.last_status = None
+            self.last_status, self.progressed = None, False
             child = self._spawn(path, first=False)
         return 1
 
@@ -284,6 +305,7 @@ class Supervisor:
         """Serve the child's notifications until it is gone. Returns its returncode, and the cause if the
         watchdog killed it."""
         pidfd = _pidfd(child.pid)
+        ready = False
         try:
             armed_at = time.monotonic()
             deadline = armed_at + self.watchdog if self.watchdog else None
@@ -309,9 +331,13 @@ class Supervisor:
                     elif deadline is not None and ("WATCHDOG" in message or "READY" in message):
                         armed_at, deadline = now, now + (self.watchdog or 0)
                     if message.get("READY") == "1":
+                        ready = True
                         log(f"worker {child.pid} ready")
                     if "STATUS" in message:
-                        self.last_status = message["STATUS"]
+                        self.last_status = (message["STATUS"], now)
+                    if message.get(PROGRESS_FIELD) == "1" and ready and not self.progressed:
+                        self.progressed = True
+                        log(f"worker {child.pid} made progress")
                     if message.get("STOPPING") == "1":
                         log(f"worker {child.pid} stopping")
                         deadline = None
@@ -348,6 +374,14 @@ class Supervisor:
                 log(f"worker {child.pid} has not died 1 s after SIGKILL (frozen?); waiting for it")
                 warned = True
         return child.wait()
+
+    def _last_words(self, now: float) -> str:
+        """What the dead child last told about itself, dated: its STATUS= may be older than its progress."""
+        words = "; it made progress" if self.progressed else ""
+        if self.last_status is not None:
+            text, when = self.last_status
+            words += f"; its last status, {now - when:.1f} s before: {text}"
+        return words
 
     # --- signals -------------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,7 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 #   wedge         READY=1, three beats, then a catastrophic-backtracking regex in the main thread
 #   grandbeat     READY=1, silence, but a grandchild in its process group sends WATCHDOG=1
 #   notifier:S    onward.notify.Notifier: ready() and watchdog() every 10 ms for S seconds, exit 0
+#   progress:N    onward.notify.Notifier: ready(), then progress() (it settled a task), then exit N
 # Each start appends "pid monotonic-time" to STATE/starts; the last beat's time goes to STATE/lastbeat.
 CHILD = r'''
 import os, re, signal, socket, sys, time
@@ -80,6 +82,13 @@ if kind in ("beat", "beatfor", "sleep"):
         stop.append(signum)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+
+if kind == "progress":
+    from onward.notify import Notifier
+    notifier = Notifier.from_env()
+    notifier.ready()
+    notifier.progress()
+    sys.exit(int(arg))
 
 if kind == "notifier":
     from onward.notify import Notifier
@@ -224,6 +233,23 @@ def test_restarts_a_worker_killed_by_sigkill(supervise: Callable[..., Run]) -> N
     assert run.events() == ["SIGTERM"]
 
 
+def test_the_last_status_of_a_dead_worker_is_shown_with_its_age(supervise: Callable[..., Run]) -> None:
+    # The worker said "STATUS=run 1" at its start and nothing since: when it dies, that text is shown as
+    # what it is, an old status, not as the worker's state at its death.
+    run = supervise("beat")
+    first = run.child(1)
+    started = run.starts()[0][1]
+    wait_for(lambda: time.monotonic() - started > 1.5, 5, "the worker to run 1.5 s")
+    os.kill(first, signal.SIGKILL)
+    run.child(2)
+    found = re.search(r"worker \d+ died: signal SIGKILL after (\d+\.\d) s; its last status, (\d+\.\d) s before: "
+                      r"run 1\n", run.log)
+    assert found, run.log
+    assert float(found[1]) >= 1.5 and float(found[2]) >= 1.4
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 0
+
+
 @pytest.mark.parametrize("status", [0, 2, 3])
 def test_no_restart_after_exit_0_2_3(supervise: Callable[..., Run], status: int) -> None:
     run = supervise(f"exit:{status} beat")
@@ -263,6 +289,24 @@ def test_gives_up_after_a_crash_loop_with_one_line(supervise: Callable[..., Run]
     assert "backing off 0.1 s" in run.log and "backing off 0.2 s" in run.log
     times = [t for _, t in run.starts()]
     assert times[3] - times[2] >= 0.2
+
+
+def test_a_worker_that_makes_progress_is_restarted_at_once_and_never_given_up(
+        supervise: Callable[..., Run]) -> None:
+    # Each run reaches READY and settles a task before it dies: no backoff, and dying more often than
+    # --max-restarts allows within the window is not a crash loop.
+    run = supervise("progress:1 progress:1 progress:1 progress:1 progress:1 exit:0", max_restarts=2)
+    assert run.wait() == 0, run.log
+    assert len(run.starts()) == 6
+    assert "giving up" not in run.log and "backing off" not in run.log
+    assert run.log.count("it made progress, not counted toward --max-restarts") == 5
+
+
+def test_progress_then_a_crash_loop_is_still_given_up_on(supervise: Callable[..., Run]) -> None:
+    run = supervise("progress:1 exit:1", restart_delay=0.01, max_restarts=2)
+    assert run.wait() == 1
+    assert len(run.starts()) == 4  # the progressing run, then a first start and 2 restarts without progress
+    assert "giving up after 2 restarts" in run.log
 
 
 def test_restarts_older_than_the_window_do_not_count(supervise: Callable[..., Run]) -> None:
@@ -523,7 +567,7 @@ def test_onward_run_under_onward_supervise(tmp_path: Path) -> None:
         if supervisor.poll() is None:
             supervisor.kill()
     log = stderr.read_text()
-    assert "restarting worker after signal SIGKILL (restart 1 in 60 s window)" in log
+    assert "restarting worker after signal SIGKILL (it made progress, not counted toward --max-restarts)" in log
     report = json.loads(subprocess.run([*onward, "status", "--db", db, "--json"], env=env, check=True,
                                        capture_output=True, text=True).stdout)
     assert (report["done"], report["failed"], report["restarts"]) == (10, 0, 1)
@@ -586,10 +630,10 @@ def supervised(tmp_path: Path) -> Iterator[Callable[..., Supervised]]:
         job.kill()
 
 
-def status_of(cwd: Path) -> dict[str, object]:
+def status_of(cwd: Path) -> dict[str, Any]:
     done = run_onward("status", "--json", cwd=cwd)
     assert done.returncode == 0, done.stderr
-    report: dict[str, object] = json.loads(done.stdout)
+    report: dict[str, Any] = json.loads(done.stdout)
     return report
 
 
@@ -624,3 +668,33 @@ def test_a_short_watchdog_does_not_kill_a_healthy_worker(supervised: Callable[..
     assert "watchdog:" not in job.log and len(job.workers()) == 1
     report = status_of(tmp_path)
     assert (report["done"], report["restarts"]) == (1, 0)
+
+
+def test_backoff_does_not_starve_a_worker_killed_often_while_finishing_tasks(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    # The worker is SIGKILLed once it has settled a task, five times, fast (each run well under 2 s), with
+    # --max-restarts 2: every restart comes after the plain --restart-delay, and none counts as a crash loop.
+    (tmp_path / "t.txt").write_text("".join(f"t{i}\n" for i in range(200)))
+    job = supervised(["--max-restarts", "2"], ["--tasks", "t.txt", "-q", "--", "sleep", "0.05"])
+    for n in range(1, 6):
+        worker = job.ready(n)
+        done_before = int(status_of(tmp_path)["done"])
+        wait_for(lambda: int(status_of(tmp_path)["done"]) > done_before, 20,
+                 "the worker to settle a task")
+        os.kill(worker, signal.SIGKILL)
+    job.ready(6)
+    assert job.stop() == 0, job.log
+    assert "backing off" not in job.log and "giving up" not in job.log
+    assert job.log.count("it made progress, not counted toward --max-restarts") == 5
+
+
+def test_a_worker_that_dies_without_settling_a_task_is_still_given_up_on(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    # The control: READY, but killed before any task is settled, each time.
+    (tmp_path / "t.txt").write_text("a\n")
+    job = supervised(["--max-restarts", "2", "--restart-delay", "0.05"],
+                     ["--tasks", "t.txt", "--max-attempts", "9", "--", "sleep", "60"])
+    for n in range(1, 4):
+        os.kill(job.ready(n), signal.SIGKILL)
+    assert job.proc.wait(30) == 1, job.log
+    assert "giving up after 2 restarts" in job.log and "made progress" not in job.log

@@ -255,12 +255,14 @@ def _quiet_broken_pipe() -> None:
 
 
 def _hide_passwords_from_ps(argv: list[str]) -> None:
-    """A store URL with a password on the command line (``--db postgresql://u:secret@…``, also in the
-    command given to ``onward supervise``) is visible to every user through ``ps``: blank it out at once."""
+    """A store URL with a password on the command line (``--db postgresql://u:secret@…`` or
+    ``--db=postgresql://…``, also in the command given to ``onward supervise``) is visible to every user
+    through ``ps``: blank it out at once."""
     from .secrets import hide_secrets_in_argv, url_secrets
 
-    secrets = [secret for arg in argv if "://" in arg for secret in url_secrets(arg)]
-    hide_secrets_in_argv(secrets)
+    # In "--db=URL" (or "NAME=URL" for env) the URL starts after the "=": as a whole the word is no URL.
+    urls = [arg.partition("=")[2] if "=" in arg.partition("://")[0] else arg for arg in argv if "://" in arg]
+    hide_secrets_in_argv([secret for url in urls for secret in url_secrets(url)])
 
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from onward.store import open_store
 from onward.supervise import backoff_delay, find_run_option, store_url_for
+from tests import pgutil
 from tests.conftest import onward_argv, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -698,3 +699,23 @@ def test_a_worker_that_dies_without_settling_a_task_is_still_given_up_on(
         os.kill(job.ready(n), signal.SIGKILL)
     assert job.proc.wait(30) == 1, job.log
     assert "giving up after 2 restarts" in job.log and "made progress" not in job.log
+
+
+# --- secrets ---------------------------------------------------------------------------------------------
+def test_a_password_given_as_db_equals_url_is_hidden_from_ps_of_the_supervisor(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    # `--db=postgresql://u:pw@...` (one word, with "="), to the worker and to the supervisor itself: ps of
+    # the running supervisor (its /proc/PID/cmdline) must not show the password before any restart.
+    secret = f"pw-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "t.txt").write_text("a\n")
+    with pgutil.fresh_database() as url:
+        with_password = url.replace(f"{pgutil.PG_USER}@", f"{pgutil.PG_USER}:{secret}@")
+        job = supervised([f"--db={with_password}"],
+                         [f"--db={with_password}", "--tasks", "t.txt", "--grace", "0.5", "--", "sleep", "60"])
+        worker = job.ready(1)
+        for pid in (job.proc.pid, worker):
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+            assert secret not in title, title
+            assert f"--db=postgresql://{pgutil.PG_USER}:{'*' * len(secret)}@" in title  # wiped in place
+        assert job.stop() == 0, job.log
+    assert secret not in job.log

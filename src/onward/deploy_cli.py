@@ -52,21 +52,22 @@ def service_group() -> None:
 @click.option("--workdir", default=None,
               help="Working directory; relative paths in CMD are taken from here [default: the current one].")
 @click.option("--env", "env", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
-@click.option("--watchdog", type=float, default=None, metavar="S",
-              help="WatchdogSec: systemd kills and restarts a worker silent for S seconds.")
+@click.option("--watchdog", type=float, default=systemd.DEFAULT_WATCHDOG, show_default=True, metavar="S",
+              help="WatchdogSec: systemd kills and restarts a worker silent for S seconds (0: no watchdog).")
 @click.option("--dry-run", is_flag=True, help="Print the unit and change nothing.")
 @_COMMAND
 def install_command(name: str, user: str | None, workdir: str | None, env: tuple[str, ...],
-                    watchdog: float | None, dry_run: bool, command: tuple[str, ...]) -> None:
-    """Write /etc/systemd/system/NAME.service for CMD, then enable and start it.
+                    watchdog: float, dry_run: bool, command: tuple[str, ...]) -> None:
+    """Write /etc/systemd/system/NAME.service for CMD, then enable and start it. Secrets (a password in
+    the store URL, --env values named like PASSWORD or TOKEN) go to /etc/onward/NAME.env, mode 0600.
 
     \b
     Example:
-      onward service install --name crawl --watchdog 30 -- onward run --tasks urls.txt -- fetch {task}
+      onward service install --name crawl -- onward run --tasks urls.txt -- fetch {task}
     """
     if dry_run:
-        click.echo(systemd.render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog),
-                   nl=False)
+        unit = systemd.render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog)
+        click.echo(unit.dry_run_text(), nl=False)
         return
     path = systemd.install(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog)
     click.echo(f"installed {path}; {systemd.unit_name(name)} enabled and started")

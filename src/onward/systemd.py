@@ -4,25 +4,38 @@ removing and querying it with ``systemctl`` (never through a shell).
 The unit makes systemd do what ``onward supervise`` does elsewhere (see ``onward.supervise``):
 ``Type=notify`` with ``NotifyAccess=main`` (the worker sends ``READY=1``, ``STATUS=``, ``WATCHDOG=1`` and
 ``STOPPING=1`` from its main loop), ``Restart=on-failure`` after a short ``RestartSec``, ``WatchdogSec=`` for
-a wedged worker, and a start limit equal to the supervisor's crash-loop limit. systemd 252 has no
-exponential restart backoff (``RestartSteps=`` came in 254), so the start limit is what stops a crash loop.
+a wedged worker (on by default: ``DEFAULT_WATCHDOG``), and a start limit equal to the supervisor's
+crash-loop limit. systemd 252 has no exponential restart backoff (``RestartSteps=`` came in 254), so the
+start limit is what stops a crash loop; unlike ``onward supervise`` it counts every start, progress or not.
+
+Secrets. The unit file is world-readable (0644) and ``--dry-run`` prints it, so it holds no secret. A
+secret goes to the unit's ``EnvironmentFile=`` (``ENV_DIR/NAME.env``, 0600 in a 0700 folder, read by
+systemd as root before it starts the worker): a store URL with a password given as ``onward run --db``
+(it becomes ``ONWARD_DB``, so it is never in the worker's command line either), any other command word
+holding a URL with a password (``${ONWARD_SECRET_N}`` in ``ExecStart``, which systemd expands to the same
+single word), and every ``--env`` (or carried ``ONWARD_DB``) whose value holds a URL with a password or
+whose name says it is one (``SECRET_NAME``: PASSWORD, TOKEN, KEY ...). ``--dry-run`` shows them as ``***``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from onward.errors import OnwardError, UsageError
+from onward.secrets import redact_url
 from onward.supervise import DEFAULT_MAX_RESTARTS, DEFAULT_WINDOW, find_run_option, onward_run_span
 
 UNIT_DIR = "/etc/systemd/system"
+ENV_DIR = "/etc/onward"  # the units' EnvironmentFiles, holding their secrets
+DEFAULT_WATCHDOG = 30.0  # WatchdogSec unless --watchdog says otherwise (0: none)
 RESTART_SEC = "200ms"
 DEFAULT_GRACE = 10.0  # onward run's --grace default
 STOP_MARGIN = 10.0  # TimeoutStopSec = grace + this: time to terminate the tasks and record the stop
@@ -36,6 +49,9 @@ _USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Words that need no quotes in ExecStart (after doubling % and $).
 _PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./{}-]+")
+_ENV_FILE_SPECIAL = re.compile(r'["\\`$]')
+# An --env variable whose name says that its value is a secret.
+SECRET_NAME = re.compile(r"(^|_)(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN|KEY|CREDENTIALS?|AUTH)(_|$)", re.IGNORECASE)
 
 
 def unit_name(name: str) -> str:
@@ -44,6 +60,11 @@ def unit_name(name: str) -> str:
     if not base or not _UNIT_NAME.fullmatch(base) or len(base) > 255 - len(".service") or base[0] == ".":
         raise UsageError(f"not a valid service name: {name!r} (use letters, digits and : _ . - \\)")
     return base + ".service"
+
+
+def environment_file_path(service: str, env_dir: str = ENV_DIR) -> str:
+    """Where the secrets of ``NAME.service`` go: ``ENV_DIR/NAME.env``."""
+    return os.path.join(env_dir, service[: -len(".service")] + ".env")
 
 
 def _escape(text: str, what: str, dollar: bool) -> str:
@@ -113,16 +134,57 @@ def _executable(word: str, base: str, required: bool = True) -> str:
     return word
 
 
+@dataclass(frozen=True)
+class Unit:
+    """A rendered service: ``text`` is the unit file, which holds no secret; ``secrets`` are the variables of
+    its EnvironmentFile ``environment_file`` (none: the unit names no such file and none is written)."""
+
+    service: str  # NAME.service
+    text: str
+    environment_file: str
+    secrets: dict[str, str]
+
+    def environment_file_text(self) -> str:
+        """The EnvironmentFile: one ``KEY="VALUE"`` line each, quoted by systemd's rules for such files (a
+        backslash before each of ``" \\ ` $``, the only characters it unescapes inside double quotes)."""
+        return "".join(f'{key}="{_env_file_quote(value)}"\n' for key, value in self.secrets.items())
+
+    def dry_run_text(self) -> str:
+        """The unit, then what the EnvironmentFile would hold, with every secret shown as ``***``."""
+        if not self.secrets:
+            return self.text
+        shown = "".join(f"# {key}={_masked(value)}\n" for key, value in self.secrets.items())
+        return f"{self.text}\n# {self.environment_file} (mode 0600):\n{shown}"
+
+
+def _env_file_quote(value: str) -> str:
+    return _ENV_FILE_SPECIAL.sub(lambda m: "\\" + m[0], value)
+
+
+def _masked(value: str) -> str:
+    redacted = redact_url(value)
+    return redacted if redacted != value else "***"
+
+
+def _is_secret(name: str, value: str) -> bool:
+    return bool(SECRET_NAME.search(name)) or redact_url(value) != value
+
+
 def render_unit(name: str, command: Sequence[str], user: str | None = None, workdir: str | None = None,
-                env: Iterable[str] = (), watchdog: float | None = None, grace: float | None = None) -> str:
-    """The text of ``NAME.service`` running ``command`` (usually ``onward run ...``).
+                env: Iterable[str] = (), watchdog: float = DEFAULT_WATCHDOG, grace: float | None = None,
+                environ: Mapping[str, str] | None = None, env_dir: str = ENV_DIR) -> Unit:
+    """``NAME.service`` running ``command`` (usually ``onward run ...``), and its secrets (see the module
+    docstring).
 
     ``workdir`` defaults to the current directory; relative paths in the command are resolved against it
-    (see ``resolve_command``). ``env`` holds ``K=V`` strings. ``grace`` is the worker's ``--grace``; when
-    None it is read from the command, else onward's default of 10 s. Nothing is written or started: the
+    (see ``resolve_command``). ``env`` holds ``K=V`` strings. ``watchdog`` is ``WatchdogSec`` in seconds, 0
+    for none. ``grace`` is the worker's ``--grace``; when None it is read from the command, else onward's
+    default of 10 s. ``environ`` (default ``os.environ``) gives an exported ``ONWARD_DB``, carried into the
+    unit when neither the command's ``--db`` nor ``env`` sets the store. Nothing is written or started: the
     function only reads the file system to find executables.
     """
     service = unit_name(name)
+    environ = os.environ if environ is None else environ
     workdir = os.path.abspath(os.path.expanduser(workdir or os.getcwd()))
     words = resolve_command(command, workdir)
     if grace is None:
@@ -132,18 +194,41 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
             grace = float(text)
         except ValueError:
             raise UsageError(f"--grace: not a number of seconds: {text!r}") from None
-    if not grace >= 0:
+    if not (grace >= 0 and math.isfinite(grace)):
         raise UsageError(f"grace must be 0 or more seconds, not {grace}")
-    if watchdog is not None and not watchdog > 0:
-        raise UsageError(f"--watchdog must be more than 0 seconds, not {watchdog}")
+    if not (watchdog >= 0 and math.isfinite(watchdog)):
+        raise UsageError(f"--watchdog must be 0 (none) or more seconds, not {watchdog}")
     if user is not None and not _USER_NAME.fullmatch(user):
         raise UsageError(f"not a valid user name: {user!r}")
-    environment = []
+    variables: dict[str, str] = {}
     for item in env:
         key, sep, value = item.partition("=")
         if not sep or not _ENV_NAME.fullmatch(key):
             raise UsageError(f"--env wants NAME=VALUE with NAME made of letters, digits and _: {item!r}")
-        environment.append(f'Environment="{key}={_escape(value, "--env " + key, dollar=False)}"')
+        _escape(value, "--env " + key, dollar=False)  # refuses control characters
+        variables[key] = value
+    secrets: dict[str, str] = {}
+    db = find_run_option(words, "--db")
+    if db is None and "ONWARD_DB" not in variables and environ.get("ONWARD_DB"):
+        value = environ["ONWARD_DB"]
+        variables["ONWARD_DB"] = value if "://" in value else os.path.normpath(os.path.join(workdir, value))
+    elif db is not None and redact_url(db[2]) != db[2]:
+        # The store's password: in the EnvironmentFile as ONWARD_DB, out of the unit and of the command line.
+        index, prefix, value = db
+        del words[index if prefix else index - 1: index + 1]
+        secrets["ONWARD_DB"] = value
+    for i, word in enumerate(words):
+        if redact_url(word) != word:
+            key = f"ONWARD_SECRET_{len(secrets) + 1}"
+            secrets[key] = word
+            words[i] = "${" + key + "}"  # systemd puts the value back as this one word
+    environment = []
+    for key, value in variables.items():
+        if _is_secret(key, value):
+            secrets[key] = value
+        else:
+            environment.append(f'Environment="{key}={_escape(value, "--env " + key, dollar=False)}"')
+    environment_file = environment_file_path(service, env_dir)
 
     lines = [
         "# Written by `onward service install`. After editing: systemctl daemon-reload",
@@ -159,17 +244,21 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
         "# onward run speaks sd_notify: READY=1 once its store is open, STATUS=, WATCHDOG=1 from its main loop.",
         "Type=notify",
         "NotifyAccess=main",
-        "ExecStart=" + " ".join(quote_exec_word(word) for word in words),
+        "ExecStart=" + " ".join(word if word.startswith("${ONWARD_SECRET_") else quote_exec_word(word)
+                                for word in words),
         f"WorkingDirectory={_plain_path(workdir)}",
     ]
     if user is not None:
         lines.append(f"User={user}")
     lines += environment
+    if secrets:
+        lines += ["# Secrets (the store's password, tokens): a file only root can read.",
+                  f"EnvironmentFile={_plain_path(environment_file)}"]
     lines += [
         "Restart=on-failure",
         f"RestartSec={RESTART_SEC}",
     ]
-    if watchdog is not None:
+    if watchdog:
         lines.append(f"WatchdogSec={_timespan(watchdog)}")
     lines += [
         "# SIGTERM goes to the worker alone: it stops claiming and lets running tasks finish within its",
@@ -178,16 +267,16 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
         "KillSignal=SIGTERM",
         "KillMode=mixed",
         f"TimeoutStopSec={_timespan(grace + STOP_MARGIN)}",
-        "# 3: the job finished with some tasks failed; 2: a usage or configuration error that a restart",
-        "# would only repeat. Neither is restarted nor marks the unit failed.",
-        "SuccessExitStatus=2 3",
+        "# 2: a usage or configuration error, 3: the job finished with some tasks failed; a restart would",
+        "# only repeat either. 3 is a success; 2 leaves the unit failed, so `systemctl --failed` shows it.",
+        "SuccessExitStatus=3",
         "RestartPreventExitStatus=2 3",
         "",
         "[Install]",
         "WantedBy=multi-user.target",
         "",
     ]
-    return "\n".join(lines)
+    return Unit(service=service, text="\n".join(lines), environment_file=environment_file, secrets=secrets)
 
 
 # --- systemctl -------------------------------------------------------------------------------------------
@@ -229,15 +318,31 @@ def _write_atomically(path: str, text: str, mode: int) -> None:
         os.close(dir_fd)
 
 
+def write_unit(unit: Unit, unit_dir: str = UNIT_DIR) -> str:
+    """Write the unit's EnvironmentFile (0600, in a 0700 folder) and then the unit file (0644), each
+    atomically: the unit never names a file that is not there yet. A unit without secrets removes the file
+    an earlier install may have left. Returns the unit file's path."""
+    if unit.secrets:
+        os.makedirs(os.path.dirname(unit.environment_file), mode=0o700, exist_ok=True)
+        _write_atomically(unit.environment_file, unit.environment_file_text(), 0o600)
+    path = os.path.join(unit_dir, unit.service)
+    _write_atomically(path, unit.text, 0o644)
+    if not unit.secrets:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(unit.environment_file)
+    return path
+
+
 def install(name: str, command: Sequence[str], user: str | None = None, workdir: str | None = None,
-            env: Iterable[str] = (), watchdog: float | None = None, grace: float | None = None,
-            unit_dir: str = UNIT_DIR) -> str:
-    """Write the unit (0644, atomically), reload systemd, enable and (re)start the service. Returns the path."""
-    text = render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, grace=grace)
+            env: Iterable[str] = (), watchdog: float = DEFAULT_WATCHDOG, grace: float | None = None,
+            unit_dir: str = UNIT_DIR, env_dir: str = ENV_DIR) -> str:
+    """Write the unit and its secrets (``write_unit``), reload systemd, enable and (re)start the service.
+    Returns the unit file's path."""
+    unit = render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, grace=grace,
+                       env_dir=env_dir)
     _require_systemd()
-    service = unit_name(name)
-    path = os.path.join(unit_dir, service)
-    _write_atomically(path, text, 0o644)
+    service = unit.service
+    path = write_unit(unit, unit_dir)
     _systemctl("daemon-reload")
     _systemctl("enable", service)
     # restart, not start: a reinstall over a running service must take the new unit into use
@@ -245,8 +350,9 @@ def install(name: str, command: Sequence[str], user: str | None = None, workdir:
     return path
 
 
-def uninstall(name: str, unit_dir: str = UNIT_DIR) -> str:
-    """Stop and disable the service, remove its unit file, reload systemd. Returns the removed path."""
+def uninstall(name: str, unit_dir: str = UNIT_DIR, env_dir: str = ENV_DIR) -> str:
+    """Stop and disable the service, remove its unit file and EnvironmentFile, reload systemd. Returns the
+    removed unit file's path."""
     service = unit_name(name)
     path = os.path.join(unit_dir, service)
     if not os.path.exists(path):
@@ -254,6 +360,8 @@ def uninstall(name: str, unit_dir: str = UNIT_DIR) -> str:
     _require_systemd()
     _systemctl("disable", "--now", service)
     os.unlink(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(environment_file_path(service, env_dir))
     _systemctl("daemon-reload")
     # Forget a failed state and restart counter of the unit that no longer exists; absent is fine.
     subprocess.run(["systemctl", "reset-failed", service], capture_output=True)

@@ -47,33 +47,36 @@ CASES = {
     "url-and-stdin": dict(command=ONWARD + ["run", "--db", "postgresql://u@h/db?sslmode=disable", "--tasks",
                                             "-", "--", "/bin/true"]),
     "plain-command": dict(command=["sh", "-c", "exec sleep 100%"], user="root"),
+    "secrets": dict(command=ONWARD + ["run", "--db", "postgresql://u:pw@h/db", "--", "psql",
+                                      "postgresql://u:pw2@h/db", "-c", "select {task}"],
+                    env=["API_TOKEN=t0k", "LANG=C"], watchdog=0),
 }
 
 
 @needs_verify
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_generated_units_verify_cleanly(tmp_path: Path, case: str) -> None:
-    text = systemd.render_unit(f"onward-{case}", **CASES[case])  # type: ignore[arg-type]
+    text = systemd.render_unit(f"onward-{case}", **CASES[case]).text  # type: ignore[arg-type]
     assert verify(tmp_path, f"onward-{case}", text) == ""
 
 
 @needs_verify
 def test_verify_check_can_fail(tmp_path: Path) -> None:
     # The harness itself: a bad value or a missing executable leaves a warning on stderr (exit status 0).
-    text = systemd.render_unit("bad", ONWARD + ["run", "--", "true"])
+    text = systemd.render_unit("bad", ONWARD + ["run", "--", "true"]).text
     assert verify(tmp_path, "bad", text.replace("RestartSec=200ms", "RestartSec=soon")) != ""
     assert verify(tmp_path, "bad", text.replace(sys.executable, "/no/such/python")) != ""
 
 
 def test_unit_says_what_an_admin_would_write(tmp_path: Path) -> None:
     text = systemd.render_unit("crawl", ONWARD + ["run", "--db", "j.db", "--grace", "30", "--", "true"],
-                               workdir=str(tmp_path), user="crawler", env=["TOKEN=x"], watchdog=10)
+                               workdir=str(tmp_path), user="crawler", env=["LANG=C"], watchdog=10).text
     lines = text.splitlines()
     for expected in ["[Unit]", "After=network-online.target", "Wants=network-online.target",
                      "StartLimitIntervalSec=60s", "StartLimitBurst=6", "[Service]", "Type=notify",
                      "NotifyAccess=main", f"WorkingDirectory={tmp_path}", "User=crawler",
-                     'Environment="TOKEN=x"', "Restart=on-failure", "RestartSec=200ms", "WatchdogSec=10s",
-                     "KillSignal=SIGTERM", "KillMode=mixed", "TimeoutStopSec=40s", "SuccessExitStatus=2 3",
+                     'Environment="LANG=C"', "Restart=on-failure", "RestartSec=200ms", "WatchdogSec=10s",
+                     "KillSignal=SIGTERM", "KillMode=mixed", "TimeoutStopSec=40s", "SuccessExitStatus=3",
                      "RestartPreventExitStatus=2 3", "[Install]", "WantedBy=multi-user.target"]:
         assert expected in lines
     exec_start = next(line for line in lines if line.startswith("ExecStart="))
@@ -82,11 +85,11 @@ def test_unit_says_what_an_admin_would_write(tmp_path: Path) -> None:
 
 
 def test_timeout_stop_outlasts_the_grace_period() -> None:
-    default = systemd.render_unit("g", ONWARD + ["run", "--", "true"])
+    default = systemd.render_unit("g", ONWARD + ["run", "--", "true"]).text
     assert "TimeoutStopSec=20s" in default.splitlines()  # onward run's default --grace of 10 s
-    explicit = systemd.render_unit("g", ONWARD + ["run", "--grace=2.5", "--", "true"])
+    explicit = systemd.render_unit("g", ONWARD + ["run", "--grace=2.5", "--", "true"]).text
     assert "TimeoutStopSec=12500ms" in explicit.splitlines()
-    assert "TimeoutStopSec=70s" in systemd.render_unit("g", ONWARD + ["run"], grace=60).splitlines()
+    assert "TimeoutStopSec=70s" in systemd.render_unit("g", ONWARD + ["run"], grace=60).text.splitlines()
 
 
 @pytest.mark.parametrize(("word", "quoted"), [
@@ -133,7 +136,7 @@ def test_good_unit_names() -> None:
 
 @pytest.mark.parametrize("options", [
     dict(env=["NOEQUALS"]), dict(env=["1A=x"]), dict(env=["A=line\nbreak"]), dict(user="bad user"),
-    dict(watchdog=0), dict(watchdog=-1), dict(grace=-1), dict(workdir="/tmp/tab\there"),
+    dict(watchdog=-1), dict(watchdog=float("nan")), dict(watchdog=float("inf")), dict(grace=-1), dict(workdir="/tmp/tab\there"),
     dict(command=[]), dict(command=["no-such-program-anywhere"]), dict(command=ONWARD + ["run", "x\ny"]),
     dict(command=ONWARD + ["run", "--grace", "soon"]),
 ])
@@ -162,7 +165,7 @@ def test_install_dry_run_prints_the_unit_and_writes_nothing(tmp_path: Path) -> N
                       cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode() == systemd.render_unit("job", ONWARD + ["run", "--tasks", "t.txt", "--", "true"],
-                                                       workdir=str(tmp_path), env=["A=1"], watchdog=5)
+                                                       workdir=str(tmp_path), env=["A=1"], watchdog=5).text
     assert list(tmp_path.iterdir()) == []
 
 
@@ -171,3 +174,86 @@ def test_install_with_a_bad_name_is_a_usage_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.decode().startswith("onward: error: not a valid service name: 'a b'")
     assert done.stdout == b"" and list(tmp_path.iterdir()) == []
+
+
+# --- secrets: never in the unit (0644, printed by --dry-run), always in a 0600 EnvironmentFile ---------------
+HOSTILE = 'p#w?d"q"$HOME`x`\\%n;'  # a password with characters that mean something somewhere
+
+
+def test_a_store_password_goes_to_the_environment_file_not_the_unit(tmp_path: Path) -> None:
+    url = "postgresql://u:s3cret@db.example/jobs"
+    for db in (["--db", url], [f"--db={url}"]):
+        unit = systemd.render_unit("job", ONWARD + ["run", *db, "--tasks", "t.txt", "--", "true"],
+                                   workdir=str(tmp_path), env_dir=str(tmp_path / "env"))
+        assert "s3cret" not in unit.text
+        assert unit.secrets == {"ONWARD_DB": url}
+        assert f"EnvironmentFile={tmp_path}/env/job.env" in unit.text.splitlines()
+        exec_start = next(line for line in unit.text.splitlines() if line.startswith("ExecStart="))
+        assert "--db" not in exec_start and f"--tasks {tmp_path}/t.txt" in exec_start  # the worker reads ONWARD_DB
+
+
+def test_other_secrets_go_to_the_environment_file_too() -> None:
+    unit = systemd.render_unit("job", ONWARD + ["run", "--", "psql", "postgresql://u:pw2@h/db"],
+                               env=["API_TOKEN=t0k", "DB=postgresql://u:pw3@h/db", "LANG=C", "MY_KEY=k"])
+    assert unit.secrets == {"ONWARD_SECRET_1": "postgresql://u:pw2@h/db", "API_TOKEN": "t0k",
+                            "DB": "postgresql://u:pw3@h/db", "MY_KEY": "k"}
+    assert not any(secret in unit.text for secret in ("pw2", "pw3", "t0k", "=k"))
+    assert 'Environment="LANG=C"' in unit.text.splitlines()
+    assert "/psql ${ONWARD_SECRET_1}\n" in unit.text  # systemd expands it to the same one word
+
+
+def test_install_writes_secrets_to_a_0600_file_and_a_unit_without_them(tmp_path: Path) -> None:
+    url = f"postgresql://u:{HOSTILE}@h/db"
+    unit = systemd.render_unit("job", ONWARD + ["run", "--db", url, "--", "true"], env=[f"TOKEN={HOSTILE}"],
+                               env_dir=str(tmp_path / "onward"))
+    path = systemd.write_unit(unit, str(tmp_path))
+    assert os.stat(path).st_mode & 0o777 == 0o644 and HOSTILE not in Path(path).read_text()
+    secrets = tmp_path / "onward" / "job.env"
+    assert os.stat(secrets).st_mode & 0o777 == 0o600 and os.stat(secrets.parent).st_mode & 0o777 == 0o700
+    # systemd's rules for a double-quoted value: a backslash before " \ ` $, nothing else is special.
+    escaped = 'p#w?d\\"q\\"\\$HOME\\`x\\`\\\\%n;'
+    assert secrets.read_text() == f'ONWARD_DB="postgresql://u:{escaped}@h/db"\nTOKEN="{escaped}"\n'
+    # Installed again without secrets: the old file goes.
+    systemd.write_unit(systemd.render_unit("job", ONWARD + ["run", "--", "true"], env_dir=str(tmp_path / "onward")),
+                       str(tmp_path))
+    assert not secrets.exists()
+
+
+def test_install_dry_run_shows_secrets_as_stars(tmp_path: Path) -> None:
+    done = run_onward("service", "install", "--name", "job", "--env", f"TOKEN={HOSTILE}", "--env", "LANG=C",
+                      "--dry-run", "--", *ONWARD, "run", f"--db=postgresql://u:{HOSTILE}@h/db", "--", "true",
+                      cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout.decode()
+    assert "p#w" not in shown and "HOME" not in shown, shown
+    assert "# ONWARD_DB=postgresql://u:***@h/db" in shown and "# TOKEN=***" in shown
+    assert 'Environment="LANG=C"' in shown and "EnvironmentFile=/etc/onward/job.env" in shown
+    assert list(tmp_path.iterdir()) == [] and not Path("/etc/onward/job.env").exists()
+
+
+# --- defaults that show a misconfigured unit and keep a wedged one from hanging --------------------------
+def test_watchdog_is_on_by_default_and_0_turns_it_off() -> None:
+    assert "WatchdogSec=30s" in systemd.render_unit("job", ONWARD + ["run"]).text.splitlines()
+    assert "WatchdogSec" not in systemd.render_unit("job", ONWARD + ["run"], watchdog=0).text
+    done = run_onward("service", "install", "--name", "job", "--watchdog", "0", "--dry-run", "--", *ONWARD, "run")
+    assert done.returncode == 0 and b"WatchdogSec" not in done.stdout
+
+
+def test_a_usage_error_marks_the_unit_failed_and_is_not_restarted() -> None:
+    lines = systemd.render_unit("job", ONWARD + ["run"]).text.splitlines()
+    assert "SuccessExitStatus=3" in lines and "RestartPreventExitStatus=2 3" in lines
+    assert not any(line.startswith("SuccessExitStatus=") and "2" in line for line in lines)
+
+
+def test_an_exported_onward_db_is_carried_into_the_unit(tmp_path: Path) -> None:
+    done = run_onward("service", "install", "--name", "job", "--dry-run", "--", *ONWARD, "run", "--", "true",
+                      env={"ONWARD_DB": "job.db"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f'Environment="ONWARD_DB={tmp_path}/job.db"' in done.stdout.decode().splitlines()
+    url = "postgresql://u:pw9@h/db"
+    unit = systemd.render_unit("job", ONWARD + ["run"], environ={"ONWARD_DB": url})
+    assert unit.secrets == {"ONWARD_DB": url} and "pw9" not in unit.text
+    # The command's --db, or --env ONWARD_DB, say which store; the exported one is then not carried.
+    assert "ONWARD_DB" not in systemd.render_unit("job", ONWARD + ["run", "--db", "x.db"], environ={"ONWARD_DB": url}).text
+    assert systemd.render_unit("job", ONWARD + ["run"], env=["ONWARD_DB=y.db"],
+                               environ={"ONWARD_DB": url}).text.count("ONWARD_DB") == 1

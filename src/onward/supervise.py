@@ -73,6 +73,7 @@ counted too; no store is ever created just to journal.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import shlex
@@ -190,13 +191,14 @@ class Supervisor:
                  watchdog: float | None = None, store_url: str | None = None) -> None:
         if not command:
             raise UsageError("supervise: no command given (put it after --)")
-        if not restart_delay >= 0:
+        # Finite numbers only: nan passes no comparison, and inf overflows select() and WATCHDOG_USEC.
+        if not (restart_delay >= 0 and math.isfinite(restart_delay)):
             raise UsageError(f"--restart-delay must be 0 or more seconds, not {restart_delay}")
         if max_restarts < 0:
             raise UsageError(f"--max-restarts must be 0 or more, not {max_restarts}")
-        if not window > 0:
+        if not (window > 0 and math.isfinite(window)):
             raise UsageError(f"--window must be more than 0 seconds, not {window}")
-        if watchdog is not None and not watchdog > 0:
+        if watchdog is not None and not (watchdog > 0 and math.isfinite(watchdog)):
             raise UsageError(f"--watchdog must be more than 0 seconds, not {watchdog}")
         self.command = list(command)
         self.restart_delay = restart_delay

@@ -98,6 +98,10 @@ def test_supervise_passes_on_a_real_workers_3_and_usage_error_2(tmp_path: Path) 
     (["--window", "0", "--", "true"], "--window must be more than 0"),
     (["--watchdog", "-1", "--", "true"], "--watchdog must be"),
     (["--restart-delay", "-1", "--", "true"], "--restart-delay must be 0 or more"),
+    (["--restart-delay", "inf", "--", "true"], "--restart-delay must be 0 or more"),
+    (["--watchdog", "inf", "--", "true"], "--watchdog must be"),
+    (["--watchdog", "nan", "--", "true"], "--watchdog must be"),
+    (["--window", "inf", "--", "true"], "--window must be more than 0"),
     (["--"], "no command given"),
     (["--", "/no/such/program"], "cannot start /no/such/program"),
 ])
@@ -113,6 +117,7 @@ def test_supervise_bad_input_is_exit_2(tmp_path: Path, args: list[str], says: st
     (["install", "--name", "a b", "--dry-run", "--", "true"], "not a valid service name"),
     (["install", "--name", "j", "--env", "NOEQUALS", "--dry-run", "--", "true"], "--env wants NAME=VALUE"),
     (["install", "--name", "j", "--watchdog", "-1", "--dry-run", "--", "true"], "--watchdog must be"),
+    (["install", "--name", "j", "--watchdog", "inf", "--dry-run", "--", "true"], "--watchdog must be"),
     (["install", "--name", "j", "--dry-run", "--", "no-such-program-anywhere"], "not found on PATH"),
     (["install", "--name", "j", "--dry-run"], "no command given"),
     (["uninstall", "no-such-unit-here"], "no unit file"),

@@ -14,9 +14,10 @@ _COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
 
 @click.command("supervise", context_settings={"allow_interspersed_args": False})
 @click.option("--restart-delay", type=float, default=DEFAULT_RESTART_DELAY, show_default=True, metavar="S",
-              help="Wait this long before a restart; doubles while the worker keeps dying within 2 s.")
+              help="Wait this long before a restart; doubles while the worker keeps dying within 2 s"
+                   " without settling a task.")
 @click.option("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS, show_default=True, metavar="N",
-              help="Give up (exit 1) after N restarts within --window.")
+              help="Give up (exit 1) after N restarts within --window of a worker that settles no task.")
 @click.option("--window", type=float, default=DEFAULT_WINDOW, show_default=True, metavar="S",
               help="The period over which restarts are counted.")
 @click.option("--watchdog", type=float, default=None, metavar="S",
@@ -34,7 +35,8 @@ def supervise_command(ctx: click.Context, restart_delay: float, max_restarts: in
       onward supervise --watchdog 10 -- onward run --tasks urls.txt -- curl -fsS {task}
 
     Exit 0 or 3 from the worker (work finished) and 2 (usage error) end the supervisor with the same
-    status; SIGTERM and SIGINT are passed on to the worker, which then is not restarted.
+    status, giving up on a crash loop with 1; SIGTERM and SIGINT are passed on to the worker, which then
+    is not restarted.
     """
     supervisor = Supervisor(list(command), restart_delay=restart_delay, max_restarts=max_restarts,
                             window=window, watchdog=watchdog, store_url=db)

@@ -26,12 +26,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import onward_argv
+
 pytestmark = pytest.mark.systemd
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = str(REPO / "src")
 PY = sys.executable
-ONWARD = [PY, "-m", "onward.cli"]
+ONWARD = onward_argv()  # the installed console script, in the unit's ExecStart too
 CGROUP_ROOTS = [Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified")]  # hybrid v1 + v2
 
 
@@ -186,8 +188,9 @@ def test_sigkill_of_the_main_pid_is_restarted_and_resumes(container: Container) 
 
     first = int(container.show(unit)["MainPID"])
     cmdline = container.run("cat", f"/proc/{first}/cmdline").stdout.split("\0")[:-1]
-    assert cmdline == [*ONWARD, "run", "--db", f"{job}/job.db", "--tasks", f"{job}/tasks.txt", "--out",
-                       f"{job}/out", "--heartbeat", "1", "--", PY, "task.py", "{task}"]  # survived the quoting
+    expected = [*ONWARD, "run", "--db", f"{job}/job.db", "--tasks", f"{job}/tasks.txt", "--out", f"{job}/out",
+                "--heartbeat", "1", "--", PY, "task.py", "{task}"]
+    assert cmdline[-len(expected):] == expected  # survived the quoting (a script's interpreter comes first)
     environ = container.run("cat", f"/proc/{first}/environ").stdout.split("\0")
     assert f"ODD={odd}" in environ
     assert container.run("readlink", f"/proc/{first}/cwd").stdout.strip() == str(job)
@@ -286,3 +289,59 @@ def test_systemd_watchdog_kills_and_restarts_a_wedged_worker(container: Containe
     assert not list(job.glob("core*"))
     container.run(*ONWARD, "service", "uninstall", unit)
     print(f"wedge test took {time.monotonic() - started:.1f} s")
+
+
+def test_secrets_reach_the_worker_from_a_private_file_not_the_unit(container: Container) -> None:
+    # A token with the characters that systemd's EnvironmentFile and ExecStart quoting care about, and a
+    # command word holding a URL with a password: both reach the task exactly, and neither is in the unit.
+    job = container.work / "secrets"
+    job.mkdir()
+    token = 'p#w?d"q"$HOME`x`\\%n; two  spaces'
+    word = "postgresql://u:p#w$X@h/db"
+    (job / "tasks.txt").write_text("a\n")
+    unit = "onward-e2e-secrets.service"
+    container.run(*ONWARD, "service", "install", "--name", unit, "--workdir", str(job),
+                  "--env", f"PYTHONPATH={SRC}", "--env", f"API_TOKEN={token}", "--",
+                  *ONWARD, "run", "--db", "job.db", "--tasks", "tasks.txt", "--", "sh", "-c",
+                  'printf "%s|%s" "$API_TOKEN" "$1"', "sh", word)
+    wait_for(lambda: container.show(unit)["ActiveState"] == "inactive", 30, "the job to finish")
+    assert container.show(unit)["Result"] == "success"
+    result = subprocess.run([*ONWARD, "result", "--db", str(job / "job.db"), "a"], capture_output=True,
+                            env={**os.environ, "PYTHONPATH": SRC}, check=True).stdout.decode()
+    assert result == f"{token}|{word}"
+    text = container.run("cat", f"/etc/systemd/system/{unit}").stdout
+    assert "p#w" not in text and "EnvironmentFile=/etc/onward/onward-e2e-secrets.env" in text
+    assert container.run("stat", "-c", "%a", "/etc/onward/onward-e2e-secrets.env").stdout.strip() == "600"
+    container.run(*ONWARD, "service", "uninstall", unit)
+    assert container.run("test", "-e", "/etc/onward/onward-e2e-secrets.env", check=False).returncode == 1
+
+
+def test_a_usage_error_leaves_the_unit_failed_and_not_restarted(container: Container) -> None:
+    job = container.work / "misconfigured"
+    job.mkdir()
+    unit = "onward-e2e-usage.service"
+    container.run(*ONWARD, "service", "install", "--name", unit, "--workdir", str(job), "--env",
+                  f"PYTHONPATH={SRC}", "--", *ONWARD, "run", "--db", "job.db", "--concurrency", "0", "--", "true",
+                  check=False)  # `restart` reports the failed start
+    wait_for(lambda: container.show(unit)["ActiveState"] == "failed", 30, "the unit to fail")
+    state = container.show(unit)
+    assert state["Result"] == "exit-code" and state["NRestarts"] == "0", state
+    assert unit in container.run("systemctl", "--failed", "--no-legend").stdout
+    container.run(*ONWARD, "service", "uninstall", unit)
+
+
+def test_a_watchdog_shorter_than_the_heartbeat_leaves_a_healthy_worker_alone(container: Container) -> None:
+    # WatchdogSec=2 with onward run's default --heartbeat of 5 s and a task of 4 s.
+    job = container.work / "short-watchdog"
+    job.mkdir()
+    (job / "tasks.txt").write_text("a\n")
+    unit = "onward-e2e-short-watchdog.service"
+    container.run(*ONWARD, "service", "install", "--name", unit, "--workdir", str(job), "--env",
+                  f"PYTHONPATH={SRC}", "--watchdog", "2", "--", *ONWARD, "run", "--db", "job.db", "--tasks",
+                  "tasks.txt", "--", "sleep", "4")
+    assert container.show(unit)["ActiveState"] == "active"
+    wait_for(lambda: container.show(unit)["ActiveState"] == "inactive", 30, "the job to finish")
+    state = container.show(unit)
+    assert state["Result"] == "success" and state["NRestarts"] == "0", state
+    assert "Watchdog timeout" not in container.journal(unit)
+    container.run(*ONWARD, "service", "uninstall", unit)

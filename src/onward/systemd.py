@@ -71,8 +71,8 @@ def _escape(text: str, what: str, dollar: bool) -> str:
     """Escape for a double-quoted systemd word: backslash and quote get C escapes, ``%`` (specifiers)
     becomes ``%%``, ``$`` becomes ``$$`` where variables expand (ExecStart). Control characters are refused:
     a command line may not contain them, and an admin would not want them in a unit."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise UsageError(f"{what} contains a control character: {text!r}")
+    if _has_control(text):
+        raise UsageError(f"{what} contains a control character: {redact_url(text)!r}")
     text = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
     return text.replace("$", "$$") if dollar else text
 
@@ -85,9 +85,13 @@ def quote_exec_word(word: str) -> str:
     return '"' + _escape(word, "the command", dollar=True) + '"'
 
 
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
 def _plain_path(path: str) -> str:
     """A path for a setting that takes it unquoted (WorkingDirectory=): only specifiers are expanded."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in path) or path != path.strip():
+    if _has_control(path) or path != path.strip():
         raise UsageError(f"the working directory cannot be written in a unit: {path!r}")
     return path.replace("%", "%%")
 
@@ -205,20 +209,25 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
         key, sep, value = item.partition("=")
         if not sep or not _ENV_NAME.fullmatch(key):
             raise UsageError(f"--env wants NAME=VALUE with NAME made of letters, digits and _: {item!r}")
-        _escape(value, "--env " + key, dollar=False)  # refuses control characters
+        if _has_control(value):  # the value may be a secret: not in the message
+            raise UsageError(f"--env {key}: the value contains a control character")
         variables[key] = value
-    secrets: dict[str, str] = {}
     db = find_run_option(words, "--db")
-    if db is None and "ONWARD_DB" not in variables and environ.get("ONWARD_DB"):
-        value = environ["ONWARD_DB"]
-        variables["ONWARD_DB"] = value if "://" in value else os.path.normpath(os.path.join(workdir, value))
-    elif db is not None and redact_url(db[2]) != db[2]:
-        # The store's password: in the EnvironmentFile as ONWARD_DB, out of the unit and of the command line.
+    if db is not None and redact_url(db[2]) != db[2]:
+        # The store's password: passed as ONWARD_DB (a secret, below), out of the unit and of the worker's
+        # command line. It wins over an --env ONWARD_DB, as --db does on the command line.
         index, prefix, value = db
         del words[index if prefix else index - 1: index + 1]
-        secrets["ONWARD_DB"] = value
+        variables["ONWARD_DB"] = value
+    elif db is None and "ONWARD_DB" not in variables and environ.get("ONWARD_DB"):
+        value = environ["ONWARD_DB"]
+        # A relative path is taken from the working directory, as --db's is (resolve_command).
+        variables["ONWARD_DB"] = value if "://" in value else os.path.normpath(
+            os.path.join(workdir, os.path.expanduser(value)))
+    secrets: dict[str, str] = {}
     for i, word in enumerate(words):
         if redact_url(word) != word:
+            _escape(word, "the command", dollar=True)  # refuses control characters, as for any word
             key = f"ONWARD_SECRET_{len(secrets) + 1}"
             secrets[key] = word
             words[i] = "${" + key + "}"  # systemd puts the value back as this one word

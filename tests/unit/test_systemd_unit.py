@@ -212,7 +212,7 @@ def test_install_writes_secrets_to_a_0600_file_and_a_unit_without_them(tmp_path:
     assert os.stat(secrets).st_mode & 0o777 == 0o600 and os.stat(secrets.parent).st_mode & 0o777 == 0o700
     # systemd's rules for a double-quoted value: a backslash before " \ ` $, nothing else is special.
     escaped = 'p#w?d\\"q\\"\\$HOME\\`x\\`\\\\%n;'
-    assert secrets.read_text() == f'ONWARD_DB="postgresql://u:{escaped}@h/db"\nTOKEN="{escaped}"\n'
+    assert secrets.read_text() == f'TOKEN="{escaped}"\nONWARD_DB="postgresql://u:{escaped}@h/db"\n'
     # Installed again without secrets: the old file goes.
     systemd.write_unit(systemd.render_unit("job", ONWARD + ["run", "--", "true"], env_dir=str(tmp_path / "onward")),
                        str(tmp_path))
@@ -257,3 +257,18 @@ def test_an_exported_onward_db_is_carried_into_the_unit(tmp_path: Path) -> None:
     assert "ONWARD_DB" not in systemd.render_unit("job", ONWARD + ["run", "--db", "x.db"], environ={"ONWARD_DB": url}).text
     assert systemd.render_unit("job", ONWARD + ["run"], env=["ONWARD_DB=y.db"],
                                environ={"ONWARD_DB": url}).text.count("ONWARD_DB") == 1
+
+
+def test_the_store_given_by_db_wins_over_an_env_onward_db() -> None:
+    url = "postgresql://u:pw@h/db"
+    unit = systemd.render_unit("job", ONWARD + ["run", "--db", url], env=["ONWARD_DB=other.db"])
+    assert unit.secrets == {"ONWARD_DB": url} and "other.db" not in unit.text
+
+
+def test_a_refused_secret_is_not_echoed_in_the_error() -> None:
+    with pytest.raises(UsageError) as refused:
+        systemd.render_unit("job", ONWARD + ["run"], env=["API_TOKEN=t0k\nen"])
+    assert "t0k" not in str(refused.value)
+    with pytest.raises(UsageError) as refused:
+        systemd.render_unit("job", ONWARD + ["run", "--", "psql", "postgresql://u:pw7@h/db\n"])
+    assert "pw7" not in str(refused.value)

@@ -1,9 +1,10 @@
-"""onward.supervise against real processes and real signals: restarts, give-up, forwarding, the watchdog
-(silent and truly wedged workers), freezes of the whole tree (cgroup freezer, SIGSTOP), the restart journal.
+"""`onward supervise`, the installed command, against real processes and real signals: restarts, give-up,
+progress and backoff, forwarding, the watchdog (silent and truly wedged workers), freezes of the whole tree
+(cgroup freezer, SIGSTOP), the restart journal, passwords hidden from ps.
 
-The workers are small Python scripts (CHILD below) that speak sd_notify over the datagram socket
-themselves. Every wait polls for a condition with a deadline; the only fixed sleeps are the length of a
-freeze, which is the fault being tested.
+Most workers are small Python scripts (CHILD below) that speak sd_notify over the datagram socket
+themselves; the last tests supervise a real `onward run`. Every wait polls for a condition with a
+deadline; the only fixed sleeps are the length of a freeze, which is the fault being tested.
 """
 
 from __future__ import annotations

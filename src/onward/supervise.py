@@ -29,6 +29,9 @@ Restart rules (exit statuses are those of ``onward run``):
   without progress count, and a run with progress forgets the restarts before it: a worker that keeps
   settling tasks is never given up on, however often it is killed; one that settles nothing (it dies at
   start-up, or before it finishes any task) is stopped as before.
+- SIGTERM or SIGINT to the supervisor is forwarded to the child's pid (not its group: the worker stops its
+  tasks itself, within its ``--grace``), the watchdog is disarmed as systemd does once a stop begins, and no
+  restart follows: the supervisor exits with the child's status (128 + N for death by signal N).
 
 Progress. A run made progress when the child said ``READY=1`` and then ``X_ONWARD_PROGRESS=1``, a custom
 sd_notify field (``X_`` prefix, which systemd ignores) that ``onward run`` sends once, right after its first
@@ -37,9 +40,6 @@ not read from ``STATUS=``: that text is only sent every ``--heartbeat``, and a w
 would never show its progress in it. A child that does not speak it is treated as making no progress, as
 before. What the supervisor prints when a child dies says how long it ran, whether it made progress, and
 its last ``STATUS=`` with that status's age, so an old count is not mistaken for the current one.
-- SIGTERM or SIGINT to the supervisor is forwarded to the child's pid (not its group: the worker stops its
-  tasks itself, within its ``--grace``), the watchdog is disarmed as systemd does once a stop begins, and no
-  restart follows: the supervisor exits with the child's status (128 + N for death by signal N).
 
 Whenever a child is gone, its process group is SIGKILLed before it is reaped (while its pid still pins the
 group id), so no helper it left behind outlives it. The child runs in its own process group with

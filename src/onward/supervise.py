@@ -50,7 +50,8 @@ read from the terminal (give ``--tasks`` a file, or a pipe, rather than a termin
 Watchdog. With ``watchdog=S``, a child that sends no ``WATCHDOG=1`` for S seconds, counted from its start,
 its ``READY=1`` or its last heartbeat, gets its process group SIGKILLed and is restarted (cause
 ``watchdog: no heartbeat for S s``). The heartbeat must come from the worker's main loop, so a loop stuck in
-a deadlock or a C call holding the GIL stops it.
+a deadlock or a C call holding the GIL stops it. ``onward run``'s loop wakes at least every quarter of
+``WATCHDOG_USEC`` (``Notifier.watchdog_every``), whatever its ``--heartbeat``, so a short watchdog is fed.
 
 Freeze safety. A sandbox pause (SIGSTOP of the whole tree, a cgroup freezer, a VM snapshot) stops the
 supervisor together with its child, while the clock runs on. After the thaw the child's last heartbeat looks

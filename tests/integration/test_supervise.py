@@ -43,6 +43,7 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 #   grandbeat     READY=1, silence, but a grandchild in its process group sends WATCHDOG=1
 #   notifier:S    onward.notify.Notifier: ready() and watchdog() every 10 ms for S seconds, exit 0
 #   progress:N    onward.notify.Notifier: ready(), then progress() (it settled a task), then exit N
+#   unready:N     onward.notify.Notifier: progress() without ready() first, then exit N
 # Each start appends "pid monotonic-time" to STATE/starts; the last beat's time goes to STATE/lastbeat.
 CHILD = r'''
 import os, re, signal, socket, sys, time
@@ -85,10 +86,11 @@ if kind in ("beat", "beatfor", "sleep"):
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-if kind == "progress":
+if kind in ("progress", "unready"):
     from onward.notify import Notifier
     notifier = Notifier.from_env()
-    notifier.ready()
+    if kind == "progress":
+        notifier.ready()
     notifier.progress()
     sys.exit(int(arg))
 
@@ -309,6 +311,12 @@ def test_progress_then_a_crash_loop_is_still_given_up_on(supervise: Callable[...
     assert run.wait() == 1
     assert len(run.starts()) == 4  # the progressing run, then a first start and 2 restarts without progress
     assert "giving up after 2 restarts" in run.log
+
+
+def test_progress_without_ready_is_no_progress(supervise: Callable[..., Run]) -> None:
+    run = supervise("unready:1", restart_delay=0.01, max_restarts=2)
+    assert run.wait() == 1
+    assert len(run.starts()) == 3 and "made progress" not in run.log
 
 
 def test_restarts_older_than_the_window_do_not_count(supervise: Callable[..., Run]) -> None:

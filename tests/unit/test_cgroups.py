@@ -1,0 +1,122 @@
+"""onward.cgroups on the real cgroup v2 hierarchy: real cgroups, real processes, real SIGKILLs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from onward import cgroups
+from onward.cgroups import (
+    AttemptCgroup,
+    WorkerCgroups,
+    kill_listed_until_empty,
+    own_cgroup,
+    populated,
+    remove,
+)
+from onward.executions import _spawn
+from tests.conftest import wait_for
+
+OWN = own_cgroup()
+needs_cgroup2 = pytest.mark.skipif(
+    (OWN is None or not os.access(os.path.join(OWN, "cgroup.procs"), os.W_OK)) and os.environ.get("CI") != "true",
+    reason="cgroup v2 is not mounted or our cgroup is not writable (needs root or a delegated subtree)")
+
+
+@pytest.fixture
+def scratch() -> Iterator[str]:
+    """An empty cgroup of this test's own, killed and removed afterwards."""
+    assert OWN is not None
+    path = os.path.join(OWN, f"onward-test-{os.getpid()}")
+    os.mkdir(path)
+    yield path
+    remove(path)
+
+
+def start_in(cgroup: AttemptCgroup, *argv: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, preexec_fn=cgroup.enter, start_new_session=True)
+
+
+def test_the_cgroup2_mount_is_read_from_mountinfo_with_its_escapes(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "25 1 0:23 / /sys/fs/cgroup/cpu rw shared:9 - cgroup cgroup rw,cpu\n"
+        "41 31 0:38 / /my\\040cgroups rw,relatime shared:10 master:2 - cgroup2 cgroup2 rw\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(
+        mountinfo if path == "/proc/self/mountinfo" else path, *a, **k))
+    assert cgroups.hierarchy() == "/my cgroups"
+    mountinfo.write_text("25 1 0:23 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
+    assert cgroups.hierarchy() is None
+
+
+@needs_cgroup2
+def test_a_process_that_forks_away_into_a_new_session_is_still_killed_with_its_attempt(scratch: str) -> None:
+    attempt = AttemptCgroup(os.path.join(scratch, "task-1-1"))
+    child = start_in(attempt, sys.executable, "-c",
+                     "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nelse:\n"
+                     "    os._exit(0)")
+    child.wait()
+    assert populated(attempt.path), "the grandchild runs on in the attempt's cgroup"
+    assert attempt.close()
+    assert not os.path.exists(attempt.path)
+
+
+@needs_cgroup2
+def test_without_cgroup_kill_every_listed_process_is_killed_until_none_is_left(scratch: str) -> None:
+    """The path for kernels before 5.14 (no cgroup.kill), on processes that keep forking."""
+    attempt = AttemptCgroup(os.path.join(scratch, "task-1-1"))
+    child = start_in(attempt, sys.executable, "-c",
+                     "import os, time\nfor _ in range(20):\n    if os.fork() == 0:\n        time.sleep(60)\n"
+                     "time.sleep(60)")
+    wait_for(lambda: len(cgroups._listed(attempt.path)) > 20, 20, "the forks")
+    kill_listed_until_empty(scratch, timeout=10)
+    child.wait()
+    wait_for(lambda: not populated(scratch), 10, "the cgroup to empty")
+
+
+@needs_cgroup2
+def test_a_live_workers_cgroups_are_never_swept_and_a_dead_ones_are(scratch: str) -> None:
+    live = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        live_dir = os.path.join(scratch, cgroups.worker_dir_name(live.pid, cgroups.pid_start_time(live.pid) or 0))
+        dead_dir = os.path.join(scratch, cgroups.worker_dir_name(dead.pid, 12345))
+        for folder in (live_dir, dead_dir):
+            os.makedirs(os.path.join(folder, "task-1-1"))
+        leftover = AttemptCgroup(os.path.join(dead_dir, "task-2-1"))
+        orphan = start_in(leftover, "sleep", "60")
+        assert cgroups.sweep_dead_workers(scratch) == 1
+        assert orphan.wait(timeout=10) == -9
+        assert os.path.isdir(os.path.join(live_dir, "task-1-1")) and not os.path.exists(dead_dir)
+    finally:
+        live.kill()
+        live.wait()
+
+
+@needs_cgroup2
+def test_a_worker_removes_its_cgroup_directory_when_it_closes() -> None:
+    worker = WorkerCgroups.create()
+    assert worker is not None
+    attempt = worker.attempt(7, 3)
+    child = start_in(attempt, "sleep", "60")
+    worker.close()
+    assert child.wait(timeout=10) == -9
+    assert not os.path.exists(worker.path)
+
+
+@needs_cgroup2
+def test_a_command_that_cannot_enter_its_cgroup_fails_to_start_with_its_name(scratch: str) -> None:
+    """Hostile twin: the attempt's cgroup vanished between its creation and the fork."""
+    attempt = AttemptCgroup(os.path.join(scratch, "task-1-1"))
+    os.rmdir(attempt.path)
+    with pytest.raises(OSError, match="cannot move the command into its cgroup .*task-1-1"):
+        _spawn(["true"], dict(os.environ), attempt)
+    attempt.close()

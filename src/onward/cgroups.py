@@ -2,12 +2,14 @@
 leaves its process group (``setsid``, a double fork), ends with it; and a dead worker's leftovers are found
 by name and killed.
 
-Layout. A worker that runs commands makes one directory in its own cgroup, ``onward-<pid>-<start>`` (its
-pid and process start time, the pair that names a process for good), holding one leaf per attempt,
-``task-<task id>-<fence>``. No controller is ever enabled: cgroup v2's "no internal processes" rule only
-forbids processes in a cgroup whose ``cgroup.subtree_control`` enables controllers, and a cgroup that holds
-the worker itself cannot have any enabled (the kernel refuses both ways), so the worker stays where it is
-and its children go into controller-less leaves below it. Anyone started later in the same cgroup (the
+Layout. A worker that runs commands makes one directory in its own cgroup, ``onward-<pid>-<start>-<n>``
+(its pid and process start time, the pair that names a process for good, and a count of the command
+handlers the process made), holding the leaves its attempts run
+in, ``attempt-<n>`` (one per attempt running at a time, reused). No controller is ever enabled: cgroup v2's
+"no internal processes" rule only forbids processes in a cgroup whose ``cgroup.subtree_control`` enables
+controllers, and a cgroup that holds the worker itself cannot have any enabled (the kernel refuses both
+ways; the root cgroup, exempt from the rule, is no exception to what follows), so the worker stays where
+it is and its children go into controller-less leaves of a directory that enables none either. Anyone started later in the same cgroup (the
 next worker, the supervisor, a restart by systemd) sees the directory of a dead worker by its name, and
 kills and removes it (``sweep_dead_workers``).
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import re
 import signal
@@ -26,7 +29,7 @@ import time
 
 from .proc import pid_start_time, process_alive
 
-WORKER_DIR = re.compile(r"onward-(\d+)-(\d+)")
+WORKER_DIR = re.compile(r"onward-(\d+)-(\d+)-\d+")
 # SIGKILLed processes are gone within milliseconds unless the kernel holds them (a freezer, an
 # uninterruptible wait); past this a cgroup is left for a later sweep instead of holding up the caller.
 REMOVE_WAIT = 0.5
@@ -70,12 +73,16 @@ def own_cgroup() -> str | None:
     return None
 
 
-def worker_dir_name(pid: int, start: int) -> str:
-    return f"onward-{pid}-{start}"
+def worker_dir_name(pid: int, start: int, handler: int) -> str:
+    """``onward-<pid>-<start>-<n>``: the worker process, and which of its command handlers (one a job)."""
+    return f"onward-{pid}-{start}-{handler}"
+
+
+_handlers = itertools.count(1)
 
 
 class AttemptCgroup:
-    """The leaf one attempt's command runs in. ``cgroup.procs`` is opened before the fork, so the child
+    """A leaf that one attempt's command runs in. ``cgroup.procs`` is opened before the fork, so the child
     only has to write to an open descriptor to move itself in (``enter``), before it can start anything."""
 
     def __init__(self, path: str) -> None:
@@ -95,21 +102,25 @@ class AttemptCgroup:
     def kill(self) -> None:
         kill(self.path)
 
-    def close(self) -> bool:
-        """Kill whatever still runs inside, and remove the cgroup; True if it is gone. The caller has
-        reaped the main process first."""
+    def close(self) -> None:
+        """Close the descriptor (the cgroup itself stays: ``remove`` it)."""
         if self._procs >= 0:
             os.close(self._procs)
             self._procs = -1
-        return remove(self.path)
 
 
 class WorkerCgroups:
-    """This worker's ``onward-<pid>-<start>`` directory and the attempt leaves in it."""
+    """This worker's ``onward-<pid>-<start>-<n>`` directory and the attempt leaves in it.
+
+    A leaf is reused by later attempts once it is empty: moving a process into a cgroup that was just
+    created, and removing it afterwards, costs the kernel more (an RCU grace period now and then) than a
+    leaf that stays, and a worker spawns a command per task."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._leftovers: list[str] = []  # attempt cgroups that did not empty in time: removed later
+        self._idle: list[AttemptCgroup] = []  # empty leaves, ready for the next attempt
+        self._made = 0
+        self._leftovers: list[str] = []  # leaves that did not empty in time: removed later
 
     @classmethod
     def create(cls) -> WorkerCgroups | None:
@@ -121,38 +132,39 @@ class WorkerCgroups:
             return None
         sweep_dead_workers(own)
         pid = os.getpid()
-        path = os.path.join(own, worker_dir_name(pid, pid_start_time(pid) or 0))
+        path = os.path.join(own, worker_dir_name(pid, pid_start_time(pid) or 0, next(_handlers)))
         try:
             os.mkdir(path)
-        except FileExistsError:
-            pass  # our own, from an earlier handler in this process
         except OSError:  # read-only, no permission, too deep: no cgroups
             return None
         return cls(path)
 
-    def attempt(self, task_id: int, fence: int) -> AttemptCgroup:
-        """A fresh leaf for one attempt (a stale one of the same name, left by an earlier handler of this
-        process, is killed and removed first). Dead workers' directories beside ours go first too: the
-        task may be one of theirs, reclaimed, and two executions of a task must never overlap (a listing
-        of our parent cgroup, cheap next to a fork)."""
+    def attempt(self) -> AttemptCgroup:
+        """An empty leaf for one attempt. Dead workers' directories beside ours are killed first: the
+        task may be one of theirs, reclaimed, and two executions of a task must never overlap (this costs
+        a listing of our own cgroup, little next to a fork)."""
         sweep_dead_workers(os.path.dirname(self.path))
-        path = os.path.join(self.path, f"task-{task_id}-{fence}")
-        if os.path.isdir(path):
-            remove(path)
-        self._retry_leftovers()
-        return AttemptCgroup(path)
-
-    def finished(self, cgroup: AttemptCgroup) -> None:
-        """The attempt is over and its main process reaped: kill the rest, remove the leaf."""
-        if not cgroup.close():
-            self._leftovers.append(cgroup.path)
-
-    def _retry_leftovers(self) -> None:
         if self._leftovers:
             self._leftovers = [path for path in self._leftovers if not remove(path, wait=0)]
+        if self._idle:
+            return self._idle.pop()
+        self._made += 1
+        return AttemptCgroup(os.path.join(self.path, f"attempt-{self._made}"))
+
+    def finished(self, cgroup: AttemptCgroup) -> None:
+        """The attempt is over and its main process reaped: kill whatever it left, and keep the leaf for
+        the next attempt once it is empty."""
+        if empty(cgroup.path):
+            self._idle.append(cgroup)
+        else:  # something the kernel holds (a freezer): not reused, removed once it is gone
+            cgroup.close()
+            self._leftovers.append(cgroup.path)
 
     def close(self) -> None:
         """The worker is leaving: kill every attempt cgroup left and remove the directory."""
+        for cgroup in self._idle:
+            cgroup.close()
+        self._idle.clear()
         remove(self.path)
 
 
@@ -208,12 +220,11 @@ def populated(path: str) -> bool:
         return bool(_listed(path))
 
 
-def remove(path: str, wait: float = REMOVE_WAIT) -> bool:
-    """Kill everything in the cgroup ``path`` (and below), wait up to ``wait`` seconds for it to empty,
-    and remove it with its sub-cgroups. True if it is gone; False if something still runs in it (a frozen
-    process): it is then left for a later ``sweep_dead_workers`` or ``remove``."""
-    if not os.path.isdir(path):
-        return True
+def empty(path: str, wait: float = REMOVE_WAIT) -> bool:
+    """Make sure no process is left in the cgroup ``path`` or below: kill them if any, and wait up to
+    ``wait`` seconds for them to be gone. True once it is empty."""
+    if not populated(path):
+        return True  # the usual end of an attempt: its command left nothing, and costs no kill
     kill(path)
     deadline = time.monotonic() + wait
     pause = 0.0005
@@ -222,6 +233,17 @@ def remove(path: str, wait: float = REMOVE_WAIT) -> bool:
             return False
         time.sleep(pause)
         pause = min(pause * 2, 0.02)
+    return True
+
+
+def remove(path: str, wait: float = REMOVE_WAIT) -> bool:
+    """Kill everything in the cgroup ``path`` (and below), wait up to ``wait`` seconds for it to empty,
+    and remove it with its sub-cgroups. True if it is gone; False if something still runs in it (a frozen
+    process): it is then left for a later ``sweep_dead_workers`` or ``remove``."""
+    if not os.path.isdir(path):
+        return True
+    if not empty(path, wait):
+        return False
     # Deepest first: a cgroup with sub-cgroups cannot be removed (nested onward workers make some).
     for folder, _, _ in sorted(os.walk(path), key=lambda entry: entry[0].count(os.sep), reverse=True):
         try:
@@ -236,7 +258,7 @@ def remove(path: str, wait: float = REMOVE_WAIT) -> bool:
 
 
 def sweep_dead_workers(own: str | None = None) -> int:
-    """Kill and remove the ``onward-<pid>-<start>`` directories of workers that are gone, in ``own`` (our
+    """Kill and remove the ``onward-<pid>-<start>-<n>`` directories of workers that are gone, in ``own`` (our
     own cgroup by default). Returns how many were removed. Never touches a live worker's directory."""
     own = own if own is not None else own_cgroup()
     if own is None:

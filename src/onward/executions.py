@@ -481,12 +481,12 @@ class CommandExecution(Execution):
         self._killed = False
         self._proc_exited = False
         self._cgroups = cgroups
-        self._cgroup = cgroups.attempt(claim.task_id, claim.fence) if cgroups is not None else None
+        self._cgroup = cgroups.attempt() if cgroups is not None else None
         try:
             self._proc = _spawn(argv, env, self._cgroup)
         except BaseException:
-            if self._cgroup is not None:
-                self._cgroup.close()
+            if cgroups is not None and self._cgroup is not None:
+                cgroups.finished(self._cgroup)
             raise
         self.child_pid = self._proc.pid
         self.child_start = pid_start_time(self._proc.pid)
@@ -560,8 +560,6 @@ class CommandExecution(Execution):
         # (the exited leader, not yet reaped, keeps the group id from being reused meanwhile), and so
         # does whatever left the group but not the attempt's cgroup.
         kill_group(self._proc.pid)
-        if self._cgroup is not None:
-            self._cgroup.kill()
         self._drain()
         status = self._proc.wait()
         if self._cgroups is not None and self._cgroup is not None:

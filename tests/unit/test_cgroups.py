@@ -64,7 +64,8 @@ def test_a_process_that_forks_away_into_a_new_session_is_still_killed_with_its_a
                      "    os._exit(0)")
     child.wait()
     assert populated(attempt.path), "the grandchild runs on in the attempt's cgroup"
-    assert attempt.close()
+    attempt.close()
+    assert remove(attempt.path)
     assert not os.path.exists(attempt.path)
 
 
@@ -87,8 +88,8 @@ def test_a_live_workers_cgroups_are_never_swept_and_a_dead_ones_are(scratch: str
     dead = subprocess.Popen(["true"])
     dead.wait()
     try:
-        live_dir = os.path.join(scratch, cgroups.worker_dir_name(live.pid, cgroups.pid_start_time(live.pid) or 0))
-        dead_dir = os.path.join(scratch, cgroups.worker_dir_name(dead.pid, 12345))
+        live_dir = os.path.join(scratch, cgroups.worker_dir_name(live.pid, cgroups.pid_start_time(live.pid) or 0, 1))
+        dead_dir = os.path.join(scratch, cgroups.worker_dir_name(dead.pid, 12345, 1))
         for folder in (live_dir, dead_dir):
             os.makedirs(os.path.join(folder, "task-1-1"))
         leftover = AttemptCgroup(os.path.join(dead_dir, "task-2-1"))
@@ -102,14 +103,24 @@ def test_a_live_workers_cgroups_are_never_swept_and_a_dead_ones_are(scratch: str
 
 
 @needs_cgroup2
-def test_a_worker_removes_its_cgroup_directory_when_it_closes() -> None:
+def test_an_attempt_cgroup_is_emptied_and_reused_and_removed_when_the_worker_closes() -> None:
     worker = WorkerCgroups.create()
-    assert worker is not None
-    attempt = worker.attempt(7, 3)
-    child = start_in(attempt, "sleep", "60")
+    other = WorkerCgroups.create()  # a second job in the same process has a directory of its own
+    assert worker is not None and other is not None and worker.path != other.path
+    first = worker.attempt()
+    left = start_in(first, sys.executable, "-c", "import os, time\nif os.fork() == 0:\n    time.sleep(60)")
+    left.wait()
+    worker.finished(first)  # the command exited and was reaped; what it forked is killed
+    assert not populated(first.path)
+    assert worker.attempt() is first
+    child = start_in(first, "sleep", "60")
+    bystander = start_in(other.attempt(), "sleep", "60")
     worker.close()
     assert child.wait(timeout=10) == -9
     assert not os.path.exists(worker.path)
+    assert bystander.poll() is None
+    other.close()
+    assert bystander.wait(timeout=10) == -9
 
 
 @needs_cgroup2

@@ -37,13 +37,20 @@ REMOVE_WAIT = 0.5
 
 def hierarchy() -> str | None:
     """Where the cgroup v2 hierarchy is mounted, from /proc/self/mountinfo (first cgroup2 mount), or None."""
+    mount = _mount()
+    return mount[1] if mount is not None else None
+
+
+def _mount() -> tuple[str, str] | None:
+    """The first cgroup2 mount: (the cgroup it shows as its top, where it is mounted)."""
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 # "id parent major:minor root mount-point options [optional fields] - fstype source ..."
                 before, _, after = line.partition(" - ")
                 if after.split(" ", 1)[0] == "cgroup2":
-                    return _unescape(before.split(" ")[4])
+                    fields = before.split(" ")
+                    return _unescape(fields[3]), _unescape(fields[4])
     except OSError:
         pass
     return None
@@ -55,22 +62,26 @@ def _unescape(field: str) -> str:
 
 
 def own_cgroup() -> str | None:
-    """The directory of this process's cgroup v2, or None when there is no cgroup v2."""
-    mount = hierarchy()
+    """The directory of this process's cgroup v2, or None when there is no cgroup v2 or ours is not
+    visible in the mounted hierarchy."""
+    mount = _mount()
     if mount is None:
         return None
+    top, where = mount
     try:
         with open("/proc/self/cgroup", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    relative = line[3:].rstrip("\n")
-                    # A cgroup namespace whose root is not ours shows "/.."; nothing below it is ours.
-                    if relative.startswith("/.."):
-                        return None
-                    return os.path.join(mount, relative.lstrip("/"))
+            ours = next((line[3:].rstrip("\n") for line in f if line.startswith("0::")), None)
     except OSError:
-        pass
-    return None
+        return None
+    if ours is None or ours.startswith("/.."):  # "/..": outside our cgroup namespace's view
+        return None
+    # A hierarchy mounted from below its top (a container's bind mount) shows only that subtree.
+    if top != "/":
+        if not (ours == top or ours.startswith(top + "/")):
+            return None
+        ours = ours[len(top):]
+    path = os.path.normpath(os.path.join(where, ours.lstrip("/")))
+    return path if os.path.isdir(path) else None
 
 
 def worker_dir_name(pid: int, start: int, handler: int) -> str:

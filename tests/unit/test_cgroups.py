@@ -42,18 +42,41 @@ def start_in(cgroup: AttemptCgroup, *argv: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, preexec_fn=cgroup.enter, start_new_session=True)
 
 
-def test_the_cgroup2_mount_is_read_from_mountinfo_with_its_escapes(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("top", "ours", "found"), [
+    ("/", "0::/system.slice/x.service", "{mount}/system.slice/x.service"),
+    ("/docker/abc", "0::/docker/abc/sub", "{mount}/sub"),  # mounted from below its top, as in a container
+    ("/docker/abc", "0::/elsewhere", None),  # our cgroup is not in the part that is mounted
+    ("/", "0::/../outside", None),  # outside our cgroup namespace
+    ("/", "1:name=systemd:/x", None),  # cgroup v1 only
+])
+def test_our_cgroup_is_found_from_mountinfo_and_proc_self_cgroup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, top: str, ours: str, found: str | None) -> None:
+    mount = tmp_path / "my cgroups"
+    (mount / "system.slice" / "x.service").mkdir(parents=True)
+    (mount / "sub").mkdir()
+    escaped = str(mount).replace(" ", "\\040")
+    files = {
+        "/proc/self/mountinfo": "25 1 0:23 / /sys/fs/cgroup/cpu rw shared:9 - cgroup cgroup rw,cpu\n"
+                                f"41 31 0:38 {top} {escaped} rw,relatime shared:10 master:2 - cgroup2 cgroup2 rw\n",
+        "/proc/self/cgroup": ours + "\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name.replace("/", "_")).write_text(text)
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(
+        tmp_path / path.replace("/", "_") if path in files else path, *a, **k))
+    assert cgroups.hierarchy() == str(mount)
+    assert cgroups.own_cgroup() == (found.format(mount=mount) if found else None)
+
+
+def test_without_a_cgroup2_mount_there_is_no_cgroup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mountinfo = tmp_path / "mountinfo"
-    mountinfo.write_text(
-        "25 1 0:23 / /sys/fs/cgroup/cpu rw shared:9 - cgroup cgroup rw,cpu\n"
-        "41 31 0:38 / /my\\040cgroups rw,relatime shared:10 master:2 - cgroup2 cgroup2 rw\n")
+    mountinfo.write_text("25 1 0:23 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
     real_open = open
     monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(
         mountinfo if path == "/proc/self/mountinfo" else path, *a, **k))
-    assert cgroups.hierarchy() == "/my cgroups"
-    mountinfo.write_text("25 1 0:23 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
-    assert cgroups.hierarchy() is None
+    assert cgroups.hierarchy() is None and cgroups.own_cgroup() is None
+    assert cgroups.WorkerCgroups.create() is None
 
 
 @needs_cgroup2

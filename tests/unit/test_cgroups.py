@@ -81,7 +81,7 @@ def test_without_a_cgroup2_mount_there_is_no_cgroup(tmp_path: Path, monkeypatch:
 
 @needs_cgroup2
 def test_a_process_that_forks_away_into_a_new_session_is_still_killed_with_its_attempt(scratch: str) -> None:
-    attempt = AttemptCgroup(os.path.join(scratch, "task-1-1"))
+    attempt = AttemptCgroup(os.path.join(scratch, "attempt-1"))
     child = start_in(attempt, sys.executable, "-c",
                      "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nelse:\n"
                      "    os._exit(0)")
@@ -95,7 +95,7 @@ def test_a_process_that_forks_away_into_a_new_session_is_still_killed_with_its_a
 @needs_cgroup2
 def test_without_cgroup_kill_every_listed_process_is_killed_until_none_is_left(scratch: str) -> None:
     """The path for kernels before 5.14 (no cgroup.kill), on processes that keep forking."""
-    attempt = AttemptCgroup(os.path.join(scratch, "task-1-1"))
+    attempt = AttemptCgroup(os.path.join(scratch, "attempt-1"))
     child = start_in(attempt, sys.executable, "-c",
                      "import os, time\nfor _ in range(20):\n    if os.fork() == 0:\n        time.sleep(60)\n"
                      "time.sleep(60)")
@@ -114,12 +114,12 @@ def test_a_live_workers_cgroups_are_never_swept_and_a_dead_ones_are(scratch: str
         live_dir = os.path.join(scratch, cgroups.worker_dir_name(live.pid, cgroups.pid_start_time(live.pid) or 0, 1))
         dead_dir = os.path.join(scratch, cgroups.worker_dir_name(dead.pid, 12345, 1))
         for folder in (live_dir, dead_dir):
-            os.makedirs(os.path.join(folder, "task-1-1"))
-        leftover = AttemptCgroup(os.path.join(dead_dir, "task-2-1"))
+            os.makedirs(os.path.join(folder, "attempt-1"))
+        leftover = AttemptCgroup(os.path.join(dead_dir, "attempt-2"))
         orphan = start_in(leftover, "sleep", "60")
         assert cgroups.sweep_dead_workers(scratch) == 1
         assert orphan.wait(timeout=10) == -9
-        assert os.path.isdir(os.path.join(live_dir, "task-1-1")) and not os.path.exists(dead_dir)
+        assert os.path.isdir(os.path.join(live_dir, "attempt-1")) and not os.path.exists(dead_dir)
     finally:
         live.kill()
         live.wait()
@@ -149,8 +149,8 @@ def test_an_attempt_cgroup_is_emptied_and_reused_and_removed_when_the_worker_clo
 @needs_cgroup2
 def test_a_command_that_cannot_enter_its_cgroup_fails_to_start_with_its_name(scratch: str) -> None:
     """Hostile twin: the attempt's cgroup vanished between its creation and the fork."""
-    attempt = AttemptCgroup(os.path.join(scratch, "task-1-1"))
+    attempt = AttemptCgroup(os.path.join(scratch, "attempt-1"))
     os.rmdir(attempt.path)
-    with pytest.raises(OSError, match="cannot move the command into its cgroup .*task-1-1"):
+    with pytest.raises(OSError, match="cannot move the command into its cgroup .*attempt-1"):
         _spawn(["true"], dict(os.environ), attempt)
     attempt.close()

@@ -162,12 +162,12 @@ class WorkerCgroups:
         self._made += 1
         return AttemptCgroup(os.path.join(self.path, f"attempt-{self._made}"))
 
-    def finished(self, cgroup: AttemptCgroup) -> None:
+    def finished(self, cgroup: AttemptCgroup, reusable: bool = True) -> None:
         """The attempt is over and its main process reaped: kill whatever it left, and keep the leaf for
-        the next attempt once it is empty."""
-        if empty(cgroup.path):
+        the next attempt once it is empty (unless not ``reusable``: the command could not enter it)."""
+        if reusable and empty(cgroup.path):
             self._idle.append(cgroup)
-        else:  # something the kernel holds (a freezer): not reused, removed once it is gone
+        else:  # something the kernel holds (a freezer), or a broken leaf: removed later, never reused
             cgroup.close()
             self._leftovers.append(cgroup.path)
 

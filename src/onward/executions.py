@@ -486,7 +486,7 @@ class CommandExecution(Execution):
             self._proc = _spawn(argv, env, self._cgroup)
         except BaseException:
             if cgroups is not None and self._cgroup is not None:
-                cgroups.finished(self._cgroup)
+                cgroups.finished(self._cgroup, reusable=False)
             raise
         self.child_pid = self._proc.pid
         self.child_start = pid_start_time(self._proc.pid)

@@ -147,10 +147,16 @@ def test_an_attempt_cgroup_is_emptied_and_reused_and_removed_when_the_worker_clo
 
 
 @needs_cgroup2
-def test_a_command_that_cannot_enter_its_cgroup_fails_to_start_with_its_name(scratch: str) -> None:
+def test_a_command_that_cannot_enter_its_cgroup_fails_to_start_and_the_leaf_is_not_reused() -> None:
     """Hostile twin: the attempt's cgroup vanished between its creation and the fork."""
-    attempt = AttemptCgroup(os.path.join(scratch, "attempt-1"))
-    os.rmdir(attempt.path)
-    with pytest.raises(OSError, match="cannot move the command into its cgroup .*attempt-1"):
-        _spawn(["true"], dict(os.environ), attempt)
-    attempt.close()
+    worker = WorkerCgroups.create()
+    assert worker is not None
+    try:
+        attempt = worker.attempt()
+        os.rmdir(attempt.path)
+        with pytest.raises(OSError, match="cannot move the command into its cgroup .*attempt-1"):
+            _spawn(["true"], dict(os.environ), attempt)
+        worker.finished(attempt, reusable=False)
+        assert worker.attempt() is not attempt
+    finally:
+        worker.close()

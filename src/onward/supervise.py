@@ -32,11 +32,11 @@ Restart rules (exit statuses are those of ``onward run``):
 Whenever a child is gone, its process group is SIGKILLed before it is reaped (while its pid still pins the
 group id), so no helper it left behind outlives it. The supervisor is a child subreaper
 (``PR_SET_CHILD_SUBREAPER``) meanwhile: whatever the worker's tasks leave behind, in any process group or
-session, is re-parented to it once its parent dies; it reaps those while the worker runs and SIGKILLs them
-all when the worker is gone, together with the worker's cgroups (see ``onward.cgroups``). The child runs in its own process group with
-``PR_SET_PDEATHSIG=SIGKILL``, so it dies with the supervisor even when the supervisor is SIGKILLed. Being
-in its own group, it gets a terminal's ^C only through the supervisor, which forwards it; and it cannot
-read from the terminal (give ``--tasks`` a file, or a pipe, rather than a terminal's stdin).
+session, is re-parented to it once its parent dies; it reaps those while the worker runs and SIGKILLs them all
+when the worker is gone, together with the worker's cgroups (see ``onward.cgroups``). The child runs in its
+own process group with ``PR_SET_PDEATHSIG=SIGKILL``, so it dies with the supervisor even when the supervisor
+is SIGKILLed. Being in its own group, it gets a terminal's ^C only through the supervisor, which forwards it;
+and it cannot read from the terminal (give ``--tasks`` a file, or a pipe, rather than a terminal's stdin).
 
 Watchdog. With ``watchdog=S``, a child that sends no ``WATCHDOG=1`` for S seconds, counted from its start,
 its ``READY=1`` or its last heartbeat, gets its process group SIGKILLed and is restarted (cause

@@ -26,16 +26,22 @@ CGROUP_WRITABLE = (own := own_cgroup()) is not None and os.access(os.path.join(o
 needs_cgroup2 = pytest.mark.skipif(
     not CGROUP_WRITABLE and os.environ.get("CI") != "true",
     reason="cgroup v2 is not mounted or our cgroup is not writable (needs root or a delegated subtree)")
+
+def _can_hide_cgroup2() -> bool:
+    """Whether cgroups are off already, or can be made read-only in a mount namespace (CAP_SYS_ADMIN)."""
+    return not CGROUP_WRITABLE or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+
 can_hide_cgroup2 = pytest.mark.skipif(
-    hierarchy() is not None and os.geteuid() != 0,
-    reason="making the cgroup v2 hierarchy read-only in a mount namespace needs root")
+    not _can_hide_cgroup2(), reason="making the cgroup v2 hierarchy read-only in a mount namespace needs "
+                                    "CAP_SYS_ADMIN (unshare --mount)")
 MODES = [pytest.param("cgroup", marks=needs_cgroup2), pytest.param("no-cgroup", marks=can_hide_cgroup2)]
 
 
 def in_mode(mode: str, argv: list[str]) -> list[str]:
     """``argv`` as run in ``mode``: as it is, or in a mount namespace where cgroup v2 is read-only."""
     mount = hierarchy()
-    if mode == "cgroup" or mount is None:
+    if mode == "cgroup" or mount is None or not CGROUP_WRITABLE:
         return argv
     return ["unshare", "--mount", "sh", "-c", 'mount -o remount,bind,ro "$0" && exec "$@"', mount, *argv]
 
@@ -95,6 +101,12 @@ def alive(pid: int) -> bool:
         return False
 
 
+def in_attempt_cgroup(pid: int) -> bool:
+    """Whether the process runs in an onward attempt cgroup (checks that a test's mode is what it says)."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        return any(line.startswith("0::") and "/onward-" in line and "/attempt-" in line for line in f)
+
+
 def leftover_worker_cgroups() -> list[str]:
     """The worker cgroup directories in ours whose worker is gone."""
     own = own_cgroup()
@@ -115,7 +127,8 @@ def test_the_sleep_of_a_killed_workers_task_dies_at_once_under_the_supervisor(
     sup = start(in_mode(mode, onward_argv("supervise", "--restart-delay", "60", "--", *onward_argv(
         "run", "--db", db, "--", str(script)))), tmp_path)
     try:
-        wait_for(lambda: sleeps(marker), 30, "the task's sleep to start")
+        sleep = wait_for(lambda: sleeps(marker), 30, "the task's sleep to start")[0]  # type: ignore[index]
+        assert in_attempt_cgroup(sleep) == (mode == "cgroup")
         worker = int((tmp_path / "worker.pid").read_text())
         os.kill(worker, signal.SIGKILL)
         wait_for(lambda: not sleeps(marker), 10, "the sleep to die with its worker")

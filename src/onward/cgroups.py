@@ -2,9 +2,9 @@
 leaves its process group (``setsid``, a double fork), ends with it; and a dead worker's leftovers are found
 by name and killed.
 
-Layout. A worker that runs commands makes one directory in its own cgroup, ``onward-<pid>-<start>-<n>``
-(its pid and process start time, the pair that names a process for good, and a count of the command
-handlers the process made), holding the leaves its attempts run
+Layout. A worker that runs commands makes one directory in its own cgroup,
+``onward-<pid>-<start>-<pidns>-<n>`` (its pid and process start time, the pair that names a process for
+good, the pid namespace they are valid in, and a count of the command handlers the process made), holding the leaves its attempts run
 in, ``attempt-<n>`` (one per attempt running at a time, reused). No controller is ever enabled: cgroup v2's
 "no internal processes" rule only forbids processes in a cgroup whose ``cgroup.subtree_control`` enables
 controllers, and a cgroup that holds the worker itself cannot have any enabled (the kernel refuses both
@@ -26,10 +26,11 @@ import os
 import re
 import signal
 import time
+from functools import cache
 
 from .proc import pid_start_time, process_alive
 
-WORKER_DIR = re.compile(r"onward-(\d+)-(\d+)-\d+")
+WORKER_DIR = re.compile(r"onward-(\d+)-(\d+)-(\d+)-\d+")
 # SIGKILLed processes are gone within milliseconds unless the kernel holds them (a freezer, an
 # uninterruptible wait); past this a cgroup is left for a later sweep instead of holding up the caller.
 REMOVE_WAIT = 0.5
@@ -85,8 +86,18 @@ def own_cgroup() -> str | None:
 
 
 def worker_dir_name(pid: int, start: int, handler: int) -> str:
-    """``onward-<pid>-<start>-<n>``: the worker process, and which of its command handlers (one a job)."""
-    return f"onward-{pid}-{start}-{handler}"
+    """``onward-<pid>-<start>-<pidns>-<n>``: the worker process, and which of its command handlers (one a
+    job)."""
+    return f"onward-{pid}-{start}-{pid_namespace()}-{handler}"
+
+
+@cache
+def pid_namespace() -> int:
+    """Our pid namespace (its inode): pids of another one cannot be checked from here."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 _handlers = itertools.count(1)
@@ -121,7 +132,7 @@ class AttemptCgroup:
 
 
 class WorkerCgroups:
-    """This worker's ``onward-<pid>-<start>-<n>`` directory and the attempt leaves in it.
+    """This worker's ``onward-<pid>-<start>-<pidns>-<n>`` directory and the attempt leaves in it.
 
     A leaf is reused by later attempts once it is empty: moving a process into a cgroup that was just
     created, and removing it afterwards, costs the kernel more (an RCU grace period now and then) than a
@@ -269,8 +280,9 @@ def remove(path: str, wait: float = REMOVE_WAIT) -> bool:
 
 
 def sweep_dead_workers(own: str | None = None) -> int:
-    """Kill and remove the ``onward-<pid>-<start>-<n>`` directories of workers that are gone, in ``own`` (our
-    own cgroup by default). Returns how many were removed. Never touches a live worker's directory."""
+    """Kill and remove the ``onward-<pid>-<start>-<pidns>-<n>`` directories of workers that are gone, in
+    ``own`` (our own cgroup by default). Returns how many were removed. Never touches a live worker's
+    directory, nor one from another pid namespace (whether its worker lives cannot be told from here)."""
     own = own if own is not None else own_cgroup()
     if own is None:
         return 0
@@ -283,8 +295,8 @@ def sweep_dead_workers(own: str | None = None) -> int:
         match = WORKER_DIR.fullmatch(name)
         if match is None:
             continue
-        pid, start = int(match.group(1)), int(match.group(2))
-        if process_alive(pid, start):
+        pid, start, namespace = int(match.group(1)), int(match.group(2)), int(match.group(3))
+        if namespace != pid_namespace() or process_alive(pid, start):
             continue
         with contextlib.suppress(OSError):  # someone else swept it meanwhile, or it is not ours to remove
             removed += remove(os.path.join(own, name))

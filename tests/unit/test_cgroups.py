@@ -113,13 +113,16 @@ def test_a_live_workers_cgroups_are_never_swept_and_a_dead_ones_are(scratch: str
     try:
         live_dir = os.path.join(scratch, cgroups.worker_dir_name(live.pid, cgroups.pid_start_time(live.pid) or 0, 1))
         dead_dir = os.path.join(scratch, cgroups.worker_dir_name(dead.pid, 12345, 1))
-        for folder in (live_dir, dead_dir):
+        # A dead pid here may be a live worker in another pid namespace: never swept.
+        foreign_dir = os.path.join(scratch, f"onward-{dead.pid}-12345-{cgroups.pid_namespace() + 1}-1")
+        for folder in (live_dir, dead_dir, foreign_dir):
             os.makedirs(os.path.join(folder, "attempt-1"))
         leftover = AttemptCgroup(os.path.join(dead_dir, "attempt-2"))
         orphan = start_in(leftover, "sleep", "60")
         assert cgroups.sweep_dead_workers(scratch) == 1
         assert orphan.wait(timeout=10) == -9
         assert os.path.isdir(os.path.join(live_dir, "attempt-1")) and not os.path.exists(dead_dir)
+        assert os.path.isdir(os.path.join(foreign_dir, "attempt-1"))
     finally:
         live.kill()
         live.wait()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from . import results
 from . import steps as durable
+from .cgroups import AttemptCgroup, WorkerCgroups
 from .errors import OnwardError, StepDrift, UsageError
 from .log import one_line
 from .proc import die_with_parent_preexec, kill_group, pid_exists, pid_start_time, prepare_die_with_parent
@@ -462,10 +463,11 @@ class PythonHandler:
 
 # --- commands -----------------------------------------------------------------------------------------
 class CommandExecution(Execution):
-    """A child process in its own process group (and session), killed with its parent (PDEATHSIG)."""
+    """A child process in its own process group (and session), killed with its parent (PDEATHSIG), and in
+    a cgroup of its own where ``cgroups`` is given (everything it starts ends with the attempt)."""
 
     def __init__(self, claim: Claim, argv: list[str], env: dict[str, str], heartbeat_file: str | None,
-                 runner: Runner, max_result_bytes: int) -> None:
+                 runner: Runner, max_result_bytes: int, cgroups: WorkerCgroups | None = None) -> None:
         super().__init__(claim)
         self._runner = runner
         self._selector: selectors.BaseSelector = runner.selector
@@ -478,7 +480,14 @@ class CommandExecution(Execution):
         self._reported = False
         self._killed = False
         self._proc_exited = False
-        self._proc = _spawn(argv, env)
+        self._cgroups = cgroups
+        self._cgroup = cgroups.attempt() if cgroups is not None else None
+        try:
+            self._proc = _spawn(argv, env, self._cgroup)
+        except BaseException:
+            if cgroups is not None and self._cgroup is not None:
+                cgroups.finished(self._cgroup, reusable=False)
+            raise
         self.child_pid = self._proc.pid
         self.child_start = pid_start_time(self._proc.pid)
         self._pidfd = os.pidfd_open(self._proc.pid)
@@ -548,10 +557,13 @@ class CommandExecution(Execution):
         self._selector.unregister(self._pidfd)
         os.close(self._pidfd)
         # The step is over once its main process is: whatever it left running in its group goes too
-        # (the exited leader, not yet reaped, keeps the group id from being reused meanwhile).
+        # (the exited leader, not yet reaped, keeps the group id from being reused meanwhile), and so
+        # does whatever left the group but not the attempt's cgroup.
         kill_group(self._proc.pid)
         self._drain()
         status = self._proc.wait()
+        if self._cgroups is not None and self._cgroup is not None:
+            self._cgroups.finished(self._cgroup)
         if self._heartbeat_file is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._heartbeat_file)
@@ -593,6 +605,8 @@ class CommandExecution(Execution):
         if not self._proc_exited:
             self._killed = True
             kill_group(self._proc.pid)
+            if self._cgroup is not None:
+                self._cgroup.kill()
 
     def abandon(self, reason: str) -> None:
         if self._reported:
@@ -618,6 +632,7 @@ class CommandHandler:
             env.pop(name, None)
         self._env = env
         prepare_die_with_parent()
+        self._cgroups = WorkerCgroups.create()
 
     def start(self, claim: Claim, runner: Runner) -> Execution:
         argv = [arg.replace("{task}", claim.name) for arg in self.argv]
@@ -626,10 +641,12 @@ class CommandHandler:
         beat_file = os.path.join(self._beat_dir, f"task-{claim.task_id}-{claim.fence}")
         env = dict(self._env, ONWARD_TASK=claim.name, ONWARD_ATTEMPT=str(claim.attempt),
                    ONWARD_HEARTBEAT_FILE=beat_file)
-        return CommandExecution(claim, argv, env, beat_file, runner, self.max_result_bytes)
+        return CommandExecution(claim, argv, env, beat_file, runner, self.max_result_bytes, self._cgroups)
 
     def close(self) -> None:
         shutil.rmtree(self._beat_dir, ignore_errors=True)
+        if self._cgroups is not None:
+            self._cgroups.close()
 
 
 BEAT_DIR_PREFIX = "onward-beat-"
@@ -652,13 +669,28 @@ def _remove_stale_beat_dirs() -> None:
 
 
 
-def _spawn(argv: list[str], env: dict[str, str]):
+def _spawn(argv: list[str], env: dict[str, str], cgroup: AttemptCgroup | None):
     import subprocess
 
-    return subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-        close_fds=True, start_new_session=True, preexec_fn=die_with_parent_preexec,
-    )
+    try:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            close_fds=True, start_new_session=True, preexec_fn=_in_child(cgroup),
+        )
+    except subprocess.SubprocessError as e:  # only the preexec function raises it: the cgroup step
+        raise OSError(f"cannot move the command into its cgroup {cgroup.path if cgroup else ''}") from e
+
+
+def _in_child(cgroup: AttemptCgroup | None) -> Callable[[], None]:
+    """What the child does between fork and exec: enter the attempt's cgroup first, before it can fork
+    anything that would be born outside, then arrange to die with its parent."""
+    if cgroup is None:
+        return die_with_parent_preexec
+
+    def setup() -> None:
+        cgroup.enter()
+        die_with_parent_preexec()
+    return setup
 
 
 def _bind(read: Callable[[int], bool], fd: int) -> Callable[[], None]:

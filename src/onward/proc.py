@@ -4,16 +4,20 @@ that never outlive their parent.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import signal
 import socket
+import time
+from collections.abc import Container
 from functools import cache
 
 from .store.base import Owner
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def pid_start_time(pid: int) -> int | None:
@@ -109,6 +113,72 @@ def die_with_parent_preexec() -> None:
 def prepare_die_with_parent() -> None:
     """Resolve libc before any fork: a preexec_fn must not load libraries."""
     _prctl()
+
+
+def set_child_subreaper(on: bool) -> None:
+    """Make this process (``on``) the reaper of its descendants' orphans, in place of init: a process whose
+    parent dies is re-parented to us, so we can still find and kill it."""
+    _prctl()(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+
+
+def children() -> list[int]:
+    """The pids of this process's children, zombies included (from /proc/self/task/*/children, or a scan
+    of /proc where the kernel lacks that file)."""
+    try:
+        pids: list[int] = []
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                pids += [int(pid) for pid in f.read().split()]
+        return pids
+    except FileNotFoundError:
+        pass
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == me:
+                found.append(int(name))
+    return found
+
+
+def reap_orphans(keep: Container[int]) -> None:
+    """Reap every exited child not in ``keep`` (children we started ourselves, whose exit statuses are
+    their owners' to collect): a subreaper inherits orphans, and must reap them or they stay zombies."""
+    for pid in children():
+        if pid not in keep:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def kill_orphans(keep: Container[int], timeout: float) -> int:
+    """SIGKILL every child not in ``keep``, with its process group, and reap it; again for the
+    grandchildren that are re-parented to us as their parents die, until none is left or ``timeout``
+    passes. For a subreaper whose worker died: whatever its tasks left behind reaches us, however it left
+    its process group or session. Returns how many were killed."""
+    own_group = os.getpgrp()
+    deadline = time.monotonic() + timeout
+    killed: set[int] = set()
+    while time.monotonic() < deadline:
+        orphans = [pid for pid in children() if pid not in keep]
+        if not orphans:
+            break
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                group = os.getpgid(pid)
+                if group != own_group:  # never our own group: that would kill us
+                    os.killpg(group, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.001)
+    return len(killed)
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:

@@ -42,10 +42,13 @@ before. What the supervisor prints when a child dies says how long it ran, wheth
 its last ``STATUS=`` with that status's age, so an old count is not mistaken for the current one.
 
 Whenever a child is gone, its process group is SIGKILLed before it is reaped (while its pid still pins the
-group id), so no helper it left behind outlives it. The child runs in its own process group with
-``PR_SET_PDEATHSIG=SIGKILL``, so it dies with the supervisor even when the supervisor is SIGKILLed. Being
-in its own group, it gets a terminal's ^C only through the supervisor, which forwards it; and it cannot
-read from the terminal (give ``--tasks`` a file, or a pipe, rather than a terminal's stdin).
+group id), so no helper it left behind outlives it. The supervisor is a child subreaper
+(``PR_SET_CHILD_SUBREAPER``) meanwhile: whatever the worker's tasks leave behind, in any process group or
+session, is re-parented to it once its parent dies; it reaps those while the worker runs and SIGKILLs them all
+when the worker is gone, together with the worker's cgroups (see ``onward.cgroups``). The child runs in its
+own process group with ``PR_SET_PDEATHSIG=SIGKILL``, so it dies with the supervisor even when the supervisor
+is SIGKILLed. Being in its own group, it gets a terminal's ^C only through the supervisor, which forwards it;
+and it cannot read from the terminal (give ``--tasks`` a file, or a pipe, rather than a terminal's stdin).
 
 Watchdog. With ``watchdog=S``, a child that sends no ``WATCHDOG=1`` for S seconds, counted from its start,
 its ``READY=1`` or its last heartbeat, gets its process group SIGKILLed and is restarted (cause
@@ -87,10 +90,18 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 
+from onward.cgroups import sweep_dead_workers
 from onward.errors import UsageError
 from onward.log import Log
 from onward.notify import PROGRESS_FIELD
-from onward.proc import die_with_parent_preexec, prepare_die_with_parent
+from onward.proc import (
+    children,
+    die_with_parent_preexec,
+    kill_orphans,
+    prepare_die_with_parent,
+    reap_orphans,
+    set_child_subreaper,
+)
 from onward.secrets import redact_url, scrub, url_secrets
 from onward.store import DEFAULT_DB, open_store
 
@@ -100,6 +111,7 @@ DEFAULT_WINDOW = 60.0
 
 FAST_CRASH = 2.0  # a run shorter than this (seconds) counts as crashing fast, for the backoff
 MAX_BACKOFF = 30.0  # the restart delay never grows beyond this (seconds)
+ORPHAN_KILL_WAIT = 2.0  # how long a dead worker's leftovers may take to die (frozen ones are left; seconds)
 NOT_RESTARTED = {0: "finished", 3: "finished, some tasks failed", 2: "usage or configuration error"}
 
 _NOTIFY_MAX = 4096  # systemd reads at most this much of one datagram (NOTIFY_BUFFER_MAX)
@@ -184,7 +196,10 @@ class Supervisor:
     """Run ``command`` as a child and keep it running; ``run()`` returns the supervisor's exit status.
 
     Call ``run()`` from the main thread: it installs handlers for SIGTERM and SIGINT (restored on return),
-    and the child's ``PR_SET_PDEATHSIG`` fires when the *thread* that started it ends.
+    and the child's ``PR_SET_PDEATHSIG`` fires when the *thread* that started it ends. While it runs the
+    process is a child subreaper, and when the worker ends every child of the process started since
+    ``run()`` began, other than the worker, is killed as the worker's leftover: nothing else in the
+    process may start children meanwhile (``onward supervise`` starts none).
     """
 
     def __init__(self, command: Sequence[str], restart_delay: float = DEFAULT_RESTART_DELAY,
@@ -217,14 +232,17 @@ class Supervisor:
         self.progressed = False
         self._stop_signal: int | None = None
         self._wake_r: socket.socket | None = None
+        self._not_orphans: frozenset[int] = frozenset()  # our children that are not the worker's leftovers
 
     # --- the restart loop ----------------------------------------------------------------------------
     def run(self) -> int:
         """Start the child, restart it by the rules in the module docstring, return the exit status."""
         self._stop_signal = None
+        # Leftovers of workers that died with an earlier supervisor (kill -9 of it) go first.
+        sweep_dead_workers()
         with tempfile.TemporaryDirectory(prefix="onward-supervise-") as private_dir, \
                 socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify, \
-                self._signals_forwarded():
+                self._signals_forwarded(), self._orphans_reparented():
             # mkdtemp made the directory 0700: only our user can send to the socket.
             path = os.path.join(private_dir, "notify")
             notify.bind(path)
@@ -344,6 +362,7 @@ class Supervisor:
                     if message.get("STOPPING") == "1":
                         log(f"worker {child.pid} stopping")
                         deadline = None
+                reap_orphans(keep=self._not_orphans | {child.pid})
                 if _exited(child.pid):
                     return self._reap(child, pidfd), None
                 if deadline is not None and time.monotonic() >= deadline:
@@ -376,6 +395,12 @@ class Supervisor:
             if not warned and time.monotonic() - killed_at > 1.0:
                 log(f"worker {child.pid} has not died 1 s after SIGKILL (frozen?); waiting for it")
                 warned = True
+        # What its tasks left running is ours now (we are their subreaper), or in its cgroups: kill it
+        # before the worker is reaped (or restarted), not when a later worker reclaims the tasks.
+        left = kill_orphans(keep=self._not_orphans | {child.pid}, timeout=ORPHAN_KILL_WAIT)
+        swept = sweep_dead_workers()
+        if left or swept:
+            log(f"worker {child.pid} left {left} processes and {swept} cgroups; killed them")
         return child.wait()
 
     def _last_words(self, now: float) -> str:
@@ -385,6 +410,20 @@ class Supervisor:
             text, when = self.last_status
             words += f"; its last status, {now - when:.1f} s before: {text}"
         return words
+
+    @contextlib.contextmanager
+    def _orphans_reparented(self) -> Iterator[None]:
+        """While the supervisor runs it is a child subreaper: a process left behind by the worker's tasks
+        (its parent died, or it double-forked away) is re-parented to the supervisor instead of init, so
+        ``_reap`` can kill it when the worker dies. Turned off again on return (``run`` may be called in a
+        process that lives on). Children this process already had when ``run`` began are left alone; a
+        child that another thread starts meanwhile would be taken for a leftover (see the class)."""
+        self._not_orphans = frozenset(children())
+        set_child_subreaper(True)
+        try:
+            yield
+        finally:
+            set_child_subreaper(False)
 
     # --- signals -------------------------------------------------------------------------------------
     @contextlib.contextmanager

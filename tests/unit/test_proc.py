@@ -1,0 +1,80 @@
+"""onward.proc with real processes: children, a subreaper's orphans."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from onward import proc
+from tests.conftest import wait_for
+
+
+@pytest.fixture
+def subreaper() -> Iterator[frozenset[int]]:
+    """This test process as a child subreaper for the test's length; yields the children it already had."""
+    before = frozenset(proc.children())
+    proc.set_child_subreaper(True)
+    try:
+        yield before
+    finally:
+        proc.set_child_subreaper(False)
+
+
+def test_children_are_listed_with_or_without_the_kernels_children_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert child.pid in proc.children()
+        real_open = open
+
+        def no_children_file(path: object, *args: object, **kwargs: object) -> object:
+            if str(path).endswith("/children"):
+                raise FileNotFoundError(path)
+            return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+        monkeypatch.setattr("builtins.open", no_children_file)
+        assert child.pid in proc.children()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_subreaper_kills_the_orphans_that_left_their_group_and_session_but_not_its_own_children(
+        subreaper: frozenset[int], tmp_path: Path) -> None:
+    mine = subprocess.Popen(["sleep", "60"])
+    pids = tmp_path / "pids"
+    # A double fork into a new session, three deep: each re-parents to us only once its parent is dead.
+    script = ("import os, sys, time\n"
+              "for _ in range(3):\n"
+              "    if os.fork():\n"
+              "        os._exit(0)\n"
+              "    os.setsid()\n"
+              "    open(sys.argv[1], 'a').write(f'{os.getpid()}\\n')\n"
+              "    if os.fork():\n"
+              "        time.sleep(60)\n"
+              "        os._exit(0)\n"
+              "time.sleep(60)\n")
+    subprocess.run([sys.executable, "-c", script, str(pids)], check=True)
+    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 3, 20, "the three sessions")
+    try:
+        killed = proc.kill_orphans(keep=subreaper | {mine.pid}, timeout=10)
+        assert killed >= 3
+        assert all(proc.pid_start_time(int(pid)) is None for pid in pids.read_text().split())
+        assert mine.poll() is None, "a child the process started itself is left alone"
+        assert set(proc.children()) == subreaper | {mine.pid}, "every orphan was reaped"
+    finally:
+        mine.kill()
+        mine.wait()
+
+
+def test_a_subreaper_reaps_exited_orphans_and_leaves_its_own_children_to_their_owners(
+        subreaper: frozenset[int]) -> None:
+    mine = subprocess.Popen(["true"])
+    subprocess.run(["sh", "-c", "true & exit 0"], check=True)  # its `true` is re-parented to us
+    wait_for(lambda: mine.pid in proc.children() and len(set(proc.children()) - subreaper) >= 2, 10,
+             "both to exit")
+    wait_for(lambda: (proc.reap_orphans(keep=subreaper | {mine.pid}),
+                      set(proc.children()) - subreaper == {mine.pid})[1], 10, "the orphan to be reaped")
+    assert mine.wait() == 0, "its exit status was left for its Popen"

@@ -21,6 +21,7 @@ from .errors import UsageError
 from .store.base import SourceMark, Store
 
 MAX_LINE_BYTES = 4096
+UTF8_BOM = b"\xef\xbb\xbf"
 DIGEST_BYTES = 65536
 CHUNK = 1 << 20
 
@@ -34,6 +35,8 @@ class ImportResult:
 
 def parse_line(raw: bytes, lineno: int, source: str) -> str | None:
     """One line's task text, or None for a blank or comment line. Raises UsageError for a bad line."""
+    if lineno == 1 and raw.startswith(UTF8_BOM):
+        raw = raw[len(UTF8_BOM):]  # editors on Windows start files with one: it marks the encoding, not a task
     if len(raw) > MAX_LINE_BYTES:
         raise UsageError(f"{source}: line {lineno} is longer than {MAX_LINE_BYTES} bytes")
     try:

@@ -157,3 +157,10 @@ def test_a_million_lines(sqlite_url: str, tmp_path: Path) -> None:
         out.write("one more\n")
     grown = load(sqlite_url, f)
     assert grown.added == 1 and grown.read_from > 0
+
+
+def test_a_leading_byte_order_mark_is_not_part_of_the_first_task(sqlite_url: str, tmp_path: Path) -> None:
+    f = tmp_path / "tasks.txt"
+    f.write_bytes(b"\xef\xbb\xbf# header\nfirst\n\xef\xbb\xbfsecond-keeps-its-bom\n")
+    assert load(sqlite_url, f).added == 2
+    assert names(sqlite_url) == ["first", "\ufeffsecond-keeps-its-bom"]  # only the file's own BOM goes

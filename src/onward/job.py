@@ -83,10 +83,18 @@ class Job:
 
     def add(self, tasks: Iterable[str]) -> int:
         """Add tasks (idempotent). Returns how many were new. Streams: a million names need not be held in
-        memory; the add is one transaction, so a bad name anywhere adds nothing."""
+        memory; the add is one transaction, so a bad name anywhere adds nothing. Raises ``TypeError`` for
+        a bare ``str`` or ``bytes`` (an iterable of characters, not of names) and for an item that is not
+        a ``str``, rather than adding its characters or its ``repr``."""
+        if isinstance(tasks, (str, bytes, bytearray)):
+            kind = "a single str" if isinstance(tasks, str) else "bytes"
+            raise TypeError(f"add() takes an iterable of task names, not {kind}: write add([{tasks!r}])")
+
         def checked() -> Iterator[str]:
             for task in tasks:
-                name = str(task).strip()
+                if not isinstance(task, str):
+                    raise TypeError(f"a task name must be a str, not {type(task).__name__}: {task!r}")
+                name = task.strip()
                 check_task_name(name)
                 yield name
         return self.store.add(checked())

@@ -217,3 +217,18 @@ def test_a_bad_name_anywhere_adds_nothing(store_url: str) -> None:
         job.add(names)
     assert job.store.counts()["pending"] == 0
     job.close()
+
+
+@pytest.mark.parametrize("tasks, message", [
+    ("report-2024", "a single str"),
+    (b"report", "bytes"),
+    ([b"xy"], "bytes"),
+    (["ok", None], "NoneType"),
+    (["ok", 7], "int"),
+])
+def test_add_refuses_a_bare_string_bytes_and_non_str_items(tmp_path: Path, tasks: object, message: str) -> None:
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET)
+    with pytest.raises(TypeError, match=message):
+        job.add(tasks)  # type: ignore[arg-type]
+    assert job.store.counts().get("pending", 0) == 0
+    job.close()

@@ -32,6 +32,25 @@ db_option = click.option("--db", "db", metavar="URL", default=None,
                               " default .onward/onward.db).")
 
 
+class TaskText(click.ParamType):
+    """A task's text as given on the command line. A name that is not UTF-8 (``$'bad\\xff'``) reaches
+    Python as lone surrogates, which no store can hold: refused here as bad input, not a traceback later."""
+
+    name = "task"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = text.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+            self.fail(f"\"{shown}\" is not valid UTF-8", param, ctx)
+        return text
+
+
+TASK_TEXT = TaskText()
+
+
 def _log_level(quiet: bool, verbose: bool) -> int:
     return QUIET if quiet else VERBOSE if verbose else NORMAL
 
@@ -109,7 +128,7 @@ def run(db: str | None, tasks_file: str | None, out_dir: str | None, concurrency
 @main.command()
 @db_option
 @click.option("--tasks", "tasks_file", metavar="FILE", help="Tasks file, one task per line ('-': stdin).")
-@click.argument("tasks", nargs=-1)
+@click.argument("tasks", nargs=-1, type=TASK_TEXT)
 def add(db: str | None, tasks_file: str | None, tasks: tuple[str, ...]) -> None:
     """Add tasks (by name, or from a file). Adding an existing task does nothing."""
     from .commands import add_tasks
@@ -166,7 +185,7 @@ def list_(db: str | None, state: str | None, long_: bool) -> None:
 # --- result ---------------------------------------------------------------------------------------------
 @main.command()
 @db_option
-@click.argument("task")
+@click.argument("task", type=TASK_TEXT)
 def result(db: str | None, task: str) -> None:
     """Write a done task's result to stdout, byte for byte (a JSON value as JSON)."""
     from .store import open_store
@@ -189,7 +208,7 @@ def result(db: str | None, task: str) -> None:
 @main.command()
 @db_option
 @click.option("--failed", "all_failed", is_flag=True, help="Every failed task.")
-@click.argument("tasks", nargs=-1)
+@click.argument("tasks", nargs=-1, type=TASK_TEXT)
 def retry(db: str | None, all_failed: bool, tasks: tuple[str, ...]) -> None:
     """Put failed tasks back to pending, with their attempts reset."""
     from .store import open_store
@@ -214,7 +233,7 @@ def retry(db: str | None, all_failed: bool, tasks: tuple[str, ...]) -> None:
 # --- logs -----------------------------------------------------------------------------------------------
 @main.command()
 @db_option
-@click.option("--task", "task", default=None, help="Only this task's events.")
+@click.option("--task", "task", type=TASK_TEXT, default=None, help="Only this task's events.")
 @click.option("-n", "--lines", "last", type=click.IntRange(min=1), default=None, help="Only the last N events.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new events.")
 def logs(db: str | None, task: str | None, last: int | None, follow: bool) -> None:

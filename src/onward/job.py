@@ -144,7 +144,11 @@ def check_task_name(name: str) -> None:
 
     if not name:
         raise UsageError("a task name cannot be empty")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_LINE_BYTES:
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: what non-UTF-8 bytes in argv or a file name decode to
+        raise UsageError(f"a task name must be valid UTF-8: {name[:40]!r}") from None
+    if len(encoded) > MAX_LINE_BYTES:
         raise UsageError(f"task name longer than {MAX_LINE_BYTES} bytes: {name[:40]!r}…")
     if "\n" in name or "\0" in name:
         raise UsageError(f"a task name cannot hold a newline or NUL: {name[:40]!r}")

@@ -232,3 +232,11 @@ def test_add_refuses_a_bare_string_bytes_and_non_str_items(tmp_path: Path, tasks
         job.add(tasks)  # type: ignore[arg-type]
     assert job.store.counts().get("pending", 0) == 0
     job.close()
+
+
+def test_add_refuses_a_name_that_is_not_utf8(tmp_path: Path) -> None:
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET)
+    with pytest.raises(UsageError, match="valid UTF-8"):
+        job.add(["fine", "bad\udcff"])
+    assert job.store.counts().get("pending", 0) == 0
+    job.close()

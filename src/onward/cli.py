@@ -8,9 +8,11 @@ configuration (one line on stderr, nothing changed); 3 the job finished but some
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -49,6 +51,22 @@ class TaskText(click.ParamType):
 
 
 TASK_TEXT = TaskText()
+
+
+class FiniteFloat(click.ParamType):
+    """A number of seconds. Python's float() takes "nan" and "inf", which no duration means: a NaN retry
+    delay cannot be stored and an infinite heartbeat overflows a timer, so both are refused up front."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number: float = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        return number
+
+
+FINITE_FLOAT = FiniteFloat()
 
 
 def _log_level(quiet: bool, verbose: bool) -> int:
@@ -93,17 +111,17 @@ def main() -> None:
 @click.option("--out", "out_dir", metavar="DIR", help="Also write each result to DIR/<name>.txt.")
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Tasks run at once.")
 @click.option("--max-attempts", default=3, show_default=True, type=int, help="Attempts before a task fails.")
-@click.option("--retry-delay", default=1.0, show_default=True, type=float,
+@click.option("--retry-delay", default=1.0, show_default=True, type=FINITE_FLOAT,
               help="First retry backoff in seconds; doubles each attempt.")
-@click.option("--timeout", default=None, type=float, help="Kill an attempt after this many seconds.")
-@click.option("--heartbeat", default=5.0, show_default=True, type=float, help="Lease renewal period (s).")
-@click.option("--lease", default=None, type=float, help="Lease length (s); default 3 heartbeats.")
-@click.option("--grace", default=10.0, show_default=True, type=float,
+@click.option("--timeout", default=None, type=FINITE_FLOAT, help="Kill an attempt after this many seconds.")
+@click.option("--heartbeat", default=5.0, show_default=True, type=FINITE_FLOAT, help="Lease renewal period (s).")
+@click.option("--lease", default=None, type=FINITE_FLOAT, help="Lease length (s); default 3 heartbeats.")
+@click.option("--grace", default=10.0, show_default=True, type=FINITE_FLOAT,
               help="On SIGTERM, how long running tasks may finish (s).")
-@click.option("--stall-timeout", default=None, type=float,
+@click.option("--stall-timeout", default=None, type=FINITE_FLOAT,
               help="Cancel a task with no output, heartbeat-file touch or beat for this long (s).")
 @click.option("--max-result-bytes", default=16 * 1024 * 1024, show_default=True, type=int,
-              help="Largest stdout kept as a result; more fails the attempt.")
+              help="Largest stdout kept as a result (at least 1); more fails the attempt.")
 @click.option("--keep-awake", "keep_awake", metavar="PATH", default=None,
               help="Marker file kept while work remains (env ONWARD_KEEP_AWAKE).")
 @click.option("-q", "--quiet", is_flag=True, help="Log only warnings and failures.")

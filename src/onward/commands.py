@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from .errors import UsageError
-from .executions import DEFAULT_MAX_RESULT_BYTES, CommandHandler
+from .executions import CommandHandler
 from .job import validate_config
 from .keepawake import KeepAwake, marker_path
 from .log import Log
@@ -69,8 +69,8 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
                 keep_awake: str | None, log: Log, command: list[str]) -> int:
     if not command or not command[0]:
         raise UsageError("no command to run: give it after --, e.g. onward run --tasks FILE -- CMD {task}")
-    if max_result_bytes < 0:
-        raise UsageError(f"--max-result-bytes cannot be negative (got {max_result_bytes})")
+    if max_result_bytes < 1:
+        raise UsageError(f"--max-result-bytes must be at least 1 (got {max_result_bytes})")
     config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
                        timeout=timeout, heartbeat=heartbeat, lease=lease, grace=grace,
                        stall_timeout=stall_timeout)
@@ -88,7 +88,7 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
             result = tasks.apply(store.get())
             if result.added:
                 log.info(f"added {result.added} new tasks from {tasks_file}")
-        handler = CommandHandler(command, url, max_result_bytes or DEFAULT_MAX_RESULT_BYTES)
+        handler = CommandHandler(command, url, max_result_bytes)
         marker = marker_path(keep_awake)
         runner = Runner(store.get(), handler, config, log, notifier=Notifier.from_env(),
                         keep_awake=KeepAwake(marker) if marker else None, out=out)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar, overload
@@ -156,6 +157,11 @@ def check_task_name(name: str) -> None:
 
 def validate_config(config: RunConfig) -> None:
     """Nonsense values are refused with one line (exit status 2 from the CLI)."""
+    for name in ("retry_delay", "timeout", "heartbeat", "lease", "grace", "stall_timeout"):
+        value = getattr(config, name)
+        # NaN passes every comparison below, and infinity overflows timers: only finite numbers are durations.
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{name.replace('_', ' ')} must be a finite number of seconds (got {value})")
     def positive(name: str, value: float | None, allow_none: bool = True) -> None:
         if value is None and allow_none:
             return

@@ -12,13 +12,16 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import __version__
-from .errors import OnwardError, StoreError, TaskNotDone, UnknownTask, UsageError, WedgedTask
+from .errors import OnwardError, StoreError, StoreMissing, TaskNotDone, UnknownTask, UsageError, WedgedTask
 from .log import NORMAL, QUIET, VERBOSE, Log, iso_time
+
+if TYPE_CHECKING:
+    from .store.base import Store
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (TaskNotDone, 1),
@@ -235,16 +238,19 @@ def retry(db: str | None, all_failed: bool, tasks: tuple[str, ...]) -> None:
         raise UsageError("give --failed or task names (one of the two)")
     store = open_store(db, create=False)
     try:
-        if tasks:
-            unknown = [t for t in tasks if store.task(t) is None]
-            if unknown:
-                raise UnknownTask(f"no task {unknown[0]!r} in {store.url}")
+        rows = {t: store.task(t) for t in tasks}
+        unknown = [t for t, row in rows.items() if row is None]
+        if unknown:
+            raise UnknownTask(f"no task {unknown[0]!r} in {store.url}")
         n = store.retry(None if all_failed else list(tasks))
         if n:
             store.log_event("retried", detail=f"{n} failed task{'s' if n != 1 else ''} back to pending",
                             durable=True)
     finally:
         store.close()
+    for name, row in rows.items():
+        if row is not None and row.state != "failed":
+            click.echo(f"task {name!r} is {row.state}, not failed: left as it is", err=True)
     click.echo(f"{n} task{'s' if n != 1 else ''} back to pending", err=True)
 
 
@@ -259,7 +265,7 @@ def logs(db: str | None, task: str | None, last: int | None, follow: bool) -> No
     from .status import format_event
     from .store import open_store
 
-    store = open_store(db, create=False)
+    store = _open_when_there(db) if follow else open_store(db, create=False)
     after = 0
     try:
         events = store.events(task=task, last=last) if last else store.events(task=task, limit=10_000)
@@ -280,6 +286,17 @@ def logs(db: str | None, task: str | None, last: int | None, follow: bool) -> No
         store.close()
 
 
+
+
+def _open_when_there(db: str | None) -> Store:
+    """The store, waiting for it to be created (`onward logs -f` started before the first `onward run`)."""
+    from .store import open_store
+
+    while True:
+        try:
+            return open_store(db, create=False)
+        except StoreMissing:
+            time.sleep(0.5)
 
 
 def _quiet_broken_pipe() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import UsageError
+from .errors import StoreMissing, UsageError
 from .executions import CommandHandler
 from .job import validate_config
 from .keepawake import KeepAwake, marker_path
@@ -23,19 +23,23 @@ from .tasksfile import check_tasks_file, import_tasks_file
 
 class LazyStore:
     """The store if it exists already (checked: an onward store of a known version); created only when
-    something is about to be written, so input found bad before that leaves no new store behind."""
+    something is about to be written, so input found bad before that leaves no new store behind (no file,
+    no PostgreSQL schema)."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
+        self.url = store_url(url)
         self.existing: Store | None = None
-        if is_postgres_url(url):
-            self.existing = open_store(url)  # a database server: creating the schema is how it is opened
-        else:
+        if not is_postgres_url(self.url):
             from .store.sqlite import path_from_url
 
-            path = path_from_url(url)
-            if os.path.exists(path) and os.path.getsize(path) > 0:
-                self.existing = open_store(url, create=False)
+            path = path_from_url(self.url)
+            # An empty file is a store whose creation was cut short: opening it would initialise it.
+            if os.path.isfile(path) and os.path.getsize(path) == 0:
+                return
+        try:
+            self.existing = open_store(self.url, create=False)
+        except StoreMissing:
+            pass
 
     def get(self) -> Store:
         if self.existing is None:
@@ -82,6 +86,8 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
     try:
         # Every input is checked before anything is written: the tasks file, then the output folder.
         tasks = check_tasks_file(store.existing, tasks_file) if tasks_file else None
+        if tasks is None and (store.existing is None or not sum(store.existing.counts().values())):
+            raise UsageError("no tasks: give --tasks FILE or onward add")
         if out_dir:
             out = OutDir(out_dir)
         if tasks is not None:

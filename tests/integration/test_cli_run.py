@@ -463,3 +463,32 @@ def test_status_shows_a_running_task(tmp_path: Path) -> None:
     finally:
         gate.touch()
         p.communicate(timeout=20)
+
+
+def test_retry_of_a_task_that_is_not_failed_says_why_nothing_changed(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "x").returncode == 0
+    assert run_onward("run", "--db", db, "--", "true").returncode == 0
+    r = run_onward("retry", "--db", db, "x")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.decode().splitlines() == ["task 'x' is done, not failed: left as it is",
+                                              "0 tasks back to pending"]
+
+
+def test_logs_follow_waits_for_the_store_to_be_created(tmp_path: Path) -> None:
+    db = tmp_path / "later" / "s.db"
+    r = run_onward("logs", "--db", str(db))  # without -f a missing store stays an error
+    assert r.returncode == 2 and b"no onward store" in r.stderr
+    out = tmp_path / "follow.out"
+    with out.open("wb") as sink:
+        follower = subprocess.Popen(onward_argv("logs", "--db", str(db), "-f"), env=env(), stdout=sink,
+                                    stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.0)  # long enough to have given up, had it not been waiting
+        assert follower.poll() is None, follower.stderr.read() if follower.stderr else b""
+        assert not db.exists()  # waiting creates nothing
+        assert run_onward("add", "--db", str(db), "a").returncode == 0
+        wait_for(lambda: b"added" in out.read_bytes(), 30, "the follower to print the new store's events")
+    finally:
+        follower.terminate()
+        follower.wait(10)

@@ -17,12 +17,13 @@ from __future__ import annotations
 import functools
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError
+from ..errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError, StoreMissing
 from ..proc import hostname
 from .base import (
     PENDING,
@@ -48,13 +49,25 @@ Q = load_queries("sqlite.sql")
 
 
 def path_from_url(url: str) -> str:
-    """Accept a plain path or a ``sqlite:///path`` URL (``sqlite:////abs`` or ``sqlite:///rel``)."""
-    if url.startswith("sqlite://"):
-        rest = url[len("sqlite://") :]
-        if not rest.startswith("/"):
-            raise StoreError(f"not a SQLite URL: {url!r} (write sqlite:///path)")
-        return rest[1:] or rest
-    return url
+    """The file of a SQLite location, as ``store_url`` returns it: a plain path or ``sqlite:///path``
+    (``sqlite:////abs`` or ``sqlite:///rel``)."""
+    return url[len("sqlite:///"):] if url.startswith("sqlite:///") else url
+
+
+def _check_regular_file(path: str) -> bool:
+    """Whether the store file exists; refuse anything but a regular file before opening it: opening a FIFO
+    blocks for ever, and SQLite would leave a -journal beside a device."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise StoreError(f"cannot read store {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise NotAStore(f"not an onward store: {path} is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise NotAStore(f"not an onward store: {path} is not a regular file")
+    return True
 
 
 def _check_header(path: str) -> None:
@@ -89,9 +102,9 @@ class SqliteStore:
         self.path = path_from_url(url)
         self.url = self.path
         self._batch_depth = 0
-        exists = os.path.exists(self.path)
+        exists = _check_regular_file(self.path)
         if not exists and not create:
-            raise StoreError(f"no onward store at {self.path}")
+            raise StoreMissing(f"no onward store at {self.path}")
         if exists:
             _check_header(self.path)
         else:

@@ -11,7 +11,7 @@ import os
 from .errors import StoreMissing, UsageError
 from .executions import CommandHandler
 from .job import validate_config
-from .keepawake import KeepAwake, marker_path
+from .keepawake import KeepAwake, check_marker_path, marker_path
 from .log import Log
 from .notify import Notifier
 from .outdir import OutDir
@@ -79,6 +79,9 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
                        timeout=timeout, heartbeat=heartbeat, lease=lease, grace=grace,
                        stall_timeout=stall_timeout)
     validate_config(config)
+    marker = marker_path(keep_awake)
+    if marker:
+        check_marker_path(marker)
     url = store_url(db)
     store = LazyStore(url)
     out: OutDir | None = None
@@ -95,9 +98,8 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
             if result.added:
                 log.info(f"added {result.added} new tasks from {tasks_file}")
         handler = CommandHandler(command, url, max_result_bytes)
-        marker = marker_path(keep_awake)
         runner = Runner(store.get(), handler, config, log, notifier=Notifier.from_env(),
-                        keep_awake=KeepAwake(marker) if marker else None, out=out)
+                        keep_awake=KeepAwake(marker, log) if marker else None, out=out)
         summary = runner.run()
         return summary.exit_code
     finally:

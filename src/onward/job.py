@@ -20,7 +20,7 @@ from typing import Any, TypeVar, overload
 from . import results
 from .errors import TaskNotDone, UsageError
 from .executions import PythonHandler, TaskContext
-from .keepawake import KeepAwake, marker_path
+from .keepawake import KeepAwake, check_marker_path, marker_path
 from .log import NORMAL, Log
 from .notify import Notifier
 from .outdir import OutDir
@@ -107,11 +107,13 @@ class Job:
         config = replace(self.config, **overrides)
         validate_config(config)
         marker = marker_path(self.keep_awake)
+        if marker:
+            check_marker_path(marker)
         out = OutDir(self.out) if self.out else None
         handler = PythonHandler(self._fn, replay=self._replay)
         try:
             runner = Runner(self.store, handler, config, self.log, notifier=Notifier.from_env(),
-                            keep_awake=KeepAwake(marker) if marker else None, out=out)
+                            keep_awake=KeepAwake(marker, self.log) if marker else None, out=out)
             return runner.run()
         finally:
             handler.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import onward_argv, run_onward, wait_for
+from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -492,3 +493,39 @@ def test_logs_follow_waits_for_the_store_to_be_created(tmp_path: Path) -> None:
     finally:
         follower.terminate()
         follower.wait(10)
+
+
+@pytest.mark.parametrize("where", ["a-directory", "under-a-file", "env-a-directory"])
+def test_keep_awake_path_that_cannot_be_a_file_is_refused_before_anything_is_written(tmp_path: Path,
+                                                                                    where: str) -> None:
+    tasks = write_tasks(tmp_path / "tasks.txt", ["a"])
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    marker = str(tmp_path / ("afile/keep-awake" if where == "under-a-file" else "adir"))
+    flag = [] if where.startswith("env") else ["--keep-awake", marker]
+    before = sorted(tmp_path.rglob("*"))
+    r = run_onward("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tasks), *flag, "--", "true",
+                   env={"ONWARD_KEEP_AWAKE": marker} if where.startswith("env") else None)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onward: error:") and "keep-awake" in lines[0], r.stderr
+    assert sorted(tmp_path.rglob("*")) == before  # no store, no *.tmp
+
+
+def test_keep_awake_marker_on_a_full_disk_is_a_warning_not_a_crash(small_disk: Path, tmp_path: Path) -> None:  # noqa: F811
+    filler = small_disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    with contextlib.suppress(OSError):  # fill the 1 MiB tmpfs to the last byte
+        while True:
+            os.write(fd, b"x" * 4096)
+    os.close(fd)
+    tasks = write_tasks(tmp_path / "tasks.txt", ["a", "b"])
+    db = str(tmp_path / "s.db")
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--keep-awake", str(small_disk / "keep-awake"),
+                   "--", "true")
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.decode()
+    assert "Traceback" not in err
+    assert "keep-awake" in err and "No space left on device" in err, err
+    assert status(db)["done"] == 2
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # no marker, no stray *.tmp

@@ -152,12 +152,15 @@ def run(db: str | None, tasks_file: str | None, out_dir: str | None, concurrency
 @click.argument("tasks", nargs=-1, type=TASK_TEXT)
 def add(db: str | None, tasks_file: str | None, tasks: tuple[str, ...]) -> None:
     """Add tasks (by name, or from a file). Adding an existing task does nothing."""
-    from .commands import add_tasks
+    from .commands import add_tasks, held_back_warning
 
     if bool(tasks) == bool(tasks_file):
         raise UsageError("give tasks as arguments or --tasks FILE (one of the two)")
-    added = add_tasks(db, list(tasks), tasks_file)
-    click.echo(f"added {added} new task{'s' if added != 1 else ''}", err=True)
+    result = add_tasks(db, list(tasks), tasks_file)
+    warning = held_back_warning(str(tasks_file), result)
+    if warning:
+        click.echo(f"onward: warning: {warning}", err=True)
+    click.echo(f"added {result.added} new task{'s' if result.added != 1 else ''}", err=True)
 
 
 # --- status ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from .outdir import OutDir
 from .runner import RunConfig, Runner
 from .store import is_postgres_url, open_store, store_url
 from .store.base import Store
-from .tasksfile import check_tasks_file, import_tasks_file
+from .tasksfile import ImportResult, check_tasks_file, import_tasks_file
 
 
 class LazyStore:
@@ -52,19 +52,27 @@ class LazyStore:
             self.existing = None
 
 
-def add_tasks(db: str | None, tasks: list[str], tasks_file: str | None) -> int:
+def add_tasks(db: str | None, tasks: list[str], tasks_file: str | None) -> ImportResult:
     from .job import check_task_name
 
     store = LazyStore(store_url(db))
     try:
         if tasks_file:
-            return import_tasks_file(store, tasks_file).added
+            return import_tasks_file(store, tasks_file)
         names = [t.strip() for t in tasks]
         for name in names:
             check_task_name(name)
-        return store.get().add(names)
+        return ImportResult(added=store.get().add(names), read_from=0, skipped=False)
     finally:
         store.close()
+
+
+def held_back_warning(tasks_file: str, result: ImportResult) -> str | None:
+    """The warning for an unterminated last line left out of an import, if one was."""
+    if result.held_back is None:
+        return None
+    return (f"{tasks_file}: the last line ({result.held_back!r}) has no newline and the file is still"
+            " changing: it is not imported now, but at the next import once the file is still")
 
 
 def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, concurrency: int,
@@ -97,6 +105,9 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
             result = tasks.apply(store.get())
             if result.added:
                 log.info(f"added {result.added} new tasks from {tasks_file}")
+            warning = held_back_warning(str(tasks_file), result)
+            if warning:
+                log.warning(warning)
         handler = CommandHandler(command, url, max_result_bytes)
         runner = Runner(store.get(), handler, config, log, notifier=Notifier.from_env(),
                         keep_awake=KeepAwake(marker, log) if marker else None, out=out)

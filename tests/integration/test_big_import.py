@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -23,12 +22,12 @@ def write_big_file(path: Path, lines: int = LINES) -> Path:
     return path
 
 
-def task_count(db: str) -> int:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+def stored_tasks(url: str) -> int:
+    store = open_store(url, create=False)
     try:
-        return int(conn.execute("SELECT count(*) FROM tasks").fetchone()[0])
+        return sum(store.counts().values())
     finally:
-        conn.close()
+        store.close()
 
 
 def test_a_big_import_leaves_running_workers_their_turn_at_the_write_lock(tmp_path: Path) -> None:
@@ -53,7 +52,7 @@ def test_a_big_import_leaves_running_workers_their_turn_at_the_write_lock(tmp_pa
             time.sleep(0.05)
         _, err = importer.communicate()
         assert importer.returncode == 0, err
-        assert task_count(db) == LINES + 1
+        assert stored_tasks(db) == LINES + 1
         assert samples >= 20, samples  # the worker was watched while the import ran
         # The worker renews every 0.5 s; one transaction for the whole import made it wait ~5 s for the
         # write lock. A generous bound, so that only a lock held for seconds fails it, not a busy machine.
@@ -65,29 +64,31 @@ def test_a_big_import_leaves_running_workers_their_turn_at_the_write_lock(tmp_pa
         worker.wait(30)
 
 
-def test_an_import_killed_half_way_adds_the_rest_exactly_once_when_run_again(tmp_path: Path, seed: int) -> None:
-    db = str(tmp_path / "s.db")
+def test_an_import_killed_half_way_adds_the_rest_exactly_once_when_run_again(tmp_path: Path, store_url: str,
+                                                                           seed: int) -> None:
     big = write_big_file(tmp_path / "big.txt", 600_000)
-    assert run_onward("add", "--db", db, "before").returncode == 0
-    importer = subprocess.Popen(onward_argv("add", "--db", db, "--tasks", str(big)),
+    assert run_onward("add", "--db", store_url, "before").returncode == 0
+    importer = subprocess.Popen(onward_argv("add", "--db", store_url, "--tasks", str(big)),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     threshold = 1 + 50_000 + seed % 200_000  # kill somewhere in the first half
-    wait_for(lambda: task_count(db) > threshold or importer.poll() is not None, 60, "part of the import")
+    wait_for(lambda: stored_tasks(store_url) > threshold or importer.poll() is not None, 120,
+             "part of the import", interval=0.01)
     os.kill(importer.pid, signal.SIGKILL)
     importer.wait(10)
     assert importer.returncode == -signal.SIGKILL, "the import finished before it could be killed"
-    committed = task_count(db) - 1
+    committed = stored_tasks(store_url) - 1
     assert 0 < committed < 600_000
-    store = open_store(db, create=False)
+    store = open_store(store_url, create=False)
     mark = store.get_source(str(big.resolve()))
     store.close()
     assert mark is not None and mark.lines == committed  # the mark covers exactly what was committed
-    r = run_onward("add", "--db", db, "--tasks", str(big))
+    r = run_onward("add", "--db", store_url, "--tasks", str(big))
     assert r.returncode == 0, r.stderr
     assert r.stderr.decode().strip() == f"added {600_000 - committed} new tasks"
-    store = open_store(db, create=False)
+    store = open_store(store_url, create=False)
     try:
-        assert store.integrity_check() == "ok"
+        if hasattr(store, "integrity_check"):
+            assert store.integrity_check() == "ok"
         names = [row.name for row in store.iter_tasks()]
         assert names == ["before", *(f"item-{i:09d}" for i in range(600_000))]  # each once, in file order
     finally:

@@ -240,3 +240,19 @@ def test_add_refuses_a_name_that_is_not_utf8(tmp_path: Path) -> None:
         job.add(["fine", "bad\udcff"])
     assert job.store.counts().get("pending", 0) == 0
     job.close()
+
+
+def test_run_refuses_a_keep_awake_path_that_is_a_directory_before_running(tmp_path: Path) -> None:
+    job = Job(str(tmp_path / "s.db"), keep_awake=str(tmp_path), log_level=QUIET)
+    ran: list[str] = []
+
+    @job.task
+    def handle(task: str, ctx: object) -> str:
+        ran.append(task)
+        return task
+
+    job.add(["a"])
+    with pytest.raises(UsageError, match="keep-awake marker .* is a directory"):
+        job.run()
+    assert ran == [] and job.store.counts()["pending"] == 1
+    job.close()

@@ -8,15 +8,20 @@ configuration (one line on stderr, nothing changed); 3 the job finished but some
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import __version__
-from .errors import OnwardError, StoreError, TaskNotDone, UnknownTask, UsageError, WedgedTask
+from .errors import OnwardError, StoreError, StoreMissing, TaskNotDone, UnknownTask, UsageError, WedgedTask
 from .log import NORMAL, QUIET, VERBOSE, Log, iso_time
+
+if TYPE_CHECKING:
+    from .store.base import Store
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (TaskNotDone, 1),
@@ -30,6 +35,41 @@ EXIT_CODES: list[tuple[type[BaseException], int]] = [
 db_option = click.option("--db", "db", metavar="URL", default=None,
                          help="Store: a file path, sqlite:///path or postgresql://… (env ONWARD_DB;"
                               " default .onward/onward.db).")
+
+
+class TaskText(click.ParamType):
+    """A task's text as given on the command line. A name that is not UTF-8 (``$'bad\\xff'``) reaches
+    Python as lone surrogates, which no store can hold: refused here as bad input, not a traceback later."""
+
+    name = "task"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = text.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+            self.fail(f"\"{shown}\" is not valid UTF-8", param, ctx)
+        return text
+
+
+TASK_TEXT = TaskText()
+
+
+class FiniteFloat(click.ParamType):
+    """A number of seconds. Python's float() takes "nan" and "inf", which no duration means: a NaN retry
+    delay cannot be stored and an infinite heartbeat overflows a timer, so both are refused up front."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number: float = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        return number
+
+
+FINITE_FLOAT = FiniteFloat()
 
 
 def _log_level(quiet: bool, verbose: bool) -> int:
@@ -74,17 +114,17 @@ def main() -> None:
 @click.option("--out", "out_dir", metavar="DIR", help="Also write each result to DIR/<name>.txt.")
 @click.option("--concurrency", default=1, show_default=True, type=int, help="Tasks run at once.")
 @click.option("--max-attempts", default=3, show_default=True, type=int, help="Attempts before a task fails.")
-@click.option("--retry-delay", default=1.0, show_default=True, type=float,
+@click.option("--retry-delay", default=1.0, show_default=True, type=FINITE_FLOAT,
               help="First retry backoff in seconds; doubles each attempt.")
-@click.option("--timeout", default=None, type=float, help="Kill an attempt after this many seconds.")
-@click.option("--heartbeat", default=5.0, show_default=True, type=float, help="Lease renewal period (s).")
-@click.option("--lease", default=None, type=float, help="Lease length (s); default 3 heartbeats.")
-@click.option("--grace", default=10.0, show_default=True, type=float,
+@click.option("--timeout", default=None, type=FINITE_FLOAT, help="Kill an attempt after this many seconds.")
+@click.option("--heartbeat", default=5.0, show_default=True, type=FINITE_FLOAT, help="Lease renewal period (s).")
+@click.option("--lease", default=None, type=FINITE_FLOAT, help="Lease length (s); default 3 heartbeats.")
+@click.option("--grace", default=10.0, show_default=True, type=FINITE_FLOAT,
               help="On SIGTERM, how long running tasks may finish (s).")
-@click.option("--stall-timeout", default=None, type=float,
+@click.option("--stall-timeout", default=None, type=FINITE_FLOAT,
               help="Cancel a task with no output, heartbeat-file touch or beat for this long (s).")
 @click.option("--max-result-bytes", default=16 * 1024 * 1024, show_default=True, type=int,
-              help="Largest stdout kept as a result; more fails the attempt.")
+              help="Largest stdout kept as a result (at least 1); more fails the attempt.")
 @click.option("--keep-awake", "keep_awake", metavar="PATH", default=None,
               help="Marker file kept while work remains (env ONWARD_KEEP_AWAKE).")
 @click.option("-q", "--quiet", is_flag=True, help="Log only warnings and failures.")
@@ -109,15 +149,18 @@ def run(db: str | None, tasks_file: str | None, out_dir: str | None, concurrency
 @main.command()
 @db_option
 @click.option("--tasks", "tasks_file", metavar="FILE", help="Tasks file, one task per line ('-': stdin).")
-@click.argument("tasks", nargs=-1)
+@click.argument("tasks", nargs=-1, type=TASK_TEXT)
 def add(db: str | None, tasks_file: str | None, tasks: tuple[str, ...]) -> None:
     """Add tasks (by name, or from a file). Adding an existing task does nothing."""
-    from .commands import add_tasks
+    from .commands import add_tasks, held_back_warning
 
     if bool(tasks) == bool(tasks_file):
         raise UsageError("give tasks as arguments or --tasks FILE (one of the two)")
-    added = add_tasks(db, list(tasks), tasks_file)
-    click.echo(f"added {added} new task{'s' if added != 1 else ''}", err=True)
+    result = add_tasks(db, list(tasks), tasks_file)
+    warning = held_back_warning(str(tasks_file), result)
+    if warning:
+        click.echo(f"onward: warning: {warning}", err=True)
+    click.echo(f"added {result.added} new task{'s' if result.added != 1 else ''}", err=True)
 
 
 # --- status ---------------------------------------------------------------------------------------------
@@ -166,7 +209,7 @@ def list_(db: str | None, state: str | None, long_: bool) -> None:
 # --- result ---------------------------------------------------------------------------------------------
 @main.command()
 @db_option
-@click.argument("task")
+@click.argument("task", type=TASK_TEXT)
 def result(db: str | None, task: str) -> None:
     """Write a done task's result to stdout, byte for byte (a JSON value as JSON)."""
     from .store import open_store
@@ -189,7 +232,7 @@ def result(db: str | None, task: str) -> None:
 @main.command()
 @db_option
 @click.option("--failed", "all_failed", is_flag=True, help="Every failed task.")
-@click.argument("tasks", nargs=-1)
+@click.argument("tasks", nargs=-1, type=TASK_TEXT)
 def retry(db: str | None, all_failed: bool, tasks: tuple[str, ...]) -> None:
     """Put failed tasks back to pending, with their attempts reset."""
     from .store import open_store
@@ -198,23 +241,26 @@ def retry(db: str | None, all_failed: bool, tasks: tuple[str, ...]) -> None:
         raise UsageError("give --failed or task names (one of the two)")
     store = open_store(db, create=False)
     try:
-        if tasks:
-            unknown = [t for t in tasks if store.task(t) is None]
-            if unknown:
-                raise UnknownTask(f"no task {unknown[0]!r} in {store.url}")
+        rows = {t: store.task(t) for t in tasks}
+        unknown = [t for t, row in rows.items() if row is None]
+        if unknown:
+            raise UnknownTask(f"no task {unknown[0]!r} in {store.url}")
         n = store.retry(None if all_failed else list(tasks))
         if n:
             store.log_event("retried", detail=f"{n} failed task{'s' if n != 1 else ''} back to pending",
                             durable=True)
     finally:
         store.close()
+    for name, row in rows.items():
+        if row is not None and row.state != "failed":
+            click.echo(f"task {name!r} is {row.state}, not failed: left as it is", err=True)
     click.echo(f"{n} task{'s' if n != 1 else ''} back to pending", err=True)
 
 
 # --- logs -----------------------------------------------------------------------------------------------
 @main.command()
 @db_option
-@click.option("--task", "task", default=None, help="Only this task's events.")
+@click.option("--task", "task", type=TASK_TEXT, default=None, help="Only this task's events.")
 @click.option("-n", "--lines", "last", type=click.IntRange(min=1), default=None, help="Only the last N events.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new events.")
 def logs(db: str | None, task: str | None, last: int | None, follow: bool) -> None:
@@ -222,7 +268,7 @@ def logs(db: str | None, task: str | None, last: int | None, follow: bool) -> No
     from .status import format_event
     from .store import open_store
 
-    store = open_store(db, create=False)
+    store = _open_when_there(db) if follow else open_store(db, create=False)
     after = 0
     try:
         events = store.events(task=task, last=last) if last else store.events(task=task, limit=10_000)
@@ -243,6 +289,17 @@ def logs(db: str | None, task: str | None, last: int | None, follow: bool) -> No
         store.close()
 
 
+
+
+def _open_when_there(db: str | None) -> Store:
+    """The store, waiting for it to be created (`onward logs -f` started before the first `onward run`)."""
+    from .store import open_store
+
+    while True:
+        try:
+            return open_store(db, create=False)
+        except StoreMissing:
+            time.sleep(0.5)
 
 
 def _quiet_broken_pipe() -> None:

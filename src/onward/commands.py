@@ -8,34 +8,38 @@ from __future__ import annotations
 
 import os
 
-from .errors import UsageError
-from .executions import DEFAULT_MAX_RESULT_BYTES, CommandHandler
+from .errors import StoreMissing, UsageError
+from .executions import CommandHandler
 from .job import validate_config
-from .keepawake import KeepAwake, marker_path
+from .keepawake import KeepAwake, check_marker_path, marker_path
 from .log import Log
 from .notify import Notifier
 from .outdir import OutDir
 from .runner import RunConfig, Runner
 from .store import is_postgres_url, open_store, store_url
 from .store.base import Store
-from .tasksfile import check_tasks_file, import_tasks_file
+from .tasksfile import ImportResult, check_tasks_file, import_tasks_file
 
 
 class LazyStore:
     """The store if it exists already (checked: an onward store of a known version); created only when
-    something is about to be written, so input found bad before that leaves no new store behind."""
+    something is about to be written, so input found bad before that leaves no new store behind (no file,
+    no PostgreSQL schema)."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
+        self.url = store_url(url)
         self.existing: Store | None = None
-        if is_postgres_url(url):
-            self.existing = open_store(url)  # a database server: creating the schema is how it is opened
-        else:
+        if not is_postgres_url(self.url):
             from .store.sqlite import path_from_url
 
-            path = path_from_url(url)
-            if os.path.exists(path) and os.path.getsize(path) > 0:
-                self.existing = open_store(url, create=False)
+            path = path_from_url(self.url)
+            # An empty file is a store whose creation was cut short: opening it would initialise it.
+            if os.path.isfile(path) and os.path.getsize(path) == 0:
+                return
+        try:
+            self.existing = open_store(self.url, create=False)
+        except StoreMissing:
+            pass
 
     def get(self) -> Store:
         if self.existing is None:
@@ -48,19 +52,27 @@ class LazyStore:
             self.existing = None
 
 
-def add_tasks(db: str | None, tasks: list[str], tasks_file: str | None) -> int:
+def add_tasks(db: str | None, tasks: list[str], tasks_file: str | None) -> ImportResult:
     from .job import check_task_name
 
     store = LazyStore(store_url(db))
     try:
         if tasks_file:
-            return import_tasks_file(store, tasks_file).added
+            return import_tasks_file(store, tasks_file)
         names = [t.strip() for t in tasks]
         for name in names:
             check_task_name(name)
-        return store.get().add(names)
+        return ImportResult(added=store.get().add(names), read_from=0, skipped=False)
     finally:
         store.close()
+
+
+def held_back_warning(tasks_file: str, result: ImportResult) -> str | None:
+    """The warning for an unterminated last line left out of an import, if one was."""
+    if result.held_back is None:
+        return None
+    return (f"{tasks_file}: the last line ({result.held_back!r}) has no newline and the file is still"
+            " changing: it is not imported now, but at the next import once the file is still")
 
 
 def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, concurrency: int,
@@ -69,12 +81,15 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
                 keep_awake: str | None, log: Log, command: list[str]) -> int:
     if not command or not command[0]:
         raise UsageError("no command to run: give it after --, e.g. onward run --tasks FILE -- CMD {task}")
-    if max_result_bytes < 0:
-        raise UsageError(f"--max-result-bytes cannot be negative (got {max_result_bytes})")
+    if max_result_bytes < 1:
+        raise UsageError(f"--max-result-bytes must be at least 1 (got {max_result_bytes})")
     config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
                        timeout=timeout, heartbeat=heartbeat, lease=lease, grace=grace,
                        stall_timeout=stall_timeout)
     validate_config(config)
+    marker = marker_path(keep_awake)
+    if marker:
+        check_marker_path(marker)
     url = store_url(db)
     store = LazyStore(url)
     out: OutDir | None = None
@@ -82,16 +97,20 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
     try:
         # Every input is checked before anything is written: the tasks file, then the output folder.
         tasks = check_tasks_file(store.existing, tasks_file) if tasks_file else None
+        if tasks is None and (store.existing is None or not sum(store.existing.counts().values())):
+            raise UsageError("no tasks: give --tasks FILE or onward add")
         if out_dir:
             out = OutDir(out_dir)
         if tasks is not None:
             result = tasks.apply(store.get())
             if result.added:
                 log.info(f"added {result.added} new tasks from {tasks_file}")
-        handler = CommandHandler(command, url, max_result_bytes or DEFAULT_MAX_RESULT_BYTES)
-        marker = marker_path(keep_awake)
+            warning = held_back_warning(str(tasks_file), result)
+            if warning:
+                log.warning(warning)
+        handler = CommandHandler(command, url, max_result_bytes)
         runner = Runner(store.get(), handler, config, log, notifier=Notifier.from_env(),
-                        keep_awake=KeepAwake(marker) if marker else None, out=out)
+                        keep_awake=KeepAwake(marker, log) if marker else None, out=out)
         summary = runner.run()
         return summary.exit_code
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from onward import systemd
+from onward.cli import FINITE_FLOAT
 from onward.supervise import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_DELAY, DEFAULT_WINDOW, Supervisor
 
 # Not required for click: an empty command is reported by the library as a UsageError, like other bad input.
@@ -13,14 +14,14 @@ _COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
 
 
 @click.command("supervise", context_settings={"allow_interspersed_args": False})
-@click.option("--restart-delay", type=float, default=DEFAULT_RESTART_DELAY, show_default=True, metavar="S",
+@click.option("--restart-delay", type=FINITE_FLOAT, default=DEFAULT_RESTART_DELAY, show_default=True, metavar="S",
               help="Wait this long before a restart; doubles while the worker keeps dying within 2 s"
                    " without settling a task.")
 @click.option("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS, show_default=True, metavar="N",
               help="Give up (exit 1) after N restarts within --window of a worker that settles no task.")
-@click.option("--window", type=float, default=DEFAULT_WINDOW, show_default=True, metavar="S",
+@click.option("--window", type=FINITE_FLOAT, default=DEFAULT_WINDOW, show_default=True, metavar="S",
               help="The period over which restarts are counted.")
-@click.option("--watchdog", type=float, default=None, metavar="S",
+@click.option("--watchdog", type=FINITE_FLOAT, default=None, metavar="S",
               help="Kill and restart a worker that sends no WATCHDOG=1 heartbeat for S seconds.")
 @click.option("--db", "db", default=None, metavar="URL",
               help="Store to record restarts in [default: the worker's --db, $ONWARD_DB, .onward/onward.db].")
@@ -54,7 +55,7 @@ def service_group() -> None:
 @click.option("--workdir", default=None,
               help="Working directory; relative paths in CMD are taken from here [default: the current one].")
 @click.option("--env", "env", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
-@click.option("--watchdog", type=float, default=systemd.DEFAULT_WATCHDOG, show_default=True, metavar="S",
+@click.option("--watchdog", type=FINITE_FLOAT, default=systemd.DEFAULT_WATCHDOG, show_default=True, metavar="S",
               help="WatchdogSec: systemd kills and restarts a worker silent for S seconds (0: no watchdog).")
 @click.option("--dry-run", is_flag=True, help="Print the unit and change nothing.")
 @_COMMAND

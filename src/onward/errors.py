@@ -18,6 +18,11 @@ class StoreError(OnwardError):
     """The store cannot be opened or used as asked. Exit status 2: nothing was changed."""
 
 
+class StoreMissing(StoreError):
+    """There is no store at the location given (no file, or no ``onward`` schema), and it was only to be
+    read, not created."""
+
+
 class NotAStore(StoreError):
     """The file exists but is not an onward store (another SQLite file, or not SQLite at all)."""
 

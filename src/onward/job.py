@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar, overload
@@ -19,7 +20,7 @@ from typing import Any, TypeVar, overload
 from . import results
 from .errors import TaskNotDone, UsageError
 from .executions import PythonHandler, TaskContext
-from .keepawake import KeepAwake, marker_path
+from .keepawake import KeepAwake, check_marker_path, marker_path
 from .log import NORMAL, Log
 from .notify import Notifier
 from .outdir import OutDir
@@ -83,10 +84,18 @@ class Job:
 
     def add(self, tasks: Iterable[str]) -> int:
         """Add tasks (idempotent). Returns how many were new. Streams: a million names need not be held in
-        memory; the add is one transaction, so a bad name anywhere adds nothing."""
+        memory; the add is one transaction, so a bad name anywhere adds nothing. Raises ``TypeError`` for
+        a bare ``str`` or ``bytes`` (an iterable of characters, not of names) and for an item that is not
+        a ``str``, rather than adding its characters or its ``repr``."""
+        if isinstance(tasks, (str, bytes, bytearray)):
+            kind = "a single str" if isinstance(tasks, str) else "bytes"
+            raise TypeError(f"add() takes an iterable of task names, not {kind}: write add([{tasks!r}])")
+
         def checked() -> Iterator[str]:
             for task in tasks:
-                name = str(task).strip()
+                if not isinstance(task, str):
+                    raise TypeError(f"a task name must be a str, not {type(task).__name__}: {task!r}")
+                name = task.strip()
                 check_task_name(name)
                 yield name
         return self.store.add(checked())
@@ -98,11 +107,13 @@ class Job:
         config = replace(self.config, **overrides)
         validate_config(config)
         marker = marker_path(self.keep_awake)
+        if marker:
+            check_marker_path(marker)
         out = OutDir(self.out) if self.out else None
         handler = PythonHandler(self._fn, replay=self._replay)
         try:
             runner = Runner(self.store, handler, config, self.log, notifier=Notifier.from_env(),
-                            keep_awake=KeepAwake(marker) if marker else None, out=out)
+                            keep_awake=KeepAwake(marker, self.log) if marker else None, out=out)
             return runner.run()
         finally:
             handler.close()
@@ -136,7 +147,11 @@ def check_task_name(name: str) -> None:
 
     if not name:
         raise UsageError("a task name cannot be empty")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_LINE_BYTES:
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: what non-UTF-8 bytes in argv or a file name decode to
+        raise UsageError(f"a task name must be valid UTF-8: {name[:40]!r}") from None
+    if len(encoded) > MAX_LINE_BYTES:
         raise UsageError(f"task name longer than {MAX_LINE_BYTES} bytes: {name[:40]!r}…")
     if "\n" in name or "\0" in name:
         raise UsageError(f"a task name cannot hold a newline or NUL: {name[:40]!r}")
@@ -144,6 +159,11 @@ def check_task_name(name: str) -> None:
 
 def validate_config(config: RunConfig) -> None:
     """Nonsense values are refused with one line (exit status 2 from the CLI)."""
+    for name in ("retry_delay", "timeout", "heartbeat", "lease", "grace", "stall_timeout"):
+        value = getattr(config, name)
+        # NaN passes every comparison below, and infinity overflows timers: only finite numbers are durations.
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{name.replace('_', ' ')} must be a finite number of seconds (got {value})")
     def positive(name: str, value: float | None, allow_none: bool = True) -> None:
         if value is None and allow_none:
             return

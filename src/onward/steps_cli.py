@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .cli import db_option
+from .cli import TASK_TEXT, db_option
 from .errors import StoreError, UnknownTask
 from .log import iso_time
 from .steps import ordinals, unframe
@@ -44,7 +44,7 @@ def _row(record: StepRecord, label: str) -> dict[str, Any]:
 @click.command("steps")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per step, one per line.")
-@click.argument("task")
+@click.argument("task", type=TASK_TEXT)
 def steps_command(db: str | None, as_json: bool, task: str) -> None:
     """A task's recorded durable steps: call index, step (name#n), kind, payload size, seconds the body
     took, the attempt that recorded it, and when it was committed.

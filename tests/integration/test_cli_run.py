@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import onward_argv, run_onward, wait_for
+from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -463,3 +464,68 @@ def test_status_shows_a_running_task(tmp_path: Path) -> None:
     finally:
         gate.touch()
         p.communicate(timeout=20)
+
+
+def test_retry_of_a_task_that_is_not_failed_says_why_nothing_changed(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "x").returncode == 0
+    assert run_onward("run", "--db", db, "--", "true").returncode == 0
+    r = run_onward("retry", "--db", db, "x")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.decode().splitlines() == ["task 'x' is done, not failed: left as it is",
+                                              "0 tasks back to pending"]
+
+
+def test_logs_follow_waits_for_the_store_to_be_created(tmp_path: Path) -> None:
+    db = tmp_path / "later" / "s.db"
+    r = run_onward("logs", "--db", str(db))  # without -f a missing store stays an error
+    assert r.returncode == 2 and b"no onward store" in r.stderr
+    out = tmp_path / "follow.out"
+    with out.open("wb") as sink:
+        follower = subprocess.Popen(onward_argv("logs", "--db", str(db), "-f"), env=env(), stdout=sink,
+                                    stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.0)  # long enough to have given up, had it not been waiting
+        assert follower.poll() is None, follower.stderr.read() if follower.stderr else b""
+        assert not db.exists()  # waiting creates nothing
+        assert run_onward("add", "--db", str(db), "a").returncode == 0
+        wait_for(lambda: b"added" in out.read_bytes(), 30, "the follower to print the new store's events")
+    finally:
+        follower.terminate()
+        follower.wait(10)
+
+
+@pytest.mark.parametrize("where", ["a-directory", "under-a-file", "env-a-directory"])
+def test_keep_awake_path_that_cannot_be_a_file_is_refused_before_anything_is_written(tmp_path: Path,
+                                                                                    where: str) -> None:
+    tasks = write_tasks(tmp_path / "tasks.txt", ["a"])
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    marker = str(tmp_path / ("afile/keep-awake" if where == "under-a-file" else "adir"))
+    flag = [] if where.startswith("env") else ["--keep-awake", marker]
+    before = sorted(tmp_path.rglob("*"))
+    r = run_onward("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tasks), *flag, "--", "true",
+                   env={"ONWARD_KEEP_AWAKE": marker} if where.startswith("env") else None)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onward: error:") and "keep-awake" in lines[0], r.stderr
+    assert sorted(tmp_path.rglob("*")) == before  # no store, no *.tmp
+
+
+def test_keep_awake_marker_on_a_full_disk_is_a_warning_not_a_crash(small_disk: Path, tmp_path: Path) -> None:  # noqa: F811
+    filler = small_disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    with contextlib.suppress(OSError):  # fill the 1 MiB tmpfs to the last byte
+        while True:
+            os.write(fd, b"x" * 4096)
+    os.close(fd)
+    tasks = write_tasks(tmp_path / "tasks.txt", ["a", "b"])
+    db = str(tmp_path / "s.db")
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--keep-awake", str(small_disk / "keep-awake"),
+                   "--", "true")
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.decode()
+    assert "Traceback" not in err
+    assert "keep-awake" in err and "No space left on device" in err, err
+    assert status(db)["done"] == 2
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # no marker, no stray *.tmp

@@ -217,3 +217,42 @@ def test_a_bad_name_anywhere_adds_nothing(store_url: str) -> None:
         job.add(names)
     assert job.store.counts()["pending"] == 0
     job.close()
+
+
+@pytest.mark.parametrize("tasks, message", [
+    ("report-2024", "a single str"),
+    (b"report", "bytes"),
+    ([b"xy"], "bytes"),
+    (["ok", None], "NoneType"),
+    (["ok", 7], "int"),
+])
+def test_add_refuses_a_bare_string_bytes_and_non_str_items(tmp_path: Path, tasks: object, message: str) -> None:
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET)
+    with pytest.raises(TypeError, match=message):
+        job.add(tasks)  # type: ignore[arg-type]
+    assert job.store.counts().get("pending", 0) == 0
+    job.close()
+
+
+def test_add_refuses_a_name_that_is_not_utf8(tmp_path: Path) -> None:
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET)
+    with pytest.raises(UsageError, match="valid UTF-8"):
+        job.add(["fine", "bad\udcff"])
+    assert job.store.counts().get("pending", 0) == 0
+    job.close()
+
+
+def test_run_refuses_a_keep_awake_path_that_is_a_directory_before_running(tmp_path: Path) -> None:
+    job = Job(str(tmp_path / "s.db"), keep_awake=str(tmp_path), log_level=QUIET)
+    ran: list[str] = []
+
+    @job.task
+    def handle(task: str, ctx: object) -> str:
+        ran.append(task)
+        return task
+
+    job.add(["a"])
+    with pytest.raises(UsageError, match="keep-awake marker .* is a directory"):
+        job.run()
+    assert ran == [] and job.store.counts()["pending"] == 1
+    job.close()

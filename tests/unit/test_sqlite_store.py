@@ -131,3 +131,26 @@ def test_integrity_after_use(tmp_path: Path) -> None:
     assert store.integrity_check() == "ok"
     store.close()
     assert os.path.getsize(tmp_path / "s.db") > 0
+
+
+def test_list_on_a_store_that_fails_mid_read_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    from tests.conftest import run_onward
+
+    path = tmp_path / "s.db"
+    store = open_store(str(path))
+    store.add([f"task-{i:06d}" for i in range(20_000)])
+    store.close()
+    # A real fault half-way through the listing: the pages holding task 15000 (its table row and its
+    # index entry) are wiped, as a bad sector or a stray write would leave them.
+    data = bytearray(path.read_bytes())
+    page_size = int.from_bytes(data[16:18], "big")
+    hits = [i for i in range(0, len(data), page_size) if b"task-015000" in data[i:i + page_size]]
+    assert hits
+    for start in hits:
+        data[start:start + page_size] = bytes(page_size)
+    path.write_bytes(bytes(data))
+    r = run_onward("list", "--db", str(path))
+    lines = r.stderr.decode().strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("onward: error: store") and "corrupt" in lines[0], r.stderr
+    assert r.stdout.startswith(b"task-000000\ntask-000001\n")  # it failed mid-read, after printing some

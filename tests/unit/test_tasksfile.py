@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from onward import tasksfile
 from onward.commands import LazyStore
 from onward.errors import UsageError
 from onward.tasksfile import MAX_LINE_BYTES, import_tasks_file
+from tests.conftest import wait_for
+
+SETTLE = 0.3
+
+
+@pytest.fixture(autouse=True)
+def short_settling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same rules with a shorter settling period, so that the tests need not wait seconds."""
+    monkeypatch.setattr(tasksfile, "SETTLE_SECONDS", SETTLE)
+
+
+def settle(path: Path) -> None:
+    """Wait until the file has been still long enough for its stat to vouch for its content."""
+    def still() -> bool:
+        st = path.stat()
+        return time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 >= SETTLE
+    wait_for(still, 10, f"{path} to settle")
 
 
 def names(url: str) -> list[str]:
@@ -87,6 +106,7 @@ def test_a_pipe_is_read_whole(sqlite_url: str, tmp_path: Path) -> None:
 def test_unchanged_file_is_not_read_again(sqlite_url: str, tmp_path: Path) -> None:
     f = tmp_path / "tasks.txt"
     f.write_text("".join(f"task-{i}\n" for i in range(5000)))
+    settle(f)
     first = load(sqlite_url, f)
     assert first.added == 5000 and first.read_from == 0
     again = load(sqlite_url, f)
@@ -125,21 +145,83 @@ def test_edited_file_is_read_whole(sqlite_url: str, tmp_path: Path) -> None:
     assert names(sqlite_url) == ["a", "b", "c", "B", "d"]
 
 
-def test_unterminated_last_line_that_grows(sqlite_url: str, tmp_path: Path) -> None:
+def test_unterminated_last_line_is_imported_only_once_the_file_is_still(sqlite_url: str, tmp_path: Path) -> None:
     f = tmp_path / "tasks.txt"
     f.write_text("a\nb")
+    done = threading.Event()
+
+    def slow_writer() -> None:  # finishes the line "b…" a character at a time, until told to end it
+        with f.open("a") as out:
+            while not done.is_set():
+                out.write("c")
+                out.flush()
+                time.sleep(0.02)
+            out.write("\nd\n")
+
+    writer = threading.Thread(target=slow_writer)
+    writer.start()
+    try:
+        during = load(sqlite_url, f)
+    finally:
+        done.set()
+        writer.join(10)
+    assert during.held_back is not None and during.held_back.startswith("bc")
+    assert names(sqlite_url) == ["a"]  # no stray "b…": the line was still being written
+    after = load(sqlite_url, f)
+    assert after.held_back is None and after.read_from > 0
+    line = f.read_text().splitlines()[1]
+    assert names(sqlite_url) == ["a", line, "d"]
+
+
+def test_unterminated_last_line_of_a_still_file_is_a_task(sqlite_url: str, tmp_path: Path) -> None:
+    f = tmp_path / "tasks.txt"
+    f.write_text("a\nb")  # just written: the import waits for it to be still, then takes "b"
+    result = load(sqlite_url, f)
+    assert result.added == 2 and result.held_back is None
+    assert names(sqlite_url) == ["a", "b"]
+    assert load(sqlite_url, f).skipped  # and it is not read again
+
+
+def test_same_size_edit_in_place_of_a_big_file_is_seen(sqlite_url: str, tmp_path: Path) -> None:
+    f = tmp_path / "tasks.txt"
+    f.write_text("".join(f"task-{i:06d}\n" for i in range(20_000)))  # 240 KiB
+    assert f.stat().st_size > 128 * 1024
+    settle(f)
+    assert load(sqlite_url, f).added == 20_000
+    inode = f.stat().st_ino
+    for n, restore_mtime in ((10_000, False), (10_001, True)):
+        settle(f)
+        old = f.stat()
+        with f.open("r+b") as out:  # same inode, same size, a line far from both ends rewritten
+            out.seek(n * 12)
+            out.write(f"TASK-{n:06d}".encode())
+        if restore_mtime:  # as cp -p or rsync -t leave it: only the ctime tells
+            os.utime(f, ns=(old.st_atime_ns, old.st_mtime_ns))
+        assert f.stat().st_ino == inode and f.stat().st_size == old.st_size
+        result = load(sqlite_url, f)
+        assert not result.skipped and result.added == 1, (n, restore_mtime)
+        assert f"TASK-{n:06d}" in names(sqlite_url)
+
+
+def test_touched_file_is_read_again_and_unchanged_file_is_not(sqlite_url: str, tmp_path: Path) -> None:
+    f = tmp_path / "tasks.txt"
+    f.write_text("".join(f"task-{i:06d}\n" for i in range(20_000)))
+    settle(f)
     load(sqlite_url, f)
-    with f.open("a") as out:
-        out.write("c\nd\n")
-    load(sqlite_url, f)
-    # what a full re-read gives: "bc" is a new task; "b" was a task already
-    assert names(sqlite_url) == ["a", "b", "bc", "d"]
+    assert load(sqlite_url, f).skipped
+    os.utime(f)  # a new mtime (and ctime), the same bytes
+    again = load(sqlite_url, f)
+    assert not again.skipped and again.added == 0
+    settle(f)
+    assert load(sqlite_url, f).added == 0  # compared once more, now that its stat can vouch for it
+    assert load(sqlite_url, f).skipped  # and cheap again
 
 
 def test_large_file_in_one_pass(sqlite_url: str, tmp_path: Path) -> None:
     f = tmp_path / "tasks.txt"
     n = 200_000
     f.write_text("".join(f"item-{i:07d}\n" for i in range(n)))
+    settle(f)
     assert load(sqlite_url, f).added == n
     assert load(sqlite_url, f).skipped
 
@@ -150,6 +232,7 @@ def test_a_million_lines(sqlite_url: str, tmp_path: Path) -> None:
     with f.open("w") as out:
         for i in range(1_000_000):
             out.write(f"https://example.invalid/item/{i:07d}\n")
+    settle(f)
     assert load(sqlite_url, f).added == 1_000_000
     again = load(sqlite_url, f)
     assert again.skipped
@@ -157,3 +240,10 @@ def test_a_million_lines(sqlite_url: str, tmp_path: Path) -> None:
         out.write("one more\n")
     grown = load(sqlite_url, f)
     assert grown.added == 1 and grown.read_from > 0
+
+
+def test_a_leading_byte_order_mark_is_not_part_of_the_first_task(sqlite_url: str, tmp_path: Path) -> None:
+    f = tmp_path / "tasks.txt"
+    f.write_bytes(b"\xef\xbb\xbf# header\nfirst\n\xef\xbb\xbfsecond-keeps-its-bom\n")
+    assert load(sqlite_url, f).added == 2
+    assert names(sqlite_url) == ["first", "\ufeffsecond-keeps-its-bom"]  # only the file's own BOM goes

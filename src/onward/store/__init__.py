@@ -1,29 +1,55 @@
 """Durable task stores: the ``Store`` contract (base.py) and one module per backend.
 
-``open_store`` picks the backend from the URL: ``postgresql://`` (or ``postgres://``) for PostgreSQL,
-anything else is a SQLite file path or ``sqlite:///`` URL.
+``store_url`` says which forms a store location may take (every other form is refused, so that a typo never
+becomes a file of that name); ``open_store`` picks the backend from it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
+from ..errors import StoreError
 from .base import Store
 
 DEFAULT_DB = ".onward/onward.db"
 
+# "name:" at the start of a location, as in "mysql://…" or "file:x.db" (no slash before the colon).
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+ACCEPTED_FORMS = "a file path, sqlite:///relative/path, sqlite:////absolute/path or postgresql://…"
+
 
 def store_url(explicit: str | None = None) -> str:
-    """The store location: the explicit value, else $ONWARD_DB, else the default file."""
-    return explicit or os.environ.get("ONWARD_DB") or DEFAULT_DB
+    """The store location: the explicit value, else $ONWARD_DB, else the default file; in one of the
+    accepted forms, with its scheme in lower case. Raises ``StoreError`` for any other form.
+
+    Accepted: a plain path (one that starts with a scheme-like ``name:`` is taken for a URL: write
+    ``./name:…`` for such a file), ``sqlite:///relative`` and ``sqlite:////absolute``, ``postgresql://`` and
+    ``postgres://``; schemes in any case. Refused: every other scheme (``mysql://``, ``https://``), and
+    SQLite's own ``file:`` URIs, which SQLite would resolve to another file than the one named."""
+    url = explicit or os.environ.get("ONWARD_DB") or DEFAULT_DB
+    match = _SCHEME.match(url)
+    if match is None:
+        return url
+    scheme, rest = match.group(1).lower(), url[match.end():]
+    if scheme in POSTGRES_SCHEMES and rest.startswith("//"):
+        return f"{scheme}:{rest}"
+    if scheme == "sqlite" and rest.startswith("///") and len(rest) > 3:
+        return f"sqlite:{rest}"
+    # Only the scheme is shown: the rest may hold a password.
+    raise StoreError(f"unsupported store location {match.group(0)}…: give {ACCEPTED_FORMS}"
+                     f" (write ./{match.group(1)}:… for a file whose name starts like that)")
 
 
 def is_postgres_url(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))
+    """Whether a location returned by ``store_url`` names a PostgreSQL database."""
+    return url.startswith(tuple(f"{scheme}://" for scheme in POSTGRES_SCHEMES))
 
 
 def open_store(url: str | None = None, *, create: bool = True) -> Store:
-    """Open (and, with ``create``, initialise) the store at ``url``. Raises a ``StoreError`` subclass."""
+    """Open (and, with ``create``, initialise) the store at ``url``. Raises a ``StoreError`` subclass;
+    ``StoreMissing`` when there is no store there and ``create`` is false."""
     url = store_url(url)
     if is_postgres_url(url):
         from .postgres import PostgresStore

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from itertools import islice
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import NotAStore, SchemaTooNew, SchemaTooOld, StoreError
+from ..errors import NotAStore, SchemaTooNew, SchemaTooOld, StoreError, StoreMissing
 from ..proc import hostname
 from ..secrets import hide_secrets_in_argv, redact_url, scrub, url_secrets
 from .base import (
@@ -364,7 +364,7 @@ class PostgresStore:
         version = _schema_version(self._conn, self.url)
         if version is None:
             if not create:
-                raise StoreError(f"no onward store in {self.url}")
+                raise StoreMissing(f"no onward store in {self.url}")
             version = _migrate(self._conn, self.url, create=True)
         _check_version(version, self.url)
 

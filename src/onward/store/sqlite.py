@@ -15,14 +15,17 @@ Why these settings:
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sqlite3
+import stat
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
-from ..errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError
+from ..errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError, StoreMissing
 from ..proc import hostname
 from .base import (
     PENDING,
@@ -45,16 +48,29 @@ SCHEMA_VERSION = 1
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 30_000
 Q = load_queries("sqlite.sql")
+T = TypeVar("T")
 
 
 def path_from_url(url: str) -> str:
-    """Accept a plain path or a ``sqlite:///path`` URL (``sqlite:////abs`` or ``sqlite:///rel``)."""
-    if url.startswith("sqlite://"):
-        rest = url[len("sqlite://") :]
-        if not rest.startswith("/"):
-            raise StoreError(f"not a SQLite URL: {url!r} (write sqlite:///path)")
-        return rest[1:] or rest
-    return url
+    """The file of a SQLite location, as ``store_url`` returns it: a plain path or ``sqlite:///path``
+    (``sqlite:////abs`` or ``sqlite:///rel``)."""
+    return url[len("sqlite:///"):] if url.startswith("sqlite:///") else url
+
+
+def _check_regular_file(path: str) -> bool:
+    """Whether the store file exists; refuse anything but a regular file before opening it: opening a FIFO
+    blocks for ever, and SQLite would leave a -journal beside a device."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise StoreError(f"cannot read store {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise NotAStore(f"not an onward store: {path} is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise NotAStore(f"not an onward store: {path} is not a regular file")
+    return True
 
 
 def _check_header(path: str) -> None:
@@ -82,6 +98,37 @@ def _translate(e: sqlite3.Error, path: str) -> StoreError:
     return StoreError(f"store {path}: {text}")
 
 
+def _translating(method: Callable[..., Any]) -> Callable[..., Any]:
+    """The method, raising ``StoreError`` instead of a bare sqlite3 error; a generator (``iter_tasks``) is
+    translated for as long as it is iterated, since its reads happen then, not when it is called."""
+    if inspect.isgeneratorfunction(method):
+        @functools.wraps(method)
+        def generator(self: SqliteStore, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            try:
+                yield from method(self, *args, **kwargs)
+            except sqlite3.Error as e:
+                raise _translate(e, self.path) from None
+        return generator
+
+    @functools.wraps(method)
+    def wrapper(self: SqliteStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as e:
+            raise _translate(e, self.path) from None
+    return wrapper
+
+
+def _translating_every_method(cls: type[T]) -> type[T]:
+    """Apply ``_translating`` to every public method of the class: applied to the class as a whole, so a
+    method added later cannot be left out (writes are translated in ``_write`` as well)."""
+    for name, member in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.isfunction(member):
+            setattr(cls, name, _translating(member))
+    return cls
+
+
+@_translating_every_method
 class SqliteStore:
     """``Store`` on one SQLite file. One instance is one connection: use it from one thread."""
 
@@ -89,9 +136,9 @@ class SqliteStore:
         self.path = path_from_url(url)
         self.url = self.path
         self._batch_depth = 0
-        exists = os.path.exists(self.path)
+        exists = _check_regular_file(self.path)
         if not exists and not create:
-            raise StoreError(f"no onward store at {self.path}")
+            raise StoreMissing(f"no onward store at {self.path}")
         if exists:
             _check_header(self.path)
         else:
@@ -451,22 +498,6 @@ class SqliteStore:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
 
 
-def _translating(method):
-    """Reads raise ``StoreError`` too, never a bare sqlite3 error (writes translate in ``_write``)."""
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except sqlite3.Error as e:
-            raise _translate(e, self.path) from None
-    return wrapper
-
-
-for _name in ("get_source", "running", "workers", "task", "task_id", "result", "counts", "stats", "events", "steps",
-              "integrity_check"):
-    setattr(SqliteStore, _name, _translating(getattr(SqliteStore, _name)))
-
-
 def _split_statements(script: str) -> list[str]:
     """Split the schema into statements, keeping trigger bodies (which hold ';') whole."""
     statements, current = [], []
@@ -477,12 +508,6 @@ def _split_statements(script: str) -> list[str]:
             statements.append(text)
             current = []
     return statements
-
-
-
-
-
-
 
 
 __all__ = ["SqliteStore", "SCHEMA_VERSION", "PENDING"]

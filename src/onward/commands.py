@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from .errors import UsageError
-from .executions import DEFAULT_MAX_RESULT_BYTES, CommandHandler
+from .executions import DEFAULT_MAX_RESULT_BYTES, CommandHandler, check_command
 from .job import validate_config
 from .keepawake import KeepAwake, marker_path
 from .log import Log
@@ -69,6 +69,7 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
                 keep_awake: str | None, log: Log, command: list[str]) -> int:
     if not command or not command[0]:
         raise UsageError("no command to run: give it after --, e.g. onward run --tasks FILE -- CMD {task}")
+    check_command(command)
     if max_result_bytes < 0:
         raise UsageError(f"--max-result-bytes cannot be negative (got {max_result_bytes})")
     config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,

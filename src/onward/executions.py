@@ -602,6 +602,25 @@ class CommandExecution(Execution):
         self._on_exit()  # SIGKILL cannot be caught: reaping now takes no time
 
 
+def check_command(argv: list[str]) -> None:
+    """Refuse a command that cannot run before anything is written: its first word must name an executable
+    file, as a path (with a ``/``) or on the PATH the command gets (the worker's own: ``CommandHandler``
+    passes the environment on with PATH unchanged). A first word made of the task text (``{task}``) is
+    only known per attempt; a program that vanishes later fails its attempts with its name."""
+    program = argv[0]
+    if "{task}" in program:
+        return
+    if "/" not in program:
+        if shutil.which(program, path=os.pathsep.join(os.get_exec_path())) is None:
+            raise UsageError(f"command not found: {program} (no executable file of that name on PATH)")
+    elif not os.path.exists(program):
+        raise UsageError(f"command not found: {program}")
+    elif os.path.isdir(program):
+        raise UsageError(f"command is a directory: {program}")
+    elif not os.access(program, os.X_OK):
+        raise UsageError(f"command is not executable: {program}")
+
+
 class CommandHandler:
     """Runs ``argv`` with every ``{task}`` replaced by the task text, never through a shell."""
 

@@ -416,10 +416,12 @@ class Runner:
         try:
             execution = self.handler.start(claim, self)
         except OSError as e:
-            # The command could not even start (missing, not executable): a failed attempt like any other.
+            # The command could not even start (it vanished, or is no longer executable): a failed attempt
+            # like any other, naming the program.
             failed = Execution(claim)
             self.running[claim.task_id] = failed
-            self.post(failed, Outcome.failure(f"cannot start command: {e.strerror or e}"))
+            program = e.filename if e.filename is not None else "the command"
+            self.post(failed, Outcome.failure(f"cannot run {program}: {e.strerror or e}"))
             return
         self.running[claim.task_id] = execution
         if execution.child_pid:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from .errors import Fenced, OnwardError, StoreError, WedgedTask
 from .executions import Execution, Handler, Outcome
 from .keepawake import KeepAwake
-from .log import NORMAL, Log, quote
+from .log import NORMAL, Log, Throttled, quote
 from .notify import Notifier
 from .outdir import OutDir, file_name
 from .proc import current_owner, kill_group, owner_alive, process_alive
@@ -34,7 +34,14 @@ from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Lease, Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 T = TypeVar("T")
-UNSETTLED_RETRY = 0.2  # seconds between attempts to commit outcomes after the store failed
+# After a failed commit (outcomes, claims, steps) the next try waits STORE_RETRY_FIRST seconds, doubling
+# while the store keeps failing, up to STORE_RETRY_MAX: a broken store costs a few calls a second at most.
+STORE_RETRY_FIRST = 0.2
+STORE_RETRY_MAX = 2.0
+# After SIGTERM and --grace, how long outcomes that cannot be committed are still retried before the worker
+# leaves them uncommitted (their tasks stay claimed; the next worker reclaims them, as after a crash). Well
+# within the unit's TimeoutStopSec (grace + systemd.STOP_MARGIN).
+STOP_COMMIT_SECONDS = 5.0
 
 
 @dataclass
@@ -81,6 +88,7 @@ class Runner:
         self.handler = handler
         self.config = config
         self.log = log
+        self.store_errors = Throttled(log)  # a failing store is reported once, then counted
         self.notifier = notifier or Notifier(None)
         self.keep_awake = keep_awake
         self.out = out
@@ -102,6 +110,8 @@ class Runner:
         self._stop_deadline: float | None = None
         self._completed = 0
         self._unsettled: list[tuple[Execution, Outcome]] = []  # outcomes whose commit failed, to retry
+        self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
+        self._store_backoff = 0.0
         self._calls: deque[tuple[Callable[[Store], Any], Future[Any]]] = deque()
         self._closed = False
         self._pending_calls: list[tuple[Callable[[Store], Any], Future[Any]]] = []
@@ -189,6 +199,7 @@ class Runner:
             self.selector.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
+        self.store_errors.flush()
         self.summary.stopped = self.stopping
         self.log.info(
             f"worker stopped: {stop_reason}; this run: done={self.summary.done} failed={self.summary.failed}"
@@ -228,9 +239,13 @@ class Runner:
                 self._tick()
                 next_tick = now + self._tick_period()
             self._enforce_deadlines(now)
-            finished = self._take_finished()
-            want = 0 if self.stopping else cfg.concurrency - len(self.running) + len(finished)
-            claims = self._settle_and_claim(finished, want)
+            if self._stop_deadline is not None and now >= self._stop_deadline + STOP_COMMIT_SECONDS:
+                return  # stopping, and the store kept failing: leave what is not committed (see the constant)
+            claims: list[Claim] = []
+            if now >= self._store_retry_at:
+                finished = self._take_finished()
+                want = 0 if self.stopping else cfg.concurrency - len(self.running) + len(finished)
+                claims = self._settle_and_claim(finished, want)
             for claim in claims:
                 self._start(claim)
             if self.stopping and not self.running:
@@ -241,13 +256,14 @@ class Runner:
                 if not self.running and self._nothing_left():
                     return
                 idle_wait = min(idle_wait * 2, 1.0, cfg.heartbeat)
-            timeout = self._next_deadline(next_tick) - time.monotonic()
+            timeout = self._next_deadline(next_tick, now) - time.monotonic()
             if len(self.running) < cfg.concurrency and not self.stopping:
                 # Free slots: look again soon for new work, or for a retry whose backoff ran out (a store
                 # that can announce new work wakes the wait at once).
                 timeout = min(timeout, idle_wait)
             if self._unsettled:
-                timeout = min(timeout, UNSETTLED_RETRY)  # outcomes wait in memory for the store to come back
+                # Outcomes wait in memory for the store to come back.
+                timeout = min(timeout, self._store_retry_at - time.monotonic())
             self._wait(max(0.0, timeout))
 
     def _tick_period(self) -> float:
@@ -311,13 +327,18 @@ class Runner:
                     self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
                                          attempt=claim.attempt)
         except StoreError as e:
-            # Nothing was committed: keep the outcomes and try again on the next turn; the tasks that
+            # Nothing was committed: keep the outcomes and try again after a backoff; the tasks that
             # asked for writes are told, since they wait on them.
-            self.log.warning(f"store error, will retry: {e}")
+            self._store_backoff = min(max(2 * self._store_backoff, STORE_RETRY_FIRST), STORE_RETRY_MAX)
+            self._store_retry_at = time.monotonic() + self._store_backoff
+            self.store_errors.warning("store error, will retry", str(e))
             self._unsettled = finished
             for _, future in calls:
                 future.set_exception(e)
             return []
+        if self._store_backoff:
+            self._store_backoff = 0.0
+            self.store_errors.flush("store error, will retry")
         if claims:
             # A claim's lease runs from (at the latest) the moment we asked for it.
             self._lease_valid_until = min(self._lease_valid_until, started + self.config.lease_seconds)
@@ -428,7 +449,7 @@ class Runner:
             try:
                 self.store.note_child(claim.task_id, claim.fence, execution.child_pid, execution.child_start or 0)
             except StoreError as e:
-                self.log.warning(f"could not record child pid: {e}")
+                self.store_errors.warning("could not record child pid", str(e))
 
     def _enforce_deadlines(self, now: float) -> None:
         cfg = self.config
@@ -448,16 +469,23 @@ class Runner:
                 # with an error and its supervisor starts a clean one (the attempt is already counted).
                 raise WedgedTask(execution.claim.name, execution.cancel_reason or "cancelled")
 
-    def _next_deadline(self, next_tick: float) -> float:
+    def _next_deadline(self, next_tick: float, now: float) -> float:
+        """The next moment something is due. A deadline already acted upon (an attempt cancelled, the
+        grace over) is not waited for again: while its outcome waits for the store it would spin the loop."""
         deadline = next_tick
         cfg = self.config
         for execution in self.running.values():
+            if execution.cancelled:
+                continue
             if cfg.timeout is not None:
                 deadline = min(deadline, execution.started + cfg.timeout)
             if cfg.stall_timeout is not None:
                 deadline = min(deadline, execution.last_progress() + cfg.stall_timeout)
         if self._stop_deadline is not None:
-            deadline = min(deadline, self._stop_deadline)
+            for at in (self._stop_deadline, self._stop_deadline + STOP_COMMIT_SECONDS):
+                if at > now:
+                    deadline = min(deadline, at)
+                    break
         return deadline
 
     def _shutdown_executions(self) -> None:
@@ -469,22 +497,22 @@ class Runner:
         leftovers = self._take_finished()
         for execution, _ in leftovers:
             self.running.pop(execution.claim.task_id, None)
-        if self.stopping:
-            for execution, outcome in leftovers:
-                try:
-                    self._settle_alone(execution, outcome)
-                except OnwardError as e:
-                    self.log.warning(f"could not record outcome of task={quote(execution.claim.name)}: {e}")
-            for execution in list(self.running.values()):
-                try:
-                    self._settle_alone(execution, Outcome.released("worker stopped"))
-                except OnwardError as e:
-                    self.log.warning(f"could not release task={quote(execution.claim.name)}: {e}")
-
-    def _settle_alone(self, execution: Execution, outcome: Outcome) -> None:
-        with self.store.batch():
-            report = self._settle(execution, outcome)
-        report()
+        if not self.stopping:
+            return
+        leftovers += [(execution, Outcome.released("worker stopped")) for execution in self.running.values()]
+        if not leftovers:
+            return
+        try:  # one last try, in one transaction: a failing store costs one call, not one per task
+            with self.store.batch():
+                reports = [self._settle(execution, outcome) for execution, outcome in leftovers]
+        except OnwardError as e:
+            # Safe to leave: an uncommitted outcome's task stays claimed, and its owner (this process) is
+            # about to be gone, so the next worker reclaims it at once, as after a crash.
+            self.log.warning(f"could not commit {len(leftovers)} outcomes on the way out: {e}; their tasks stay"
+                             " claimed, and the next worker reclaims them (attempt counted, as after a crash)")
+            return
+        for report in reports:
+            report()
 
     # --- leases and other workers' tasks -------------------------------------------------------------
     def _tick(self) -> None:
@@ -497,8 +525,9 @@ class Runner:
             # Measured from before the renewal was sent: the store may have stamped it any time after.
             self._lease_valid_until = started + self.config.lease_seconds
             self._renewal_failing = False
+            self.store_errors.flush("could not renew leases")
         except StoreError as e:
-            self.log.warning(f"could not renew leases: {e}")
+            self.store_errors.warning("could not renew leases", str(e))
             self._renewal_failing = True
             lost = []
             self._fence_self_if_lease_ran_out()
@@ -517,7 +546,7 @@ class Runner:
             counts = self.store.counts()
             self._update_keep_awake(counts)
         except StoreError as e:
-            self.log.warning(f"store unavailable: {e}")
+            self.store_errors.warning("store unavailable", str(e))
             return
         self._notify_status(counts)
 
@@ -572,7 +601,7 @@ class Runner:
         try:
             counts = self.store.counts()
         except StoreError as e:
-            self.log.warning(f"store unavailable: {e}")
+            self.store_errors.warning("store unavailable", str(e))
             return False
         return counts.get(PENDING, 0) == 0 and counts.get(RUNNING, 0) == 0
 

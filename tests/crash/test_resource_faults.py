@@ -1,0 +1,113 @@
+"""Faults of the worker's own resources: a store that cannot commit (a full disk), and running out of file
+descriptors. Neither may burn a task's attempts, spin the CPU, flood the log or keep a stopping worker
+alive."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import onward_argv, wait_for
+from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+TICKS = os.sysconf("SC_CLK_TCK")
+STOP_BOUND = 10.0  # seconds past --grace a worker may take to leave when its store keeps failing
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and of the children it reaped, from /proc/PID/stat (utime, stime, cutime,
+    cstime): what os.wait4's rusage reports at its end, so the two can be subtracted."""
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    fields = stat[stat.rindex(b")") + 2:].split()  # fields[0] is field 3 of proc(5)
+    return sum(int(f) for f in fields[11:15]) / TICKS
+
+
+def wait_exit(pid: int, timeout: float) -> tuple[int, float, float]:
+    """Reap ``pid`` within ``timeout`` s: (exit status, seconds waited, its total CPU time)."""
+    started = time.monotonic()
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), time.monotonic() - started, usage.ru_utime + usage.ru_stime
+        if time.monotonic() - started > timeout:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"worker {pid} still running {timeout} s after SIGTERM")
+        time.sleep(0.05)
+
+
+def test_a_store_that_cannot_commit_neither_spins_nor_floods_the_log_and_sigterm_still_ends_the_worker(
+        small_disk: Path, tmp_path: Path, seed: int) -> None:  # noqa: F811
+    """The store is on a full 1 MiB tmpfs: outcomes cannot be committed. Before SIGTERM (tasks past their
+    --timeout waiting to be committed) and after it (past --grace), the worker retries with a backoff, logs
+    a few lines, and leaves within --grace plus a bound; what it could not commit stays claimed, and the
+    next worker reclaims it and finishes the job."""
+    rng = random.Random(seed)
+    concurrency = rng.randint(1, 3)
+    grace = 1.0
+    db = small_disk / "s.db"
+    tasks = tmp_path / "tasks.txt"
+    names = [f"t{i:03d}" for i in range(60)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    log = tmp_path / "worker.log"
+    # Each result is 40 KB: 60 of them cannot fit on a 1 MB disk. Renewals fail every 0.5 s too, but the
+    # long lease keeps the tasks' claims valid throughout: their outcomes are what waits for the store.
+    run = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--heartbeat", "0.5", "--lease", "60",
+                      "--grace", str(grace),
+                      "--timeout", "2", "--concurrency", str(concurrency), "--", "sh", "-c",
+                      'head -c 40000 /dev/zero | tr "\\0" x')
+    with open(log, "wb") as err:
+        worker = subprocess.Popen(run, env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_for(lambda: b"disk is full" in log.read_bytes(), 60, "the store to report a full disk")
+        # Running, with outcomes that cannot be committed and deadlines that pass meanwhile.
+        window = 4.0
+        cpu_before, lines_before, started = cpu_seconds(worker.pid), _lines(log), time.monotonic()
+        time.sleep(window)  # a measuring window, not a wait for a condition
+        cpu_used = cpu_seconds(worker.pid) - cpu_before
+        wall = time.monotonic() - started
+        lines = _lines(log) - lines_before
+        assert worker.poll() is None, "a full disk must not end the worker"
+        assert cpu_used < 0.3 * wall, f"{cpu_used:.2f} s of CPU in {wall:.1f} s: the worker spins"
+        assert lines < 40, f"{lines} log lines in {wall:.1f} s:\n{_tail(log)}"
+
+        # SIGTERM: the worker must leave in bounded time though nothing can be committed.
+        cpu_before, lines_before = cpu_seconds(worker.pid), _lines(log)
+        worker.send_signal(signal.SIGTERM)
+        status, waited, cpu_total = wait_exit(worker.pid, grace + 60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    lines = _lines(log) - lines_before
+    cpu_used = cpu_total - cpu_before
+    text = log.read_text()
+    assert waited < grace + STOP_BOUND, f"left {waited:.1f} s after SIGTERM:\n{_tail(log)}"
+    assert cpu_used < 0.3 * waited + 0.5, f"{cpu_used:.2f} s of CPU in {waited:.1f} s after SIGTERM: it spins"
+    assert lines < 200, f"{lines} log lines after SIGTERM:\n{_tail(log)}"
+    assert status == 0, _tail(log)
+    assert "stay claimed" in text, _tail(log)
+    assert "Traceback" not in text
+
+    # Room again: the next worker reclaims what the stopped one could not commit, and finishes the job.
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    again = subprocess.run(run, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    assert again.returncode == 0, again.stderr.decode()[-3000:]
+    c = sqlite3.connect(db)
+    assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert dict(c.execute("SELECT name, state FROM tasks")) == {n: "done" for n in names}
+    c.close()
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n")
+
+
+def _tail(path: Path) -> str:
+    return "\n".join(path.read_text().splitlines()[-30:])
+

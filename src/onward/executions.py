@@ -480,16 +480,36 @@ class CommandExecution(Execution):
         self._proc_exited = False
         self._proc = _spawn(argv, env)
         self.child_pid = self._proc.pid
-        self.child_start = pid_start_time(self._proc.pid)
-        self._pidfd = os.pidfd_open(self._proc.pid)
         self._open: dict[int, tuple[Any, Callable[[bytes], None]]] = {}  # fd -> (pipe, where its bytes go)
-        assert self._proc.stdout is not None and self._proc.stderr is not None
-        for stream, sink in ((self._proc.stdout, self._on_stdout), (self._proc.stderr, self._on_stderr)):
-            fd = stream.fileno()
-            os.set_blocking(fd, False)
-            self._open[fd] = (stream, sink)
-            self._selector.register(fd, selectors.EVENT_READ, _bind(self._read, fd))
-        self._selector.register(self._pidfd, selectors.EVENT_READ, self._on_exit)
+        pidfd = -1
+        try:
+            self.child_start = pid_start_time(self._proc.pid)
+            pidfd = os.pidfd_open(self._proc.pid)
+            assert self._proc.stdout is not None and self._proc.stderr is not None
+            for stream, sink in ((self._proc.stdout, self._on_stdout), (self._proc.stderr, self._on_stderr)):
+                fd = stream.fileno()
+                os.set_blocking(fd, False)
+                self._selector.register(fd, selectors.EVENT_READ, _bind(self._read, fd))
+                self._open[fd] = (stream, sink)
+            self._selector.register(pidfd, selectors.EVENT_READ, self._on_exit)
+        except BaseException:
+            # Out of descriptors or memory after the command was spawned: it must not run on unwatched (the
+            # attempt is given back, and the task would run twice at once).
+            self._discard(pidfd)
+            raise
+        self._pidfd = pidfd
+
+    def _discard(self, pidfd: int) -> None:
+        """Undo a start that failed after the spawn: kill and reap the command, close what was opened."""
+        kill_group(self._proc.pid)
+        self._proc.wait()
+        for fd in list(self._open):
+            self._close_fd(fd)
+        for stream in (self._proc.stdout, self._proc.stderr):
+            if stream is not None:
+                stream.close()
+        if pidfd >= 0:
+            os.close(pidfd)
 
     def _mtime(self) -> int | None:
         if self._heartbeat_file is None:

@@ -12,6 +12,7 @@ one transaction (group commit): with one slot that is exactly one durable commit
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import selectors
 import signal
@@ -42,6 +43,11 @@ STORE_RETRY_MAX = 2.0
 # leaves them uncommitted (their tasks stay claimed; the next worker reclaims them, as after a crash). Well
 # within the unit's TimeoutStopSec (grace + systemd.STOP_MARGIN).
 STOP_COMMIT_SECONDS = 5.0
+# Errors of the worker's own resources when it starts an attempt (descriptors, processes, memory): not the
+# task's fault. The attempt is given back uncounted, the worker runs fewer tasks at once from then on, and
+# claims nothing for RESOURCE_PAUSE seconds.
+WORKER_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+RESOURCE_PAUSE = 1.0
 
 
 @dataclass
@@ -93,6 +99,9 @@ class Runner:
         self.keep_awake = keep_awake
         self.out = out
         self.worker_id = 0
+        self.concurrency = config.concurrency  # lowered for good when the worker runs out of resources
+        self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
+        self._resources_short = False  # a start ran out of resources (warned once)
         self.running: dict[int, Execution] = {}  # task id -> execution
         self.summary = RunSummary()
         self._finished: deque[tuple[Execution, Outcome]] = deque()
@@ -244,7 +253,8 @@ class Runner:
             claims: list[Claim] = []
             if now >= self._store_retry_at:
                 finished = self._take_finished()
-                want = 0 if self.stopping else cfg.concurrency - len(self.running) + len(finished)
+                paused = self.stopping or now < self._claim_paused_until
+                want = 0 if paused else self.concurrency - len(self.running) + len(finished)
                 claims = self._settle_and_claim(finished, want)
             for claim in claims:
                 self._start(claim)
@@ -257,7 +267,7 @@ class Runner:
                     return
                 idle_wait = min(idle_wait * 2, 1.0, cfg.heartbeat)
             timeout = self._next_deadline(next_tick, now) - time.monotonic()
-            if len(self.running) < cfg.concurrency and not self.stopping:
+            if len(self.running) < self.concurrency and not self.stopping:
                 # Free slots: look again soon for new work, or for a retry whose backoff ran out (a store
                 # that can announce new work wakes the wait at once).
                 timeout = min(timeout, idle_wait)
@@ -434,15 +444,21 @@ class Runner:
 
     # --- running attempts ----------------------------------------------------------------------------
     def _start(self, claim: Claim) -> None:
+        if len(self.running) >= self.concurrency:
+            # Claimed along with an attempt that ran out of resources: given back without trying.
+            self._not_started(claim, Outcome.released(f"worker lowered its concurrency to {self.concurrency}"))
+            return
         try:
             execution = self.handler.start(claim, self)
         except OSError as e:
+            if e.errno in WORKER_RESOURCE_ERRORS:
+                self._lower_concurrency(claim, e)
+                self._not_started(claim, Outcome.released(f"worker out of resources: {e.strerror or e}"))
+                return
             # The command could not even start (it vanished, or is no longer executable): a failed attempt
             # like any other, naming the program.
-            failed = Execution(claim)
-            self.running[claim.task_id] = failed
             program = e.filename if e.filename is not None else "the command"
-            self.post(failed, Outcome.failure(f"cannot run {program}: {e.strerror or e}"))
+            self._not_started(claim, Outcome.failure(f"cannot run {program}: {e.strerror or e}"))
             return
         self.running[claim.task_id] = execution
         if execution.child_pid:
@@ -450,6 +466,28 @@ class Runner:
                 self.store.note_child(claim.task_id, claim.fence, execution.child_pid, execution.child_start or 0)
             except StoreError as e:
                 self.store_errors.warning("could not record child pid", str(e))
+
+    def _not_started(self, claim: Claim, outcome: Outcome) -> None:
+        execution = Execution(claim)
+        self.running[claim.task_id] = execution
+        self.post(execution, outcome)
+
+    def _lower_concurrency(self, claim: Claim, e: OSError) -> None:
+        """Run fewer tasks at once, for the rest of this worker's life (a restarted worker starts at
+        --concurrency again): three quarters of those running now, since a shortage can strike midway
+        through starting a command, and a start that failed may leave a descriptor or two open."""
+        lowered = min(self.concurrency, max(1, 3 * len(self.running) // 4))
+        self._claim_paused_until = time.monotonic() + RESOURCE_PAUSE
+        change = (f"lowering concurrency from {self.concurrency} to {lowered}" if lowered < self.concurrency
+                  else f"concurrency stays {lowered}")
+        text = (f"out of resources starting task={quote(claim.name)}: {e.strerror or e}; {change}; attempts that"
+                " could not start are given back uncounted")
+        if self._resources_short:
+            self.log.info(text)  # the warning was given once: the rest is the same story
+        else:
+            self._resources_short = True
+            self.log.warning(text)
+        self.concurrency = lowered
 
     def _enforce_deadlines(self, now: float) -> None:
         cfg = self.config

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import os
 import random
+import resource
+import shutil
 import signal
 import sqlite3
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import onward_argv, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
@@ -111,3 +115,65 @@ def _lines(path: Path) -> int:
 def _tail(path: Path) -> str:
     return "\n".join(path.read_text().splitlines()[-30:])
 
+
+def test_running_out_of_file_descriptors_gives_attempts_back_instead_of_failing_tasks(tmp_path: Path,
+                                                                                       seed: int) -> None:
+    """`--concurrency 100` under `ulimit -n 128`: the worker cannot open pipes for all its commands. That is
+    not the tasks' fault: each attempt that could not start is given back uncounted (journaled `released`),
+    the worker lowers its concurrency with one warning, and every task ends done."""
+    rng = random.Random(seed)
+    db = tmp_path / "s.db"
+    tasks = tmp_path / "tasks.txt"
+    names = [f"t{i:03d}" for i in range(200)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    pause = rng.choice(["0.2", "0.3", "0.5"])
+    run = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", "100", "-q", "--",
+                      "sh", "-c", f"sleep {pause}; echo ok")
+
+    def limit_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    r = subprocess.run(run, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=300,
+                       preexec_fn=limit_descriptors)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err[-3000:]
+    lines = err.splitlines()
+    assert len(lines) == 1, err[-3000:]  # -q: warnings only, and there is exactly one
+    assert "Too many open files" in lines[0] and "concurrency" in lines[0], lines[0]
+    c = sqlite3.connect(db)
+    assert dict(c.execute("SELECT name, state FROM tasks")) == {n: "done" for n in names}
+    assert c.execute("SELECT max(attempts) FROM tasks").fetchone() == (1,)  # no attempt was counted twice
+    released = c.execute("SELECT count(*) FROM events WHERE kind = 'released'").fetchone()[0]
+    c.close()
+    assert released > 0, "the limit was never reached: the test proves nothing"
+
+
+@pytest.mark.parametrize("fault", ["clone:error=EAGAIN", "pidfd_open:error=EMFILE"])
+def test_a_start_that_runs_out_of_resources_leaves_no_stray_command_and_burns_no_attempt(tmp_path: Path,
+                                                                                          fault: str) -> None:
+    """fork failing with EAGAIN, or the descriptor that watches a command refused after it was spawned
+    (strace injects both into the worker alone): the attempt is given back uncounted, and a command already
+    spawned is killed at once, so no task runs twice at the same time."""
+    strace = shutil.which("strace")
+    if strace is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("strace is needed")
+        pytest.skip("needs strace")
+    db = tmp_path / "s.db"
+    side_effects = tmp_path / "ran.log"
+    tasks = tmp_path / "tasks.txt"
+    names = [f"t{i}" for i in range(6)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    run = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--max-attempts", "1", "-q", "--", "sh", "-c",
+                      f'sleep 0.5; echo "$1" >> {side_effects}', "x", "{task}")
+    # Without -f only the worker's main thread is traced: the loop that starts commands.
+    r = subprocess.run([strace, "-qq", "-o", "/dev/null", "-e", f"inject={fault}:when=2", *run],
+                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err[-3000:]
+    assert err.count("\n") == 1 and "out of resources" in err, err
+    c = sqlite3.connect(db)
+    assert dict(c.execute("SELECT name, state FROM tasks")) == {n: "done" for n in names}
+    c.close()
+    time.sleep(1.0)  # a stray command of the failed start would finish its sleep by now
+    assert sorted(side_effects.read_text().split()) == names  # each task ran once

@@ -16,6 +16,7 @@ from .log import Log
 from .notify import Notifier
 from .outdir import OutDir
 from .runner import RunConfig, Runner
+from .secrets import url_secrets
 from .store import is_postgres_url, open_store, store_url
 from .store.base import Store
 from .tasksfile import check_tasks_file, import_tasks_file
@@ -92,7 +93,7 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
         handler = CommandHandler(command, url, max_result_bytes or DEFAULT_MAX_RESULT_BYTES)
         marker = marker_path(keep_awake)
         runner = Runner(store.get(), handler, config, log, notifier=Notifier.from_env(),
-                        keep_awake=KeepAwake(marker) if marker else None, out=out)
+                        keep_awake=KeepAwake(marker) if marker else None, out=out, secrets=url_secrets(url))
         summary = runner.run()
         return summary.exit_code
     finally:

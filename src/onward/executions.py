@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
@@ -26,6 +26,7 @@ from . import steps as durable
 from .errors import OnwardError, StepDrift, UsageError
 from .log import one_line
 from .proc import die_with_parent_preexec, kill_group, pid_exists, pid_start_time, prepare_die_with_parent
+from .secrets import scrub
 from .store.base import Claim
 
 if TYPE_CHECKING:
@@ -59,6 +60,23 @@ class Outcome:
     def error_line(self) -> str:
         """The error squeezed onto one line for a log."""
         return one_line(self.error) or "(no message)"
+
+
+def error_tail(text: str, cut: bool, secrets: Sequence[str]) -> str:
+    """The end of a task's error output (its stderr, a traceback), as kept in the store and shown: the last
+    ERROR_TAIL_BYTES of ``text`` (``cut``: ``text`` is such an end already), without the store's password.
+    A cut can fall inside the password and leave its second half at the start, which no longer matches it:
+    that part goes too."""
+    if len(text) > ERROR_TAIL_BYTES:
+        text, cut = text[-ERROR_TAIL_BYTES:], True
+    if cut:
+        text = text.lstrip("\ufffd")  # a character cut in two by a byte cut
+        for secret in secrets:  # longest first
+            part = next((k for k in range(len(secret) - 1, 0, -1) if text.startswith(secret[-k:])), 0)
+            if part:
+                text = text[part:]
+                break
+    return scrub(text, secrets)
 
 
 class Cancelled(OnwardError):
@@ -384,7 +402,8 @@ class PythonExecution(Execution):
             if self.cancel_reason is not None:
                 return Outcome.failure(self.cancel_reason)
             return Outcome.released(f"stopped: {e}")
-        tail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-ERROR_TAIL_BYTES:]
+        tail = error_tail("".join(traceback.format_exception(type(e), e, e.__traceback__)), False,
+                          self._runner.secrets)
         if isinstance(e, StepDrift):
             tail = f"StepDrift: {e}"  # the one line that says it all; the traceback points into onward
         if self.cancel_reason is not None:
@@ -473,6 +492,7 @@ class CommandExecution(Execution):
         self._stdout = bytearray()
         self._overflow = False
         self._stderr = bytearray()
+        self._stderr_cut = False  # its beginning was dropped
         self._heartbeat_file = heartbeat_file
         self._heartbeat_mtime = self._mtime()
         self._reported = False
@@ -536,6 +556,7 @@ class CommandExecution(Execution):
         self._stderr += data
         if len(self._stderr) > 2 * ERROR_TAIL_BYTES:
             del self._stderr[:-ERROR_TAIL_BYTES]
+            self._stderr_cut = True
 
     def _read(self, fd: int) -> bool:
         """Read what the pipe has; False once it reached end of file (and was closed)."""
@@ -583,7 +604,9 @@ class CommandExecution(Execution):
             self._close_fd(fd)
 
     def _outcome(self, status: int) -> Outcome:
-        tail = bytes(self._stderr[-ERROR_TAIL_BYTES:]).decode("utf-8", "replace").strip()
+        cut = self._stderr_cut or len(self._stderr) > ERROR_TAIL_BYTES
+        tail = error_tail(bytes(self._stderr[-ERROR_TAIL_BYTES:]).decode("utf-8", "replace"), cut,
+                          self._runner.secrets).strip()
         if status == 0 and not self._killed:
             if self._overflow:
                 return Outcome.failure(f"result exceeds the limit of {self._max_result} bytes of stdout")

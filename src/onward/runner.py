@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -89,8 +89,11 @@ class RunSummary:
 class Runner:
     def __init__(self, store: Store, handler: Handler, config: RunConfig, log: Log, *,
                  notifier: Notifier | None = None, keep_awake: KeepAwake | None = None,
-                 out: OutDir | None = None) -> None:
+                 out: OutDir | None = None, secrets: Sequence[str] = ()) -> None:
         self.store = store
+        # The store's password in every form it may take (secrets.url_secrets): kept out of every error a
+        # task reports, since a command gets the store's URL (ONWARD_DB) and may well print it.
+        self.secrets = tuple(secrets)
         self.handler = handler
         self.config = config
         self.log = log

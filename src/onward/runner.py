@@ -266,7 +266,7 @@ class Runner:
             if claims:
                 idle_wait = 0.01
             else:
-                if not self.running and self._nothing_left():
+                if not self.running and now >= self._store_retry_at and self._nothing_left():
                     return
                 idle_wait = min(idle_wait * 2, 1.0, cfg.heartbeat)
             timeout = self._next_deadline(next_tick, now) - time.monotonic()
@@ -274,8 +274,8 @@ class Runner:
                 # Free slots: look again soon for new work, or for a retry whose backoff ran out (a store
                 # that can announce new work wakes the wait at once).
                 timeout = min(timeout, idle_wait)
-            if self._unsettled:
-                # Outcomes wait in memory for the store to come back.
+            if self._store_retry_at > now:
+                # Outcomes wait in memory for the store to come back: try again once the backoff is over.
                 timeout = min(timeout, self._store_retry_at - time.monotonic())
             self._wait(max(0.0, timeout))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import inspect
 import os
 import queue
@@ -281,6 +282,15 @@ class AsyncTaskContext(_ContextBase):
         await self.apause(deadline - self.step_log.store_now(), "sleeping")
 
 
+def _start_thread(thread: threading.Thread) -> None:
+    """Start ``thread``; when none can be started (out of memory or processes), raise ``OSError`` EAGAIN as
+    a failed fork does: a shortage of the worker, not a task's fault (the runner gives the attempt back)."""
+    try:
+        thread.start()
+    except RuntimeError as e:  # "can't start new thread": pthread_create failed
+        raise OSError(errno.EAGAIN, f"cannot start a thread: {e}") from None
+
+
 class _ThreadPool:
     """Daemon threads that run task functions: a worker that exits must not wait for a stuck task."""
 
@@ -290,20 +300,22 @@ class _ThreadPool:
         self._lock = threading.Lock()
 
     def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` in an idle thread, or a new one (see ``_start_thread`` for when none can start)."""
         with self._lock:
             spawn = self._idle == 0
             if not spawn:
                 self._idle -= 1
-        self._jobs.put(job)
-        if spawn:
-            threading.Thread(target=self._work, name="onward-task", daemon=True).start()
+        if not spawn:
+            self._jobs.put(job)
+            return
+        _start_thread(threading.Thread(target=self._work, args=(job,), name="onward-task", daemon=True))
 
-    def _work(self) -> None:
+    def _work(self, job: Callable[[], None]) -> None:
         while True:
-            job = self._jobs.get()
             job()
             with self._lock:
                 self._idle += 1
+            job = self._jobs.get()
 
 
 class _EventLoopThread:
@@ -313,7 +325,11 @@ class _EventLoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="onward-async", daemon=True)
-        self._thread.start()
+        try:
+            _start_thread(self._thread)
+        except OSError:
+            self.loop.close()
+            raise
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)

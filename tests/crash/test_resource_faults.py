@@ -11,6 +11,7 @@ import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -177,3 +178,47 @@ def test_a_start_that_runs_out_of_resources_leaves_no_stray_command_and_burns_no
     c.close()
     time.sleep(1.0)  # a stray command of the failed start would finish its sleep by now
     assert sorted(side_effects.read_text().split()) == names  # each task ran once
+
+
+PYTHON_WORKER = """
+import sys, time
+from onward import Job
+
+job = Job(sys.argv[1])
+
+@job.task(max_attempts=1)
+def work(task, ctx):
+    time.sleep(0.3)
+    with open(sys.argv[2], "a") as f:
+        f.write(task + "\\n")
+    return "ok"
+
+job.add([f"t{i}" for i in range(6)])
+sys.exit(job.run(concurrency=3).exit_code)
+"""
+
+
+def test_a_python_worker_that_cannot_start_a_thread_gives_the_attempt_back(tmp_path: Path) -> None:
+    """pthread_create failing with EAGAIN (strace injects it into clone3 of the worker's main thread, which
+    starts the task threads): the attempt is given back uncounted, not failed, and the worker goes on with
+    fewer tasks at once."""
+    strace = shutil.which("strace")
+    if strace is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("strace is needed")
+        pytest.skip("needs strace")
+    db = tmp_path / "s.db"
+    side_effects = tmp_path / "ran.log"
+    script = tmp_path / "worker.py"
+    script.write_text(PYTHON_WORKER)
+    r = subprocess.run([strace, "-qq", "-o", "/dev/null", "-e", "inject=clone3:error=EAGAIN:when=2",
+                        sys.executable, str(script), str(db), str(side_effects)],
+                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err[-3000:]
+    assert err.count("lowering concurrency") == 1 and "Traceback" not in err, err
+    c = sqlite3.connect(db)
+    assert dict(c.execute("SELECT name, state FROM tasks")) == {f"t{i}": "done" for i in range(6)}
+    assert c.execute("SELECT max(attempts) FROM tasks").fetchone() == (1,)
+    c.close()
+    assert sorted(side_effects.read_text().split()) == [f"t{i}" for i in range(6)]

@@ -549,7 +549,7 @@ class Runner:
         except OnwardError as e:
             # Safe to leave: an uncommitted outcome's task stays claimed, and its owner (this process) is
             # about to be gone, so the next worker reclaims it at once, as after a crash.
-            self.log.warning(f"could not commit {len(leftovers)} outcomes on the way out: {e}; their tasks stay"
+            self.log.warning(f"could not commit {len(leftovers)} outcome(s) on the way out: {e}; their tasks stay"
                              " claimed, and the next worker reclaims them (attempt counted, as after a crash)")
             return
         for report in reports:

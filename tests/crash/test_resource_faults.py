@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import pgutil
 from tests.conftest import onward_argv, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
@@ -107,6 +108,60 @@ def test_a_store_that_cannot_commit_neither_spins_nor_floods_the_log_and_sigterm
     assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert dict(c.execute("SELECT name, state FROM tasks")) == {n: "done" for n in names}
     c.close()
+
+
+
+@pytest.mark.postgres
+def test_a_stopped_database_server_neither_spins_nor_floods_the_log_and_sigterm_still_ends_the_worker(
+        tmp_path: Path, seed: int) -> None:
+    """The same on PostgreSQL: the server stops mid-job (a private cluster of this test), every store call
+    fails; the worker backs off, logs a few lines, leaves within --grace plus a bound after SIGTERM, and the
+    next worker finishes the job once the server is back."""
+    rng = random.Random(seed)
+    grace = 1.0
+    names = [f"t{i:03d}" for i in range(40)]
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(n + "\n" for n in names))
+    log = tmp_path / "worker.log"
+    with pgutil.private_cluster() as cluster:
+        url = cluster.url(cluster.create_database("job"))
+        run = onward_argv("run", "--db", url, "--tasks", str(tasks), "--heartbeat", "0.5", "--lease", "60",
+                          "--grace", str(grace), "--timeout", "2", "--concurrency", str(rng.randint(1, 3)), "--",
+                          "sh", "-c", "sleep 0.2; echo ok")
+        with open(log, "wb") as err:
+            worker = subprocess.Popen(run, env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL,
+                                      stderr=err)
+        try:
+            wait_for(lambda: log.read_text().count(" done task=") >= 3, 60, "a few tasks done")
+            cluster.ctl("stop")
+            wait_for(lambda: "store error" in log.read_text() or "could not renew" in log.read_text(), 30,
+                     "the worker to notice the server is gone")
+            window = 4.0
+            cpu_before, lines_before, started = cpu_seconds(worker.pid), _lines(log), time.monotonic()
+            time.sleep(window)  # a measuring window, not a wait for a condition
+            cpu_used = cpu_seconds(worker.pid) - cpu_before
+            wall = time.monotonic() - started
+            lines = _lines(log) - lines_before
+            assert worker.poll() is None, "a stopped server must not end the worker"
+            assert cpu_used < 0.3 * wall, f"{cpu_used:.2f} s of CPU in {wall:.1f} s: the worker spins"
+            assert lines < 40, f"{lines} log lines in {wall:.1f} s:\n{_tail(log)}"
+            cpu_before, lines_before = cpu_seconds(worker.pid), _lines(log)
+            worker.send_signal(signal.SIGTERM)
+            status, waited, cpu_total = wait_exit(worker.pid, grace + 60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+        assert waited < grace + STOP_BOUND, f"left {waited:.1f} s after SIGTERM:\n{_tail(log)}"
+        assert cpu_total - cpu_before < 0.3 * waited + 0.5, f"CPU after SIGTERM: it spins\n{_tail(log)}"
+        assert _lines(log) - lines_before < 200, _tail(log)
+        assert status == 0, _tail(log)
+        assert "Traceback" not in log.read_text()
+        cluster.ctl("start")
+        again = subprocess.run(run, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+        assert again.returncode == 0, again.stderr.decode()[-3000:]
+        with cluster.admin("job") as conn:
+            assert dict(conn.execute("SELECT name, state FROM onward.tasks").fetchall()) == {
+                n: "done" for n in names}
 
 
 def _lines(path: Path) -> int:

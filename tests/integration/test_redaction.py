@@ -32,8 +32,11 @@ sys.exit(1)
 """
 
 
-def test_a_task_printing_the_store_url_does_not_leak_its_password(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shape", ["plain", "percent-encoded"])
+def test_a_task_printing_the_store_url_does_not_leak_its_password(tmp_path: Path, shape: str) -> None:
     secret = f"S3cr3t-{uuid.uuid4().hex}"
+    if shape == "percent-encoded":
+        secret = f"S3c%23r%3Ft%40-{uuid.uuid4().hex}"  # '#', '?' and '@' in the password, as a URL holds them
     halves = (secret[: len(secret) // 2], secret[len(secret) // 2:])
     with pgutil.fresh_database() as plain_url:
         url = plain_url.replace(f"{pgutil.PG_USER}@", f"{pgutil.PG_USER}:{secret}@", 1)  # trust auth: accepted

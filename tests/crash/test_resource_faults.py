@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import pgutil
-from tests.conftest import onward_argv, wait_for
+from tests.conftest import onward_argv, run_onward, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -172,18 +172,18 @@ def _tail(path: Path) -> str:
     return "\n".join(path.read_text().splitlines()[-30:])
 
 
-def test_running_out_of_file_descriptors_gives_attempts_back_instead_of_failing_tasks(tmp_path: Path,
+def test_running_out_of_file_descriptors_gives_attempts_back_instead_of_failing_tasks(store_url: str,
+                                                                                       tmp_path: Path,
                                                                                        seed: int) -> None:
     """`--concurrency 100` under `ulimit -n 128`: the worker cannot open pipes for all its commands. That is
     not the tasks' fault: each attempt that could not start is given back uncounted (journaled `released`),
     the worker lowers its concurrency with one warning, and every task ends done."""
     rng = random.Random(seed)
-    db = tmp_path / "s.db"
     tasks = tmp_path / "tasks.txt"
     names = [f"t{i:03d}" for i in range(200)]
     tasks.write_text("".join(n + "\n" for n in names))
     pause = rng.choice(["0.2", "0.3", "0.5"])
-    run = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", "100", "-q", "--",
+    run = onward_argv("run", "--db", store_url, "--tasks", str(tasks), "--concurrency", "100", "-q", "--",
                       "sh", "-c", f"sleep {pause}; echo ok")
 
     def limit_descriptors() -> None:
@@ -196,12 +196,12 @@ def test_running_out_of_file_descriptors_gives_attempts_back_instead_of_failing_
     lines = err.splitlines()
     assert len(lines) == 1, err[-3000:]  # -q: warnings only, and there is exactly one
     assert "Too many open files" in lines[0] and "concurrency" in lines[0], lines[0]
-    c = sqlite3.connect(db)
-    assert dict(c.execute("SELECT name, state FROM tasks")) == {n: "done" for n in names}
-    assert c.execute("SELECT max(attempts) FROM tasks").fetchone() == (1,)  # no attempt was counted twice
-    released = c.execute("SELECT count(*) FROM events WHERE kind = 'released'").fetchone()[0]
-    c.close()
-    assert released > 0, "the limit was never reached: the test proves nothing"
+    listed = run_onward("list", "--db", store_url, "--long")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split("\t") for line in listed.stdout.decode().splitlines()]  # state, attempts, ..., text
+    assert {row[-1]: (row[0], row[1]) for row in rows} == {n: ("done", "1") for n in names}  # none counted twice
+    journal = run_onward("logs", "--db", store_url, "-n", "100000").stdout.decode()
+    assert "worker out of resources: Too many open files" in journal, "the limit was never reached"
 
 
 @pytest.mark.parametrize("fault", ["clone:error=EAGAIN", "pidfd_open:error=EMFILE"])

@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 
 from .errors import StoreMissing, UsageError
-from .executions import CommandHandler
+from .executions import CommandHandler, check_command
 from .job import validate_config
 from .keepawake import KeepAwake, check_marker_path, marker_path
 from .log import Log
 from .notify import Notifier
 from .outdir import OutDir
 from .runner import RunConfig, Runner
+from .secrets import url_secrets
 from .store import is_postgres_url, open_store, store_url
 from .store.base import Store
 from .tasksfile import ImportResult, check_tasks_file, import_tasks_file
@@ -81,6 +82,7 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
                 keep_awake: str | None, log: Log, command: list[str]) -> int:
     if not command or not command[0]:
         raise UsageError("no command to run: give it after --, e.g. onward run --tasks FILE -- CMD {task}")
+    check_command(command)
     if max_result_bytes < 1:
         raise UsageError(f"--max-result-bytes must be at least 1 (got {max_result_bytes})")
     config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
@@ -110,7 +112,7 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
                 log.warning(warning)
         handler = CommandHandler(command, url, max_result_bytes)
         runner = Runner(store.get(), handler, config, log, notifier=Notifier.from_env(),
-                        keep_awake=KeepAwake(marker, log) if marker else None, out=out)
+                        keep_awake=KeepAwake(marker, log) if marker else None, out=out, secrets=url_secrets(url))
         summary = runner.run()
         return summary.exit_code
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import inspect
 import os
 import queue
@@ -17,7 +18,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
@@ -27,6 +28,7 @@ from .cgroups import AttemptCgroup, WorkerCgroups
 from .errors import OnwardError, StepDrift, UsageError
 from .log import one_line
 from .proc import die_with_parent_preexec, kill_group, pid_exists, pid_start_time, prepare_die_with_parent
+from .secrets import scrub
 from .store.base import Claim
 
 if TYPE_CHECKING:
@@ -60,6 +62,23 @@ class Outcome:
     def error_line(self) -> str:
         """The error squeezed onto one line for a log."""
         return one_line(self.error) or "(no message)"
+
+
+def error_tail(text: str, cut: bool, secrets: Sequence[str]) -> str:
+    """The end of a task's error output (its stderr, a traceback), as kept in the store and shown: the last
+    ERROR_TAIL_BYTES of ``text`` (``cut``: ``text`` is such an end already), without the store's password.
+    A cut can fall inside the password and leave its second half at the start, which no longer matches it:
+    that part goes too."""
+    if len(text) > ERROR_TAIL_BYTES:
+        text, cut = text[-ERROR_TAIL_BYTES:], True
+    if cut:
+        text = text.lstrip("\ufffd")  # a character cut in two by a byte cut
+        for secret in secrets:  # longest first
+            part = next((k for k in range(len(secret) - 1, 0, -1) if text.startswith(secret[-k:])), 0)
+            if part:
+                text = text[part:]
+                break
+    return scrub(text, secrets)
 
 
 class Cancelled(OnwardError):
@@ -264,6 +283,15 @@ class AsyncTaskContext(_ContextBase):
         await self.apause(deadline - self.step_log.store_now(), "sleeping")
 
 
+def _start_thread(thread: threading.Thread) -> None:
+    """Start ``thread``; when none can be started (out of memory or processes), raise ``OSError`` EAGAIN as
+    a failed fork does: a shortage of the worker, not a task's fault (the runner gives the attempt back)."""
+    try:
+        thread.start()
+    except RuntimeError as e:  # "can't start new thread": pthread_create failed
+        raise OSError(errno.EAGAIN, f"cannot start a thread: {e}") from None
+
+
 class _ThreadPool:
     """Daemon threads that run task functions: a worker that exits must not wait for a stuck task."""
 
@@ -273,20 +301,22 @@ class _ThreadPool:
         self._lock = threading.Lock()
 
     def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` in an idle thread, or a new one (see ``_start_thread`` for when none can start)."""
         with self._lock:
             spawn = self._idle == 0
             if not spawn:
                 self._idle -= 1
-        self._jobs.put(job)
-        if spawn:
-            threading.Thread(target=self._work, name="onward-task", daemon=True).start()
+        if not spawn:
+            self._jobs.put(job)
+            return
+        _start_thread(threading.Thread(target=self._work, args=(job,), name="onward-task", daemon=True))
 
-    def _work(self) -> None:
+    def _work(self, job: Callable[[], None]) -> None:
         while True:
-            job = self._jobs.get()
             job()
             with self._lock:
                 self._idle += 1
+            job = self._jobs.get()
 
 
 class _EventLoopThread:
@@ -296,7 +326,11 @@ class _EventLoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="onward-async", daemon=True)
-        self._thread.start()
+        try:
+            _start_thread(self._thread)
+        except OSError:
+            self.loop.close()
+            raise
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -385,7 +419,8 @@ class PythonExecution(Execution):
             if self.cancel_reason is not None:
                 return Outcome.failure(self.cancel_reason)
             return Outcome.released(f"stopped: {e}")
-        tail = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-ERROR_TAIL_BYTES:]
+        tail = error_tail("".join(traceback.format_exception(type(e), e, e.__traceback__)), False,
+                          self._runner.secrets)
         if isinstance(e, StepDrift):
             tail = f"StepDrift: {e}"  # the one line that says it all; the traceback points into onward
         if self.cancel_reason is not None:
@@ -475,6 +510,7 @@ class CommandExecution(Execution):
         self._stdout = bytearray()
         self._overflow = False
         self._stderr = bytearray()
+        self._stderr_cut = False  # its beginning was dropped
         self._heartbeat_file = heartbeat_file
         self._heartbeat_mtime = self._mtime()
         self._reported = False
@@ -489,16 +525,36 @@ class CommandExecution(Execution):
                 cgroups.finished(self._cgroup, reusable=False)
             raise
         self.child_pid = self._proc.pid
-        self.child_start = pid_start_time(self._proc.pid)
-        self._pidfd = os.pidfd_open(self._proc.pid)
         self._open: dict[int, tuple[Any, Callable[[bytes], None]]] = {}  # fd -> (pipe, where its bytes go)
-        assert self._proc.stdout is not None and self._proc.stderr is not None
-        for stream, sink in ((self._proc.stdout, self._on_stdout), (self._proc.stderr, self._on_stderr)):
-            fd = stream.fileno()
-            os.set_blocking(fd, False)
-            self._open[fd] = (stream, sink)
-            self._selector.register(fd, selectors.EVENT_READ, _bind(self._read, fd))
-        self._selector.register(self._pidfd, selectors.EVENT_READ, self._on_exit)
+        pidfd = -1
+        try:
+            self.child_start = pid_start_time(self._proc.pid)
+            pidfd = os.pidfd_open(self._proc.pid)
+            assert self._proc.stdout is not None and self._proc.stderr is not None
+            for stream, sink in ((self._proc.stdout, self._on_stdout), (self._proc.stderr, self._on_stderr)):
+                fd = stream.fileno()
+                os.set_blocking(fd, False)
+                self._selector.register(fd, selectors.EVENT_READ, _bind(self._read, fd))
+                self._open[fd] = (stream, sink)
+            self._selector.register(pidfd, selectors.EVENT_READ, self._on_exit)
+        except BaseException:
+            # Out of descriptors or memory after the command was spawned: it must not run on unwatched (the
+            # attempt is given back, and the task would run twice at once).
+            self._discard(pidfd)
+            raise
+        self._pidfd = pidfd
+
+    def _discard(self, pidfd: int) -> None:
+        """Undo a start that failed after the spawn: kill and reap the command, close what was opened."""
+        kill_group(self._proc.pid)
+        self._proc.wait()
+        for fd in list(self._open):
+            self._close_fd(fd)
+        for stream in (self._proc.stdout, self._proc.stderr):
+            if stream is not None:
+                stream.close()
+        if pidfd >= 0:
+            os.close(pidfd)
 
     def _mtime(self) -> int | None:
         if self._heartbeat_file is None:
@@ -525,6 +581,7 @@ class CommandExecution(Execution):
         self._stderr += data
         if len(self._stderr) > 2 * ERROR_TAIL_BYTES:
             del self._stderr[:-ERROR_TAIL_BYTES]
+            self._stderr_cut = True
 
     def _read(self, fd: int) -> bool:
         """Read what the pipe has; False once it reached end of file (and was closed)."""
@@ -575,7 +632,9 @@ class CommandExecution(Execution):
             self._close_fd(fd)
 
     def _outcome(self, status: int) -> Outcome:
-        tail = bytes(self._stderr[-ERROR_TAIL_BYTES:]).decode("utf-8", "replace").strip()
+        cut = self._stderr_cut or len(self._stderr) > ERROR_TAIL_BYTES
+        tail = error_tail(bytes(self._stderr[-ERROR_TAIL_BYTES:]).decode("utf-8", "replace"), cut,
+                          self._runner.secrets).strip()
         if status == 0 and not self._killed:
             if self._overflow:
                 return Outcome.failure(f"result exceeds the limit of {self._max_result} bytes of stdout")
@@ -614,6 +673,25 @@ class CommandExecution(Execution):
         self.abandon_reason = reason
         self._kill()
         self._on_exit()  # SIGKILL cannot be caught: reaping now takes no time
+
+
+def check_command(argv: list[str]) -> None:
+    """Refuse a command that cannot run before anything is written: its first word must name an executable
+    file, as a path (with a ``/``) or on the PATH the command gets (the worker's own: ``CommandHandler``
+    passes the environment on with PATH unchanged). A first word made of the task text (``{task}``) is
+    only known per attempt; a program that vanishes later fails its attempts with its name."""
+    program = argv[0]
+    if "{task}" in program:
+        return
+    if "/" not in program:
+        if shutil.which(program, path=os.pathsep.join(os.get_exec_path())) is None:
+            raise UsageError(f"command not found: {program} (no executable file of that name on PATH)")
+    elif not os.path.exists(program):
+        raise UsageError(f"command not found: {program}")
+    elif os.path.isdir(program):
+        raise UsageError(f"command is a directory: {program}")
+    elif not os.access(program, os.X_OK):
+        raise UsageError(f"command is not executable: {program}")
 
 
 class CommandHandler:

@@ -25,6 +25,7 @@ from .log import NORMAL, Log
 from .notify import Notifier
 from .outdir import OutDir
 from .runner import RunConfig, Runner, RunSummary
+from .secrets import url_secrets
 from .steps import REPLAY_POLICIES, STRICT
 from .store import open_store, store_url
 from .store.base import Stats, Store
@@ -113,7 +114,8 @@ class Job:
         handler = PythonHandler(self._fn, replay=self._replay)
         try:
             runner = Runner(self.store, handler, config, self.log, notifier=Notifier.from_env(),
-                            keep_awake=KeepAwake(marker, self.log) if marker else None, out=out)
+                            keep_awake=KeepAwake(marker, self.log) if marker else None, out=out,
+                            secrets=url_secrets(self.url))
             return runner.run()
         finally:
             handler.close()

@@ -65,3 +65,32 @@ class Log:
 
     def warning(self, text: str) -> None:
         self._write(text)
+
+
+class Throttled:
+    """Warnings that can repeat many times a second (a store that keeps failing, on every turn of the loop):
+    the first line of a kind is written, further ones within ``window`` seconds are only counted, and the
+    count rides on the next line written: ``store error, will retry: … (41 more in the last 10 s)``."""
+
+    def __init__(self, log: Log, window: float = 10.0) -> None:
+        self.log = log
+        self.window = window
+        self._held: dict[str, tuple[float, int]] = {}  # kind -> (when its last line was written, lines held back)
+
+    def warning(self, kind: str, detail: str) -> None:
+        now = time.monotonic()
+        last = self._held.get(kind)
+        if last is not None and now - last[0] < self.window:
+            self._held[kind] = (last[0], last[1] + 1)
+            return
+        more = f" ({last[1]} more in the last {now - last[0]:.0f} s)" if last is not None and last[1] else ""
+        self.log.warning(f"{kind}: {detail}{more}")
+        self._held[kind] = (now, 0)
+
+    def flush(self, kind: str | None = None) -> None:
+        """The trouble is over (of one kind, or of every kind): its next occurrence is written at once, and
+        lines still held back are counted now."""
+        for key in [kind] if kind is not None else list(self._held):
+            last = self._held.pop(key, None)
+            if last is not None and last[1]:
+                self.log.warning(f"{key}: {last[1]} more in the last {time.monotonic() - last[0]:.0f} s")

@@ -12,13 +12,14 @@ one transaction (group commit): with one slot that is exactly one durable commit
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import selectors
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 from .errors import Fenced, OnwardError, StoreError, WedgedTask
 from .executions import Execution, Handler, Outcome
 from .keepawake import KeepAwake
-from .log import NORMAL, Log, quote
+from .log import NORMAL, Log, Throttled, quote
 from .notify import Notifier
 from .outdir import OutDir, file_name
 from .proc import current_owner, kill_group, owner_alive, process_alive
@@ -34,7 +35,19 @@ from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Lease, Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 T = TypeVar("T")
-UNSETTLED_RETRY = 0.2  # seconds between attempts to commit outcomes after the store failed
+# After a failed commit (outcomes, claims, steps) the next try waits STORE_RETRY_FIRST seconds, doubling
+# while the store keeps failing, up to STORE_RETRY_MAX: a broken store costs a few calls a second at most.
+STORE_RETRY_FIRST = 0.2
+STORE_RETRY_MAX = 2.0
+# After SIGTERM and --grace, how long outcomes that cannot be committed are still retried before the worker
+# leaves them uncommitted (their tasks stay claimed; the next worker reclaims them, as after a crash). Well
+# within the unit's TimeoutStopSec (grace + systemd.STOP_MARGIN).
+STOP_COMMIT_SECONDS = 5.0
+# Errors of the worker's own resources when it starts an attempt (descriptors, processes, memory): not the
+# task's fault. The attempt is given back uncounted, the worker runs fewer tasks at once from then on, and
+# claims nothing for RESOURCE_PAUSE seconds.
+WORKER_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+RESOURCE_PAUSE = 1.0
 
 
 @dataclass
@@ -76,15 +89,22 @@ class RunSummary:
 class Runner:
     def __init__(self, store: Store, handler: Handler, config: RunConfig, log: Log, *,
                  notifier: Notifier | None = None, keep_awake: KeepAwake | None = None,
-                 out: OutDir | None = None) -> None:
+                 out: OutDir | None = None, secrets: Sequence[str] = ()) -> None:
         self.store = store
+        # The store's password in every form it may take (secrets.url_secrets): kept out of every error a
+        # task reports, since a command gets the store's URL (ONWARD_DB) and may well print it.
+        self.secrets = tuple(secrets)
         self.handler = handler
         self.config = config
         self.log = log
+        self.store_errors = Throttled(log)  # a failing store is reported once, then counted
         self.notifier = notifier or Notifier(None)
         self.keep_awake = keep_awake
         self.out = out
         self.worker_id = 0
+        self.concurrency = config.concurrency  # lowered for good when the worker runs out of resources
+        self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
+        self._resources_short = False  # a start ran out of resources (warned once)
         self.running: dict[int, Execution] = {}  # task id -> execution
         self.summary = RunSummary()
         self._finished: deque[tuple[Execution, Outcome]] = deque()
@@ -102,6 +122,8 @@ class Runner:
         self._stop_deadline: float | None = None
         self._completed = 0
         self._unsettled: list[tuple[Execution, Outcome]] = []  # outcomes whose commit failed, to retry
+        self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
+        self._store_backoff = 0.0
         self._calls: deque[tuple[Callable[[Store], Any], Future[Any]]] = deque()
         self._closed = False
         self._pending_calls: list[tuple[Callable[[Store], Any], Future[Any]]] = []
@@ -189,6 +211,7 @@ class Runner:
             self.selector.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
+        self.store_errors.flush()
         self.summary.stopped = self.stopping
         self.log.info(
             f"worker stopped: {stop_reason}; this run: done={self.summary.done} failed={self.summary.failed}"
@@ -228,9 +251,14 @@ class Runner:
                 self._tick()
                 next_tick = now + self._tick_period()
             self._enforce_deadlines(now)
-            finished = self._take_finished()
-            want = 0 if self.stopping else cfg.concurrency - len(self.running) + len(finished)
-            claims = self._settle_and_claim(finished, want)
+            if self._stop_deadline is not None and now >= self._stop_deadline + STOP_COMMIT_SECONDS:
+                return  # stopping, and the store kept failing: leave what is not committed (see the constant)
+            claims: list[Claim] = []
+            if now >= self._store_retry_at:
+                finished = self._take_finished()
+                paused = self.stopping or now < self._claim_paused_until
+                want = 0 if paused else self.concurrency - len(self.running) + len(finished)
+                claims = self._settle_and_claim(finished, want)
             for claim in claims:
                 self._start(claim)
             if self.stopping and not self.running:
@@ -238,16 +266,17 @@ class Runner:
             if claims:
                 idle_wait = 0.01
             else:
-                if not self.running and self._nothing_left():
+                if not self.running and now >= self._store_retry_at and self._nothing_left():
                     return
                 idle_wait = min(idle_wait * 2, 1.0, cfg.heartbeat)
-            timeout = self._next_deadline(next_tick) - time.monotonic()
-            if len(self.running) < cfg.concurrency and not self.stopping:
+            timeout = self._next_deadline(next_tick, now) - time.monotonic()
+            if len(self.running) < self.concurrency and not self.stopping:
                 # Free slots: look again soon for new work, or for a retry whose backoff ran out (a store
                 # that can announce new work wakes the wait at once).
                 timeout = min(timeout, idle_wait)
-            if self._unsettled:
-                timeout = min(timeout, UNSETTLED_RETRY)  # outcomes wait in memory for the store to come back
+            if self._store_retry_at > now:
+                # Outcomes wait in memory for the store to come back: try again once the backoff is over.
+                timeout = min(timeout, self._store_retry_at - time.monotonic())
             if self.notifier.watchdog_every is not None:
                 # A watchdog shorter than the heartbeat must still be fed, from this loop turning.
                 timeout = min(timeout, self.notifier.watchdog_every)
@@ -314,13 +343,18 @@ class Runner:
                     self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
                                          attempt=claim.attempt)
         except StoreError as e:
-            # Nothing was committed: keep the outcomes and try again on the next turn; the tasks that
+            # Nothing was committed: keep the outcomes and try again after a backoff; the tasks that
             # asked for writes are told, since they wait on them.
-            self.log.warning(f"store error, will retry: {e}")
+            self._store_backoff = min(max(2 * self._store_backoff, STORE_RETRY_FIRST), STORE_RETRY_MAX)
+            self._store_retry_at = time.monotonic() + self._store_backoff
+            self.store_errors.warning("store error, will retry", str(e))
             self._unsettled = finished
             for _, future in calls:
                 future.set_exception(e)
             return []
+        if self._store_backoff:
+            self._store_backoff = 0.0
+            self.store_errors.flush("store error, will retry")
         if claims:
             # A claim's lease runs from (at the latest) the moment we asked for it.
             self._lease_valid_until = min(self._lease_valid_until, started + self.config.lease_seconds)
@@ -418,20 +452,50 @@ class Runner:
 
     # --- running attempts ----------------------------------------------------------------------------
     def _start(self, claim: Claim) -> None:
+        if len(self.running) >= self.concurrency:
+            # Claimed along with an attempt that ran out of resources: given back without trying.
+            self._not_started(claim, Outcome.released(f"worker lowered its concurrency to {self.concurrency}"))
+            return
         try:
             execution = self.handler.start(claim, self)
         except OSError as e:
-            # The command could not even start (missing, not executable): a failed attempt like any other.
-            failed = Execution(claim)
-            self.running[claim.task_id] = failed
-            self.post(failed, Outcome.failure(f"cannot start command: {e.strerror or e}"))
+            if e.errno in WORKER_RESOURCE_ERRORS:
+                self._lower_concurrency(claim, e)
+                self._not_started(claim, Outcome.released(f"worker out of resources: {e.strerror or e}"))
+                return
+            # The command could not even start (it vanished, or is no longer executable): a failed attempt
+            # like any other, naming the program.
+            program = e.filename if e.filename is not None else "the command"
+            self._not_started(claim, Outcome.failure(f"cannot run {program}: {e.strerror or e}"))
             return
         self.running[claim.task_id] = execution
         if execution.child_pid:
             try:
                 self.store.note_child(claim.task_id, claim.fence, execution.child_pid, execution.child_start or 0)
             except StoreError as e:
-                self.log.warning(f"could not record child pid: {e}")
+                self.store_errors.warning("could not record child pid", str(e))
+
+    def _not_started(self, claim: Claim, outcome: Outcome) -> None:
+        execution = Execution(claim)
+        self.running[claim.task_id] = execution
+        self.post(execution, outcome)
+
+    def _lower_concurrency(self, claim: Claim, e: OSError) -> None:
+        """Run fewer tasks at once, for the rest of this worker's life (a restarted worker starts at
+        --concurrency again): three quarters of those running now, since a shortage can strike midway
+        through starting a command, and a start that failed may leave a descriptor or two open."""
+        lowered = min(self.concurrency, max(1, 3 * len(self.running) // 4))
+        self._claim_paused_until = time.monotonic() + RESOURCE_PAUSE
+        change = (f"lowering concurrency from {self.concurrency} to {lowered}" if lowered < self.concurrency
+                  else f"concurrency stays {lowered}")
+        text = (f"out of resources starting task={quote(claim.name)}: {e.strerror or e}; {change}; attempts that"
+                " could not start are given back uncounted")
+        if self._resources_short:
+            self.log.info(text)  # the warning was given once: the rest is the same story
+        else:
+            self._resources_short = True
+            self.log.warning(text)
+        self.concurrency = lowered
 
     def _enforce_deadlines(self, now: float) -> None:
         cfg = self.config
@@ -451,16 +515,23 @@ class Runner:
                 # with an error and its supervisor starts a clean one (the attempt is already counted).
                 raise WedgedTask(execution.claim.name, execution.cancel_reason or "cancelled")
 
-    def _next_deadline(self, next_tick: float) -> float:
+    def _next_deadline(self, next_tick: float, now: float) -> float:
+        """The next moment something is due. A deadline already acted upon (an attempt cancelled, the
+        grace over) is not waited for again: while its outcome waits for the store it would spin the loop."""
         deadline = next_tick
         cfg = self.config
         for execution in self.running.values():
+            if execution.cancelled:
+                continue
             if cfg.timeout is not None:
                 deadline = min(deadline, execution.started + cfg.timeout)
             if cfg.stall_timeout is not None:
                 deadline = min(deadline, execution.last_progress() + cfg.stall_timeout)
         if self._stop_deadline is not None:
-            deadline = min(deadline, self._stop_deadline)
+            for at in (self._stop_deadline, self._stop_deadline + STOP_COMMIT_SECONDS):
+                if at > now:
+                    deadline = min(deadline, at)
+                    break
         return deadline
 
     def _shutdown_executions(self) -> None:
@@ -472,22 +543,22 @@ class Runner:
         leftovers = self._take_finished()
         for execution, _ in leftovers:
             self.running.pop(execution.claim.task_id, None)
-        if self.stopping:
-            for execution, outcome in leftovers:
-                try:
-                    self._settle_alone(execution, outcome)
-                except OnwardError as e:
-                    self.log.warning(f"could not record outcome of task={quote(execution.claim.name)}: {e}")
-            for execution in list(self.running.values()):
-                try:
-                    self._settle_alone(execution, Outcome.released("worker stopped"))
-                except OnwardError as e:
-                    self.log.warning(f"could not release task={quote(execution.claim.name)}: {e}")
-
-    def _settle_alone(self, execution: Execution, outcome: Outcome) -> None:
-        with self.store.batch():
-            report = self._settle(execution, outcome)
-        report()
+        if not self.stopping:
+            return
+        leftovers += [(execution, Outcome.released("worker stopped")) for execution in self.running.values()]
+        if not leftovers:
+            return
+        try:  # one last try, in one transaction: a failing store costs one call, not one per task
+            with self.store.batch():
+                reports = [self._settle(execution, outcome) for execution, outcome in leftovers]
+        except OnwardError as e:
+            # Safe to leave: an uncommitted outcome's task stays claimed, and its owner (this process) is
+            # about to be gone, so the next worker reclaims it at once, as after a crash.
+            self.log.warning(f"could not commit {len(leftovers)} outcome(s) on the way out: {e}; their tasks stay"
+                             " claimed, and the next worker reclaims them (attempt counted, as after a crash)")
+            return
+        for report in reports:
+            report()
 
     # --- leases and other workers' tasks -------------------------------------------------------------
     def _tick(self) -> None:
@@ -500,8 +571,9 @@ class Runner:
             # Measured from before the renewal was sent: the store may have stamped it any time after.
             self._lease_valid_until = started + self.config.lease_seconds
             self._renewal_failing = False
+            self.store_errors.flush("could not renew leases")
         except StoreError as e:
-            self.log.warning(f"could not renew leases: {e}")
+            self.store_errors.warning("could not renew leases", str(e))
             self._renewal_failing = True
             lost = []
             self._fence_self_if_lease_ran_out()
@@ -520,7 +592,7 @@ class Runner:
             counts = self.store.counts()
             self._update_keep_awake(counts)
         except StoreError as e:
-            self.log.warning(f"store unavailable: {e}")
+            self.store_errors.warning("store unavailable", str(e))
             return
         self._notify_status(counts)
 
@@ -575,7 +647,7 @@ class Runner:
         try:
             counts = self.store.counts()
         except StoreError as e:
-            self.log.warning(f"store unavailable: {e}")
+            self.store_errors.warning("store unavailable", str(e))
             return False
         return counts.get(PENDING, 0) == 0 and counts.get(RUNNING, 0) == 0
 

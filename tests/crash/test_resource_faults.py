@@ -1,0 +1,279 @@
+"""Faults of the worker's own resources: a store that cannot commit (a full disk), and running out of file
+descriptors. Neither may burn a task's attempts, spin the CPU, flood the log or keep a stopping worker
+alive."""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import pgutil
+from tests.conftest import onward_argv, run_onward, wait_for
+from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+TICKS = os.sysconf("SC_CLK_TCK")
+STOP_BOUND = 10.0  # seconds past --grace a worker may take to leave when its store keeps failing
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and of the children it reaped, from /proc/PID/stat (utime, stime, cutime,
+    cstime): what os.wait4's rusage reports at its end, so the two can be subtracted."""
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    fields = stat[stat.rindex(b")") + 2:].split()  # fields[0] is field 3 of proc(5)
+    return sum(int(f) for f in fields[11:15]) / TICKS
+
+
+def wait_exit(pid: int, timeout: float) -> tuple[int, float, float]:
+    """Reap ``pid`` within ``timeout`` s: (exit status, seconds waited, its total CPU time)."""
+    started = time.monotonic()
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), time.monotonic() - started, usage.ru_utime + usage.ru_stime
+        if time.monotonic() - started > timeout:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"worker {pid} still running {timeout} s after SIGTERM")
+        time.sleep(0.05)
+
+
+def test_a_store_that_cannot_commit_neither_spins_nor_floods_the_log_and_sigterm_still_ends_the_worker(
+        small_disk: Path, tmp_path: Path, seed: int) -> None:  # noqa: F811
+    """The store is on a full 1 MiB tmpfs: outcomes cannot be committed. Before SIGTERM (tasks past their
+    --timeout waiting to be committed) and after it (past --grace), the worker retries with a backoff, logs
+    a few lines, and leaves within --grace plus a bound; what it could not commit stays claimed, and the
+    next worker reclaims it and finishes the job."""
+    rng = random.Random(seed)
+    concurrency = rng.randint(1, 3)
+    grace = 1.0
+    db = small_disk / "s.db"
+    tasks = tmp_path / "tasks.txt"
+    names = [f"t{i:03d}" for i in range(60)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    log = tmp_path / "worker.log"
+    # Each result is 40 KB: 60 of them cannot fit on a 1 MB disk. Renewals fail every 0.5 s too, but the
+    # long lease keeps the tasks' claims valid throughout: their outcomes are what waits for the store.
+    run = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--heartbeat", "0.5", "--lease", "60",
+                      "--grace", str(grace),
+                      "--timeout", "2", "--concurrency", str(concurrency), "--", "sh", "-c",
+                      'head -c 40000 /dev/zero | tr "\\0" x')
+    with open(log, "wb") as err:
+        worker = subprocess.Popen(run, env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_for(lambda: b"disk is full" in log.read_bytes(), 60, "the store to report a full disk")
+        # Running, with outcomes that cannot be committed and deadlines that pass meanwhile.
+        window = 4.0
+        cpu_before, lines_before, started = cpu_seconds(worker.pid), _lines(log), time.monotonic()
+        time.sleep(window)  # a measuring window, not a wait for a condition
+        cpu_used = cpu_seconds(worker.pid) - cpu_before
+        wall = time.monotonic() - started
+        lines = _lines(log) - lines_before
+        assert worker.poll() is None, "a full disk must not end the worker"
+        assert cpu_used < 0.3 * wall, f"{cpu_used:.2f} s of CPU in {wall:.1f} s: the worker spins"
+        assert lines < 40, f"{lines} log lines in {wall:.1f} s:\n{_tail(log)}"
+
+        # SIGTERM: the worker must leave in bounded time though nothing can be committed.
+        cpu_before, lines_before = cpu_seconds(worker.pid), _lines(log)
+        worker.send_signal(signal.SIGTERM)
+        status, waited, cpu_total = wait_exit(worker.pid, grace + 60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    lines = _lines(log) - lines_before
+    cpu_used = cpu_total - cpu_before
+    text = log.read_text()
+    assert waited < grace + STOP_BOUND, f"left {waited:.1f} s after SIGTERM:\n{_tail(log)}"
+    assert cpu_used < 0.3 * waited + 0.5, f"{cpu_used:.2f} s of CPU in {waited:.1f} s after SIGTERM: it spins"
+    assert lines < 200, f"{lines} log lines after SIGTERM:\n{_tail(log)}"
+    assert status == 0, _tail(log)
+    assert "stay claimed" in text, _tail(log)
+    assert "Traceback" not in text
+
+    # Room again: the next worker reclaims what the stopped one could not commit, and finishes the job.
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    again = subprocess.run(run, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    assert again.returncode == 0, again.stderr.decode()[-3000:]
+    c = sqlite3.connect(db)
+    assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert dict(c.execute("SELECT name, state FROM tasks")) == {n: "done" for n in names}
+    c.close()
+
+
+
+@pytest.mark.postgres
+def test_a_stopped_database_server_neither_spins_nor_floods_the_log_and_sigterm_still_ends_the_worker(
+        tmp_path: Path, seed: int) -> None:
+    """The same on PostgreSQL: the server stops mid-job (a private cluster of this test), every store call
+    fails; the worker backs off, logs a few lines, leaves within --grace plus a bound after SIGTERM, and the
+    next worker finishes the job once the server is back."""
+    rng = random.Random(seed)
+    grace = 1.0
+    names = [f"t{i:03d}" for i in range(40)]
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(n + "\n" for n in names))
+    log = tmp_path / "worker.log"
+    with pgutil.private_cluster() as cluster:
+        url = cluster.url(cluster.create_database("job"))
+        run = onward_argv("run", "--db", url, "--tasks", str(tasks), "--heartbeat", "0.5", "--lease", "60",
+                          "--grace", str(grace), "--timeout", "2", "--concurrency", str(rng.randint(1, 3)), "--",
+                          "sh", "-c", "sleep 0.2; echo ok")
+        with open(log, "wb") as err:
+            worker = subprocess.Popen(run, env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL,
+                                      stderr=err)
+        try:
+            wait_for(lambda: log.read_text().count(" done task=") >= 3, 60, "a few tasks done")
+            cluster.ctl("stop")
+            wait_for(lambda: "store error" in log.read_text() or "could not renew" in log.read_text(), 30,
+                     "the worker to notice the server is gone")
+            window = 4.0
+            cpu_before, lines_before, started = cpu_seconds(worker.pid), _lines(log), time.monotonic()
+            time.sleep(window)  # a measuring window, not a wait for a condition
+            cpu_used = cpu_seconds(worker.pid) - cpu_before
+            wall = time.monotonic() - started
+            lines = _lines(log) - lines_before
+            assert worker.poll() is None, "a stopped server must not end the worker"
+            assert cpu_used < 0.3 * wall, f"{cpu_used:.2f} s of CPU in {wall:.1f} s: the worker spins"
+            assert lines < 40, f"{lines} log lines in {wall:.1f} s:\n{_tail(log)}"
+            cpu_before, lines_before = cpu_seconds(worker.pid), _lines(log)
+            worker.send_signal(signal.SIGTERM)
+            status, waited, cpu_total = wait_exit(worker.pid, grace + 60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+        assert waited < grace + STOP_BOUND, f"left {waited:.1f} s after SIGTERM:\n{_tail(log)}"
+        assert cpu_total - cpu_before < 0.3 * waited + 0.5, f"CPU after SIGTERM: it spins\n{_tail(log)}"
+        assert _lines(log) - lines_before < 200, _tail(log)
+        assert status == 0, _tail(log)
+        assert "Traceback" not in log.read_text()
+        cluster.ctl("start")
+        again = subprocess.run(run, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+        assert again.returncode == 0, again.stderr.decode()[-3000:]
+        with cluster.admin("job") as conn:
+            assert dict(conn.execute("SELECT name, state FROM onward.tasks").fetchall()) == {
+                n: "done" for n in names}
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n")
+
+
+def _tail(path: Path) -> str:
+    return "\n".join(path.read_text().splitlines()[-30:])
+
+
+def test_running_out_of_file_descriptors_gives_attempts_back_instead_of_failing_tasks(store_url: str,
+                                                                                       tmp_path: Path,
+                                                                                       seed: int) -> None:
+    """`--concurrency 100` under `ulimit -n 128`: the worker cannot open pipes for all its commands. That is
+    not the tasks' fault: each attempt that could not start is given back uncounted (journaled `released`),
+    the worker lowers its concurrency with one warning, and every task ends done."""
+    rng = random.Random(seed)
+    tasks = tmp_path / "tasks.txt"
+    names = [f"t{i:03d}" for i in range(200)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    pause = rng.choice(["0.2", "0.3", "0.5"])
+    run = onward_argv("run", "--db", store_url, "--tasks", str(tasks), "--concurrency", "100", "-q", "--",
+                      "sh", "-c", f"sleep {pause}; echo ok")
+
+    def limit_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    r = subprocess.run(run, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=300,
+                       preexec_fn=limit_descriptors)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err[-3000:]
+    lines = err.splitlines()
+    assert len(lines) == 1, err[-3000:]  # -q: warnings only, and there is exactly one
+    assert "Too many open files" in lines[0] and "concurrency" in lines[0], lines[0]
+    listed = run_onward("list", "--db", store_url, "--long")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split("\t") for line in listed.stdout.decode().splitlines()]  # state, attempts, ..., text
+    assert {row[-1]: (row[0], row[1]) for row in rows} == {n: ("done", "1") for n in names}  # none counted twice
+    journal = run_onward("logs", "--db", store_url, "-n", "100000").stdout.decode()
+    assert "worker out of resources: Too many open files" in journal, "the limit was never reached"
+
+
+@pytest.mark.parametrize("fault", ["clone:error=EAGAIN", "pidfd_open:error=EMFILE"])
+def test_a_start_that_runs_out_of_resources_leaves_no_stray_command_and_burns_no_attempt(tmp_path: Path,
+                                                                                          fault: str) -> None:
+    """fork failing with EAGAIN, or the descriptor that watches a command refused after it was spawned
+    (strace injects both into the worker alone): the attempt is given back uncounted, and a command already
+    spawned is killed at once, so no task runs twice at the same time."""
+    strace = shutil.which("strace")
+    if strace is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("strace is needed")
+        pytest.skip("needs strace")
+    db = tmp_path / "s.db"
+    side_effects = tmp_path / "ran.log"
+    tasks = tmp_path / "tasks.txt"
+    names = [f"t{i}" for i in range(6)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    run = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--max-attempts", "1", "-q", "--", "sh", "-c",
+                      f'sleep 0.5; echo "$1" >> {side_effects}', "x", "{task}")
+    # Without -f only the worker's main thread is traced: the loop that starts commands.
+    r = subprocess.run([strace, "-qq", "-o", "/dev/null", "-e", f"inject={fault}:when=2", *run],
+                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err[-3000:]
+    assert err.count("\n") == 1 and "out of resources" in err, err
+    c = sqlite3.connect(db)
+    assert dict(c.execute("SELECT name, state FROM tasks")) == {n: "done" for n in names}
+    c.close()
+    time.sleep(1.0)  # a stray command of the failed start would finish its sleep by now
+    assert sorted(side_effects.read_text().split()) == names  # each task ran once
+
+
+PYTHON_WORKER = """
+import sys, time
+from onward import Job
+
+job = Job(sys.argv[1])
+
+@job.task(max_attempts=1)
+def work(task, ctx):
+    time.sleep(0.3)
+    with open(sys.argv[2], "a") as f:
+        f.write(task + "\\n")
+    return "ok"
+
+job.add([f"t{i}" for i in range(6)])
+sys.exit(job.run(concurrency=3).exit_code)
+"""
+
+
+def test_a_python_worker_that_cannot_start_a_thread_gives_the_attempt_back(tmp_path: Path) -> None:
+    """pthread_create failing with EAGAIN (strace injects it into clone3 of the worker's main thread, which
+    starts the task threads): the attempt is given back uncounted, not failed, and the worker goes on with
+    fewer tasks at once."""
+    strace = shutil.which("strace")
+    if strace is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("strace is needed")
+        pytest.skip("needs strace")
+    db = tmp_path / "s.db"
+    side_effects = tmp_path / "ran.log"
+    script = tmp_path / "worker.py"
+    script.write_text(PYTHON_WORKER)
+    r = subprocess.run([strace, "-qq", "-o", "/dev/null", "-e", "inject=clone3:error=EAGAIN:when=2",
+                        sys.executable, str(script), str(db), str(side_effects)],
+                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err[-3000:]
+    assert err.count("lowering concurrency") == 1 and "Traceback" not in err, err
+    c = sqlite3.connect(db)
+    assert dict(c.execute("SELECT name, state FROM tasks")) == {f"t{i}": "done" for i in range(6)}
+    assert c.execute("SELECT max(attempts) FROM tasks").fetchone() == (1,)
+    c.close()
+    assert sorted(side_effects.read_text().split()) == [f"t{i}" for i in range(6)]

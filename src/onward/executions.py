@@ -548,6 +548,8 @@ class CommandExecution(Execution):
         """Undo a start that failed after the spawn: kill and reap the command, close what was opened."""
         kill_group(self._proc.pid)
         self._proc.wait()
+        if self._cgroups is not None and self._cgroup is not None:
+            self._cgroups.finished(self._cgroup)  # kills what the command started outside its group
         for fd in list(self._open):
             self._close_fd(fd)
         for stream in (self._proc.stdout, self._proc.stderr):

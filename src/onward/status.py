@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from .errors import StoreError
-from .log import iso_time, one_line
+from .log import iso_time, one_line, printable
 from .proc import owner_alive
 from .store.base import DONE, FAILED, PENDING, RUNNING, Event, Store
 
@@ -60,13 +60,20 @@ def _steps_of(store: Store, task_id: int, fence: int) -> dict[str, Any] | None:
 
 
 def render_status(report: dict[str, Any]) -> None:
+    """The status for a person. Every text that comes from the store (task names, notes, errors, hosts)
+    is shown with its control characters escaped and never read as markup: a task's stderr must not be
+    able to clear or retitle the reader's terminal."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    def shown(text: str) -> Text:
+        return Text(printable(text))
 
     console = Console(highlight=False)
     total = report["total"] or 1
     done, failed = report[DONE], report[FAILED]
-    console.print(f"[bold]onward[/bold] {report['store']}")
+    console.print(Text.assemble(("onward", "bold"), " ", shown(report["store"])))
     console.print(
         f"  total {report['total']}   pending {report[PENDING]}   running {report[RUNNING]}   "
         f"[green]done {done}[/green]   [red]failed {failed}[/red]   ({100 * (done + failed) / total:.1f}% finished)"
@@ -81,8 +88,8 @@ def render_status(report: dict[str, Any]) -> None:
             table.add_column(col)
         for w in report["workers"]:
             alive = {True: "yes", False: "no (dead)", None: "?"}[w["alive"]]
-            table.add_row(str(w["id"]), w["host"], str(w["pid"]), f"{w['heartbeat_age']}s ago", str(w["running"]),
-                          str(w["done"]), alive)
+            table.add_row(str(w["id"]), shown(w["host"]), str(w["pid"]), f"{w['heartbeat_age']}s ago",
+                          str(w["running"]), str(w["done"]), alive)
         console.print(table)
     if report["tasks_running"]:
         table = Table(title="running", title_justify="left", box=None, pad_edge=False)
@@ -90,14 +97,13 @@ def render_status(report: dict[str, Any]) -> None:
             table.add_column(col)
         for t in report["tasks_running"][:20]:
             age = "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']}s ago"
-            table.add_row(t["task"], str(t["attempt"]), str(t["worker_pid"]), age, _steps_text(t.get("steps")),
-                          t["note"] or "")
+            table.add_row(shown(t["task"]), str(t["attempt"]), str(t["worker_pid"]), age,
+                          _steps_text(t.get("steps")), shown(t["note"] or ""))
         console.print(table)
     if report["errors"]:
         console.print("[bold]latest errors[/bold]")
         for e in report["errors"]:
-            console.print(f"  {e['at']} {e['kind']} {e['task']!r} attempt {e['attempt']}: {e['error']}",
-                          markup=False)
+            console.print(shown(f"  {e['at']} {e['kind']} {e['task']!r} attempt {e['attempt']}: {e['error']}"))
 
 
 def _steps_text(steps: dict[str, Any] | None) -> str:
@@ -110,6 +116,7 @@ def _steps_text(steps: dict[str, Any] | None) -> str:
 
 
 def format_event(event: Event) -> str:
+    """One journal line for ``onward logs``, its control characters escaped (the stored detail stays raw)."""
     parts = [iso_time(event.at, precise=True), f"pid={event.pid}", event.kind]
     if event.task is not None:
         parts.append("task=" + json.dumps(event.task, ensure_ascii=False))
@@ -117,7 +124,7 @@ def format_event(event: Event) -> str:
         parts.append(f"attempt={event.attempt}")
     if event.detail:
         parts.append(one_line(event.detail, 500))
-    return " ".join(parts)
+    return printable(" ".join(parts))
 
 
 

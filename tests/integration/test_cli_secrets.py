@@ -78,3 +78,14 @@ def test_an_unparsable_url_never_prints_its_password_in_the_error(command: str, 
     assert r.returncode == 2, text
     assert text.startswith("onward: error: ") and text.count("\n") == 1, text
     assert token not in text and f"{pgutil.PG_USER}:***@" in text, text
+
+
+@pytest.mark.parametrize("scheme", ["mysql", "sqlite", "POSTGRESQL", "https"])
+def test_a_store_url_of_the_wrong_kind_never_prints_its_password_in_the_error(scheme: str, tmp_path: Path) -> None:
+    token = uuid.uuid4().hex[:10]
+    url = f"{scheme}://{pgutil.PG_USER}:my pw{token}@{pgutil.PG_HOST}:{pgutil.PG_PORT}/{pgutil.ADMIN_DB}"
+    r = run_onward("status", "--db", url, cwd=tmp_path)
+    text = (r.stdout + r.stderr).decode()
+    assert r.returncode == 2, text
+    assert text.startswith("onward: error: ") and text.count("\n") == 1, text
+    assert token not in text and "my pw" not in text, text

@@ -4,7 +4,7 @@ Every model call and every tool call is a ``@step``: its result is committed as 
 worker at any moment (kill -9, OOM, reboot) and run it again: the calls that completed are replayed from the
 store, not paid for again, and the loop goes on from the first call that had not completed.
 
-    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 python agent.py --db agent.db "What is 17 * 23 + 4?"
+    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 python agent.py --db .onward/agent.db "What is 17 * 23 + 4?"
 
 Environment: OPENAI_BASE_URL (required; e.g. a local llama.cpp / vLLM / Ollama server, or stub_server.py),
 OPENAI_API_KEY (optional), OPENAI_MODEL (default "gpt-4o-mini"). Standard library only, plus onward.
@@ -96,7 +96,7 @@ def run_agent(question: str, ctx: TaskContext) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="A durable agent loop (see the module docstring).")
-    parser.add_argument("--db", default="agent.db", help="the onward store (default agent.db)")
+    parser.add_argument("--db", default=".onward/agent.db", help="the onward store (default .onward/agent.db, git-ignored)")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("questions", nargs="*", help="questions to add (each one is a task)")
     args = parser.parse_args()

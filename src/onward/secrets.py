@@ -9,29 +9,31 @@ import ctypes
 import os
 import re
 from collections.abc import Sequence
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote
 
-_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)([^@\s]*)@", re.IGNORECASE)
-_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+# A password in a URL is whatever follows ``scheme://user:`` up to the "@" before the host, whatever it holds:
+# libpq takes ``#``, ``?`` and ``/`` unencoded, and a malformed URL (a space in the password) must be
+# hidden as well as a valid one. The host is what follows an "@" with no other "@" before the next
+# whitespace or the end. A password holds no whitespace or no "/" (the first alternative, then the second):
+# without that limit, "https://host:443/v1 failed for user@example.org" would lose its middle.
+_URL_PASSWORD = re.compile(
+    r"(?P<head>\b[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<password>\S*?|[^/\n]*?)@(?=[^@\s]*(?:\s|$))",
+    re.IGNORECASE)
+_KEYWORD_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<password>'(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
 
 
-def redact_url(url: str) -> str:
-    """The URL with its password (in the user part or a ``password=`` parameter) replaced by ``***``."""
-    return _KEYWORD_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
+def redact_url(text: str) -> str:
+    """``text`` with the password of every URL in it (in the user part or a ``password=`` parameter)
+    replaced by ``***``."""
+    return _KEYWORD_PASSWORD.sub(r"\g<head>***", _URL_PASSWORD.sub(r"\g<head>***@", text))
 
 
-def url_secrets(url: str) -> list[str]:
-    """Every form in which the URL's password (and $PGPASSWORD) could show up in a text."""
-    found: list[str] = []
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc.rpartition("@")[0]
-        if ":" in netloc:
-            found.append(netloc.split(":", 1)[1])
-        found += [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "password"]
-        found += [m.group(2) for m in _KEYWORD_PASSWORD.finditer(parts.query)]
-    except ValueError:
-        pass
+def url_secrets(text: str) -> list[str]:
+    """Every form in which the password of a URL in ``text`` (and $PGPASSWORD) could show up in a text: as
+    written, percent-decoded, unquoted for a quoted ``password='…'``, and up to its first "@"."""
+    found = [m["password"] for pattern in (_URL_PASSWORD, _KEYWORD_PASSWORD) for m in pattern.finditer(text)]
+    found += [raw[1:-1] for raw in found if len(raw) >= 2 and raw[0] == raw[-1] == "'"]
+    found += [raw.split("@", 1)[0] for raw in found]  # libpq reads up to the first "@", and quotes that
     if os.environ.get("PGPASSWORD"):
         found.append(os.environ["PGPASSWORD"])
     secrets = {s for raw in found for s in (raw, unquote(raw)) if s}

@@ -1,0 +1,58 @@
+"""Passwords out of sight (secrets.py): finding a URL's password in every form it takes, and redacting it from
+any text, however the URL is written (unencoded ``#``, ``?``, ``@``, ``/``, a space: users and libpq do not
+always percent-encode)."""
+
+from __future__ import annotations
+
+import pytest
+
+from onward.secrets import redact_url, scrub, url_secrets
+
+HOST = "@127.0.0.1:5432/jobs"
+
+# (the password as written in the URL, the password it stands for)
+HOSTILE_PASSWORDS = [
+    ("p#w?x", "p#w?x"),
+    ("p%23w%3Fx", "p#w?x"),
+    ("a?b", "a?b"),
+    ("a#", "a#"),
+    ("my pw", "my pw"),
+    ("p@ss", "p@ss"),
+    ("s/la:sh", "s/la:sh"),
+    ("plain-S3cret", "plain-S3cret"),
+]
+
+
+@pytest.mark.parametrize(("written", "meant"), HOSTILE_PASSWORDS)
+def test_a_password_with_hash_question_mark_or_space_is_found_and_redacted(written: str, meant: str) -> None:
+    url = f"postgresql://postgres:{written}{HOST}"
+    secrets = url_secrets(url)
+    assert written in secrets and meant in secrets
+    shown = redact_url(url)
+    assert shown == f"postgresql://postgres:***{HOST}"
+    for text in (f"could not connect to {url}: refused", f"password {meant!r} rejected", f"--db={url}"):
+        cleaned = scrub(text, secrets)
+        assert written not in cleaned and meant not in cleaned, cleaned
+
+
+def test_a_url_inside_a_longer_argument_is_found() -> None:
+    assert "p#w?x" in url_secrets("--db=postgresql://u:p#w?x@db.example/jobs")
+    assert redact_url("ONWARD_DB=postgres://u:p#w?x@db.example/jobs x") == "ONWARD_DB=postgres://u:***@db.example/jobs x"
+
+
+def test_a_password_parameter_with_hash_or_encoding_is_found_and_redacted() -> None:
+    url = "postgresql://u@h/jobs?sslmode=disable&password=a%23b#c"
+    secrets = url_secrets(url)
+    assert "a%23b#c" in secrets and "a#b#c" in secrets
+    assert redact_url(url) == "postgresql://u@h/jobs?sslmode=disable&password=***"
+
+
+def test_text_without_a_password_is_left_alone() -> None:
+    text = "GET https://api.example.com:443/v1 failed for user@example.org (postgresql://u@h/db)"
+    assert redact_url(text) == text
+    assert url_secrets(text) == []
+
+
+def test_two_urls_on_one_line_keep_their_hosts() -> None:
+    text = "copy postgresql://a:pw1@h1/db to postgresql://b:p w2@h2/db"
+    assert redact_url(text) == "copy postgresql://a:***@h1/db to postgresql://b:***@h2/db"

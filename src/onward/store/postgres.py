@@ -52,6 +52,7 @@ from .base import (
     Event,
     Lease,
     Owner,
+    Reclaimed,
     RunningTask,
     SourceMark,
     Stats,
@@ -66,7 +67,7 @@ from .sql import load_queries
 if TYPE_CHECKING:
     import psycopg
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CHANNEL = "onward_work"  # LISTEN/NOTIFY channel announcing work that may be ready
 APP_NAME = "onward"  # application_name of every connection (see events_bound in postgres.sql)
 ADD_CHUNK = 5000  # names per INSERT when adding tasks
@@ -518,12 +519,12 @@ class PostgresStore:
         return [running_task_of(r) for r in self._live().execute(Q["running"])]
 
     @_translating
-    def reclaim(self, task_id: int, fence: int, reason: str) -> str | None:
+    def reclaim(self, task_id: int, fence: int, reason: str) -> Reclaimed | None:
         with self._write() as conn:
             row = conn.execute(Q["reclaim"], {"reason": reason, "task_id": task_id, "fence": fence}).fetchone()
             if row is not None and row[0] == PENDING:
                 self._notify(conn)
-        return row[0] if row else None
+        return Reclaimed(state=row[0], counted=bool(row[1])) if row else None
 
     @_translating
     def retry(self, names: Sequence[str] | None) -> int:

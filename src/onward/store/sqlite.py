@@ -30,6 +30,7 @@ from .base import (
     Event,
     Lease,
     Owner,
+    Reclaimed,
     RunningTask,
     SourceMark,
     Stats,
@@ -41,7 +42,7 @@ from .base import (
 from .rows import event_of, running_task_of, step_of, worker_of
 from .sql import load_queries
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 30_000
 Q = load_queries("sqlite.sql")
@@ -85,7 +86,7 @@ def _translate(e: sqlite3.Error, path: str) -> StoreError:
 class SqliteStore:
     """``Store`` on one SQLite file. One instance is one connection: use it from one thread."""
 
-    def __init__(self, url: str, *, create: bool = True) -> None:
+    def __init__(self, url: str, *, create: bool = True, upgrade: bool = False) -> None:
         self.path = path_from_url(url)
         self.url = self.path
         self._batch_depth = 0
@@ -105,7 +106,7 @@ class SqliteStore:
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             self._schema_version()
             self._configure()
-            self._ensure_schema()
+            self._ensure_schema(upgrade)
         except sqlite3.DatabaseError as e:
             self._db.close()
             raise _translate(e, self.path) from None
@@ -141,18 +142,21 @@ class SqliteStore:
         self._db.execute("PRAGMA cache_size = -16000")
         self._durable = True
 
-    def _ensure_schema(self) -> None:
+    def _ensure_schema(self, upgrade: bool) -> None:
+        """Create the schema in a new store, or with ``upgrade`` bring an older one to SCHEMA_VERSION: every
+        migration in one transaction under the write lock, so workers of this version starting at the same
+        moment find it done. ``upgraded_from`` is the version found (0: none)."""
         version = self._schema_version()
-        if version is None:
+        self.upgraded_from = version or 0
+        if version is None or (upgrade and version < SCHEMA_VERSION):
             with self._write():
                 version = self._schema_version()  # re-check under the write lock: another worker may win
-                if version is None:
-                    for statement in _split_statements(Q["schema"]):
-                        self._db.execute(statement)
-                    self._db.execute(
-                        "INSERT INTO meta (key, value) VALUES ('app', 'onward'), ('schema_version', ?)",
-                        (str(SCHEMA_VERSION),),
-                    )
+                self.upgraded_from = version or 0
+                if version is None or (upgrade and version < SCHEMA_VERSION):
+                    for target in range(self.upgraded_from + 1, SCHEMA_VERSION + 1):
+                        for statement in _split_statements(_migration(target)):
+                            self._db.execute(statement)
+                    self._db.execute(Q["set_meta"], (str(SCHEMA_VERSION),))
                     version = SCHEMA_VERSION
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(
@@ -308,12 +312,12 @@ class SqliteStore:
         rows = self._db.execute(Q["running"], {"now": self.now()}).fetchall()
         return sorted((running_task_of(r) for r in rows), key=lambda t: t.task_id)
 
-    def reclaim(self, task_id: int, fence: int, reason: str) -> str | None:
+    def reclaim(self, task_id: int, fence: int, reason: str) -> Reclaimed | None:
         with self._write():
             row = self._db.execute(
                 Q["reclaim"], {"now": self.now(), "reason": reason, "task_id": task_id, "fence": fence}
             ).fetchone()
-        return row[0] if row else None
+        return Reclaimed(state=row[0], counted=bool(row[1])) if row else None
 
     def retry(self, names: Sequence[str] | None) -> int:
         with self._write():
@@ -434,12 +438,15 @@ class SqliteStore:
 
     def record_step(self, task_id: int, fence: int, step: StepRecord) -> bool:
         with self._write():
-            cur = self._db.execute(
+            if self._db.execute(Q["step_progress"], {"task_id": task_id, "fence": fence, "idx": step.index}
+                                ).rowcount != 1:
+                return False  # fenced out
+            self._db.execute(
                 Q["record_step"],
-                {"task_id": task_id, "fence": fence, "idx": step.index, "name": step.name, "kind": step.kind,
-                 "data": step.data, "at": step.at},
+                {"task_id": task_id, "idx": step.index, "name": step.name, "kind": step.kind, "data": step.data,
+                 "at": step.at},
             )
-        return cur.rowcount == 1
+        return True
 
     def drop_steps(self, task_id: int, fence: int, from_index: int) -> bool:
         with self._write():
@@ -467,6 +474,19 @@ for _name in ("get_source", "running", "workers", "task", "task_id", "result", "
     setattr(SqliteStore, _name, _translating(getattr(SqliteStore, _name)))
 
 
+def _migration(version: int) -> str:
+    """The SQL that brings a store to ``version`` from the one before (version 1: creates it)."""
+    return Q["schema"] if version == 1 else Q[f"migrate_to_{version}"]
+
+
+def upgrade(url: str) -> tuple[int, int]:
+    """``onward db upgrade``: create the store, or bring its schema to this onward's version. Returns the
+    versions before (0: there was no store) and after. Refuses a newer store (``SchemaTooNew``)."""
+    store = SqliteStore(url, upgrade=True)
+    store.close()
+    return store.upgraded_from, SCHEMA_VERSION
+
+
 def _split_statements(script: str) -> list[str]:
     """Split the schema into statements, keeping trigger bodies (which hold ';') whole."""
     statements, current = [], []
@@ -485,4 +505,4 @@ def _split_statements(script: str) -> list[str]:
 
 
 
-__all__ = ["SqliteStore", "SCHEMA_VERSION", "PENDING"]
+__all__ = ["SqliteStore", "SCHEMA_VERSION", "PENDING", "upgrade"]

@@ -486,6 +486,8 @@ class Runner:
 
     # --- leases and other workers' tasks -------------------------------------------------------------
     def _tick(self) -> None:
+        # A store deleted or replaced under us raises StoreGone: stop rather than commit where nobody looks.
+        self.store.check_still_there()
         started = time.monotonic()
         leases = [Lease(task_id=e.claim.task_id, fence=e.claim.fence,
                         progress_age=started - e.last_progress(), note=e.note)

@@ -358,3 +358,31 @@ def test_db_upgrade_brings_a_version_1_store_up_and_keeps_how_far_its_agents_got
         assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=False)
     finally:
         store.close()
+
+
+def test_a_store_deleted_or_replaced_under_an_open_connection_is_noticed(store_url: str) -> None:
+    import os
+
+    from onward.errors import StoreGone
+    from onward.store import is_postgres_url
+    from tests import pgutil
+
+    store = open_store(store_url)
+    try:
+        store.check_still_there()
+        if is_postgres_url(store_url):
+            admin = pgutil.admin_connection(dbname=store_url.rsplit("/", 1)[1])
+            admin.execute("DROP SCHEMA onward CASCADE")
+            admin.close()
+            with pytest.raises(StoreGone, match='schema "onward" was dropped'):
+                store.check_still_there()
+            open_store(store_url).close()  # created again: another store in its place
+        else:
+            os.unlink(store_url)
+            with pytest.raises(StoreGone, match="was deleted"):
+                store.check_still_there()
+            open_store(store_url).close()
+        with pytest.raises(StoreGone, match="was replaced"):
+            store.check_still_there()
+    finally:
+        store.close()

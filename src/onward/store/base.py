@@ -183,6 +183,12 @@ class Store(Protocol):
         """Group the writes inside into one transaction, committed durably once at the end (group commit).
         An exception inside rolls everything back. Claims inside a batch take effect with it."""
 
+    def check_still_there(self) -> None:
+        """Raise ``StoreGone`` if the store this connection writes to is no longer the one at its location
+        (a SQLite file deleted, or another file renamed over it; a PostgreSQL schema dropped, or dropped
+        and created again). Cheap enough for every heartbeat; a store that cannot be reached right now is
+        not gone (the calls that need it report that)."""
+
     def wakeup_fd(self) -> int | None:
         """A file descriptor that becomes readable when new work may be ready (PostgreSQL LISTEN/NOTIFY),
         or None when the backend cannot signal, in which case idle workers poll."""

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from itertools import islice
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import NotAStore, SchemaTooNew, SchemaTooOld, StoreError
+from ..errors import NotAStore, SchemaTooNew, SchemaTooOld, StoreError, StoreGone
 from ..proc import hostname
 from ..secrets import hide_secrets_in_argv, redact_url, scrub, url_secrets
 from .base import (
@@ -251,6 +251,7 @@ class PostgresStore:
         try:
             self._conn = self._connect()
             self._ensure_schema(create)
+            self._identity = self._schema_identity()
         except self._pg.Error as e:
             self.close()
             raise self._error(e) from None
@@ -368,6 +369,21 @@ class PostgresStore:
                 raise StoreError(f"no onward store in {self.url}")
             version = _migrate(self._conn, self.url, create=True)
         _check_version(version, self.url)
+
+    @_translating
+    def _schema_identity(self) -> int | None:
+        """The oid of onward's meta table: a schema dropped and created again has another one."""
+        return self._live().execute(Q["schema_identity"]).fetchone()[0]  # type: ignore[index]
+
+    def check_still_there(self) -> None:
+        try:
+            found = self._schema_identity()
+        except StoreError:
+            return  # unreachable right now: renewals report that; only the server's answer can say "gone"
+        if found != self._identity:
+            what = "was dropped" if found is None else "was replaced (dropped and created again)"
+            raise StoreGone(f"store {self.url}: its schema \"onward\" {what} while this worker was using it;"
+                            " stopping")
 
     @_translating
     def now(self) -> float:

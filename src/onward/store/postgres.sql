@@ -148,6 +148,10 @@ SET tcp_user_timeout = 5000;
 -- name: now
 SELECT onward.clock();
 
+-- name: schema_identity
+-- What tells this store from one created again in its place after a DROP SCHEMA (NULL: no store there).
+SELECT to_regclass('onward.meta')::oid;
+
 -- name: crash_safe
 -- A write that must survive the worker, not the server: the commit does not wait for its WAL flush.
 SET LOCAL synchronous_commit = off;

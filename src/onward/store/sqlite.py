@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError
+from ..errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError, StoreGone
 from ..proc import hostname
 from .base import (
     PENDING,
@@ -113,6 +113,9 @@ class SqliteStore:
         except StoreError:
             self._db.close()
             raise
+        # The file just opened, to notice later that it was deleted or replaced (see check_still_there).
+        self._where = os.path.abspath(self.path)
+        self._identity = self._file_identity()
 
     # --- opening -------------------------------------------------------------------------------------
     def _create_file(self) -> None:
@@ -185,6 +188,25 @@ class SqliteStore:
 
     def now(self) -> float:
         return time.time()
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        """Device and inode of the file now at the store's path; None when there is none."""
+        try:
+            st = os.stat(self._where)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return st.st_dev, st.st_ino
+
+    def check_still_there(self) -> None:
+        # SQLite goes on writing to the file it opened after that file was unlinked or renamed over: every
+        # commit would succeed, into a file nobody will open again. Hence a look at the path itself.
+        try:
+            found = self._file_identity()
+        except OSError:
+            return  # cannot look right now (permissions, I/O): not a sign that it is gone
+        if found != self._identity:
+            what = "was deleted" if found is None else "was replaced by another file"
+            raise StoreGone(f"store {self.path} {what} while this worker was using it; stopping")
 
     def wakeup_fd(self) -> int | None:
         return None  # one file, no server to signal: idle workers poll (with backoff, at most 1 s)

@@ -62,7 +62,7 @@ from .base import (
     WorkerRow,
 )
 from .rows import event_of, running_task_of, step_of, worker_of
-from .sql import load_queries
+from .sql import load_queries, migration
 
 if TYPE_CHECKING:
     import psycopg
@@ -727,11 +727,6 @@ def _check_version(version: int, url: str) -> None:
                            f" {SCHEMA_VERSION}; run `onward db upgrade`")
 
 
-def _migration(version: int) -> str:
-    """The SQL that brings a store to ``version`` from the one before (version 1: creates it)."""
-    return Q["schema"] if version == 1 else Q[f"migrate_to_{version}"]
-
-
 def _migrate(conn: psycopg.Connection[Any], url: str, *, create: bool) -> int:
     """Bring the schema to SCHEMA_VERSION under the schema lock, in one transaction: workers that start
     at the same moment wait for the first one, then find the store made. Returns the version found
@@ -742,7 +737,7 @@ def _migrate(conn: psycopg.Connection[Any], url: str, *, create: bool) -> int:
         if found is not None and (create or found >= SCHEMA_VERSION):
             return found
         for version in range((found or 0) + 1, SCHEMA_VERSION + 1):
-            conn.execute(_migration(version))
+            conn.execute(migration(Q, version))
         conn.execute(Q["set_meta"], {"version": str(SCHEMA_VERSION)})
         return SCHEMA_VERSION if create else (found or 0)
 

@@ -40,7 +40,7 @@ from .base import (
     WorkerRow,
 )
 from .rows import event_of, running_task_of, step_of, worker_of
-from .sql import load_queries
+from .sql import load_queries, migration
 
 SCHEMA_VERSION = 2
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -157,7 +157,7 @@ class SqliteStore:
                 self.upgraded_from = version or 0
                 if version is None or (upgrade and version < SCHEMA_VERSION):
                     for target in range(self.upgraded_from + 1, SCHEMA_VERSION + 1):
-                        for statement in _split_statements(_migration(target)):
+                        for statement in _split_statements(migration(Q, target)):
                             self._db.execute(statement)
                     self._db.execute(Q["set_meta"], (str(SCHEMA_VERSION),))
                     version = SCHEMA_VERSION
@@ -494,11 +494,6 @@ def _translating(method):
 for _name in ("get_source", "running", "workers", "task", "task_id", "result", "counts", "stats", "events", "steps",
               "integrity_check"):
     setattr(SqliteStore, _name, _translating(getattr(SqliteStore, _name)))
-
-
-def _migration(version: int) -> str:
-    """The SQL that brings a store to ``version`` from the one before (version 1: creates it)."""
-    return Q["schema"] if version == 1 else Q[f"migrate_to_{version}"]
 
 
 def upgrade(url: str) -> tuple[int, int]:

@@ -163,6 +163,7 @@ class Runner:
             self.notifier.ready()
             self._notify_status(counts)
             self._loop()
+            self.store.check_still_there()  # "finished" only if it was the store everyone else reads
             stop_reason = f"stopped by {self._stop_requested}" if self.stopping else "finished"
         except BaseException as e:
             stop_reason = f"crashed: {type(e).__name__}: {e}"

@@ -93,6 +93,24 @@ def test_a_store_deleted_under_a_running_worker_stops_it_with_exit_2(tmp_path: P
         assert not db.exists()  # not recreated
 
 
+def test_a_worker_that_finishes_after_its_store_was_deleted_does_not_exit_0(tmp_path: Path) -> None:
+    """The last task completes between two heartbeats, into the deleted file: still exit 2, not "done"."""
+    db = tmp_path / "store" / "onward.db"
+    go = tmp_path / "go"
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("only\n")
+    worker = subprocess.Popen(
+        onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--heartbeat", "60", "--",
+                    "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    wait_until_running(str(db), worker)
+    db.unlink()
+    go.touch()
+    code, lines = finish(worker)
+    assert code == 2 and "was deleted" in lines[-1], lines
+    assert not db.exists()
+
+
 def test_the_supervisor_does_not_restart_a_worker_whose_store_was_deleted(tmp_path: Path) -> None:
     """A restart would run `onward run` again, which creates a new, empty store and runs every task again."""
     db = tmp_path / "store" / "onward.db"

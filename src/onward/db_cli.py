@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from .cli import db_option
-from .store import is_postgres_url, open_store, store_url
+from .store import is_postgres_url, store_url
 
 
 @click.group(name="db")
@@ -28,15 +26,11 @@ def upgrade(db: str | None) -> None:
         before, after = upgrade_postgres(url)
         shown = redact_url(url)
     else:
-        from .store.sqlite import SCHEMA_VERSION, path_from_url
+        from .store.sqlite import path_from_url
+        from .store.sqlite import upgrade as upgrade_sqlite
 
-        # The SQLite store has had one schema version so far: opening it creates or checks it.
-        path = path_from_url(url)
-        existed = os.path.exists(path) and os.path.getsize(path) > 0
-        store = open_store(url)
-        shown = store.url
-        store.close()
-        before, after = (SCHEMA_VERSION if existed else 0), SCHEMA_VERSION
+        before, after = upgrade_sqlite(url)
+        shown = path_from_url(url)
     if before == after:
         click.echo(f"store {shown} is up to date (schema version {after})", err=True)
     elif not before:

@@ -39,6 +39,12 @@ class CorruptStore(StoreError):
     """The database file is damaged. onward reports it and never recreates the store silently."""
 
 
+class StoreGone(StoreError):
+    """The store was deleted or replaced under a running worker (its file unlinked or renamed over, its
+    PostgreSQL schema dropped). The worker stops: what it committed since went where nobody will read it,
+    and a restart would start a new, empty store. Exit status 2, which supervisors do not restart."""
+
+
 class TaskNotDone(OnwardError):
     """A result was asked for a task that has none (unknown, pending, running or failed). Exit status 1."""
 

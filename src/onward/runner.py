@@ -185,6 +185,7 @@ class Runner:
             self.notifier.ready()
             self._notify_status(counts)
             self._loop()
+            self.store.check_still_there()  # "finished" only if it was the store everyone else reads
             stop_reason = f"stopped by {self._stop_requested}" if self.stopping else "finished"
         except BaseException as e:
             stop_reason = f"crashed: {type(e).__name__}: {e}"
@@ -562,6 +563,8 @@ class Runner:
 
     # --- leases and other workers' tasks -------------------------------------------------------------
     def _tick(self) -> None:
+        # A store deleted or replaced under us raises StoreGone: stop rather than commit where nobody looks.
+        self.store.check_still_there()
         started = time.monotonic()
         leases = [Lease(task_id=e.claim.task_id, fence=e.claim.fence,
                         progress_age=started - e.last_progress(), note=e.note)
@@ -634,12 +637,17 @@ class Runner:
                 kill_group(task.child_pid)
             elif task.child_pid and alive is False:
                 kill_group(task.child_pid)  # the leader is gone, but its group may live on
-            state = self.store.reclaim(task.task_id, task.fence, reason)
-            if state is None:
+            reclaimed = self.store.reclaim(task.task_id, task.fence, reason)
+            if reclaimed is None:
                 continue
-            self.store.log_event("reclaimed", task_id=task.task_id, worker_id=self.worker_id, attempt=task.attempt,
-                                 detail=f"{reason}; now {state}")
-            self.log.warning(f"reclaimed task={quote(task.name)} attempt={task.attempt}: {reason}; now {state}")
+            if reclaimed.counted:
+                kind, detail = "reclaimed", f"{reason}; now {reclaimed.state}"
+            else:
+                # It got further than ever before it died: a crash of a progressing task is not poison.
+                kind, detail = "interrupted", f"{reason} after recording new steps; attempt not counted, now pending"
+            self.store.log_event(kind, task_id=task.task_id, worker_id=self.worker_id, attempt=task.attempt,
+                                 detail=detail)
+            self.log.warning(f"{kind} task={quote(task.name)} attempt={task.attempt}: {detail}")
 
     def _nothing_left(self) -> bool:
         """Nothing pending and nothing running anywhere. Other workers' running tasks keep this one

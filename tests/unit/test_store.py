@@ -9,7 +9,7 @@ import pytest
 
 from onward.proc import current_owner
 from onward.store import open_store
-from onward.store.base import DONE, FAILED, PENDING, RUNNING, Lease, SourceMark, StepRecord, Store
+from onward.store.base import DONE, FAILED, PENDING, RUNNING, Lease, Reclaimed, SourceMark, StepRecord, Store
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_reclaim_fences_out_the_old_owner(store: Store) -> None:
     store.add(["a"])
     w = worker(store)
     (c,) = store.claim(w, 1, 30, 3)
-    assert store.reclaim(c.task_id, c.fence, "owner died") == PENDING
+    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=True)
     assert store.reclaim(c.task_id, c.fence, "again") is None
     assert not store.complete(c.task_id, c.fence, b"late", "bytes")
     assert store.renew(w, [Lease(c.task_id, c.fence)], 30, 0) == [c.task_id]
@@ -112,8 +112,63 @@ def test_reclaim_with_no_attempts_left_fails_the_task(store: Store) -> None:
     store.add(["poison"])
     w = worker(store)
     (c,) = store.claim(w, 1, 30, 1)
-    assert store.reclaim(c.task_id, c.fence, "owner died") == FAILED
+    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(FAILED, counted=True)
     assert store.task("poison").state == FAILED  # type: ignore[union-attr]
+
+
+def step_record(index: int) -> StepRecord:
+    return StepRecord(index, f"s{index}", "value", b"1", time.time())
+
+
+def test_a_progressing_agent_is_not_quarantined_as_poison(store: Store) -> None:
+    """An attempt whose owner died after it recorded a step further than any before is given back
+    uncounted, however often that happens; one that got no further counts, as for any poison task."""
+    store.add(["agent"])
+    w = worker(store)
+    for run in range(1, 6):  # five owners die in a row, each after two new steps: never failed
+        (c,) = store.claim(w, 1, 30, 3)
+        assert c.attempt == 1  # the number is reused, as after a release
+        for index in (2 * run - 1, 2 * run):
+            assert store.record_step(c.task_id, c.fence, step_record(index))
+        assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=False)
+        assert store.task("agent").attempts == 0  # type: ignore[union-attr]
+    # Owners that die with no new step count, up to max attempts, as before.
+    for attempt in (1, 2, 3):
+        (c,) = store.claim(w, 1, 30, 3)
+        assert c.attempt == attempt
+        state = FAILED if attempt == 3 else PENDING
+        assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(state, counted=True)
+    row = store.task("agent")
+    assert row is not None and row.state == FAILED and row.attempts == 3 and row.error == "owner died"
+
+
+def test_re_recording_steps_already_reached_is_not_progress(store: Store) -> None:
+    """Progress is a step beyond the furthest one ever recorded for the task: re-running the last step
+    (an error record run again), or steps dropped by replay="prefix" and recorded anew, gets no further,
+    so an agent that crashes its worker there still ends failed after max attempts."""
+    store.add(["agent"])
+    w = worker(store)
+    (c,) = store.claim(w, 1, 30, 2)
+    for index in (1, 2, 3):
+        assert store.record_step(c.task_id, c.fence, step_record(index))
+    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=False)
+    (c,) = store.claim(w, 1, 30, 2)
+    assert store.drop_steps(c.task_id, c.fence, 3)  # the last record was an error: run that step again
+    assert store.record_step(c.task_id, c.fence, step_record(3))
+    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=True)
+    (c,) = store.claim(w, 1, 30, 2)
+    assert store.drop_steps(c.task_id, c.fence, 2)  # replay="prefix": steps 2 and 3 dropped, then again
+    assert store.record_step(c.task_id, c.fence, step_record(2))
+    assert store.record_step(c.task_id, c.fence, step_record(3))
+    assert store.reclaim(c.task_id, c.fence, "lease expired") == Reclaimed(FAILED, counted=True)
+    # A step under a fence that moved on is refused, and moves nothing either.
+    store.retry(["agent"])
+    (c,) = store.claim(w, 1, 30, 2)
+    assert not store.record_step(c.task_id, c.fence - 1, step_record(4))
+    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=True)
+    (c,) = store.claim(w, 1, 30, 2)
+    assert store.record_step(c.task_id, c.fence, step_record(4))
+    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=False)
 
 
 def test_lease_expiry_is_seen_on_the_store_clock(store: Store) -> None:
@@ -241,7 +296,7 @@ def test_steps_are_recorded_under_the_fence(store: Store) -> None:
     assert not store.record_step(c.task_id, c.fence + 1, StepRecord(3, "x", "value", b"1", time.time()))
     assert store.drop_steps(c.task_id, c.fence, 2)
     assert [s.index for s in store.steps(c.task_id)] == [1]
-    store.reclaim(c.task_id, c.fence, "lost")
+    assert store.reclaim(c.task_id, c.fence, "lost") == Reclaimed(PENDING, counted=False)
     assert not store.record_step(c.task_id, c.fence, StepRecord(2, "late", "value", b"1", time.time()))
     assert not store.drop_steps(c.task_id, c.fence, 1)
     assert [s.index for s in store.steps(c.task_id)] == [1]
@@ -251,3 +306,83 @@ def test_unicode_and_odd_task_names_round_trip(store: Store) -> None:
     names = ["héllo wörld", "a/b/../c", "'; DROP TABLE tasks; --", "x" * 4096, "🙂"]
     store.add(names)
     assert [t.name for t in store.iter_tasks()] == names
+
+
+def test_db_upgrade_brings_a_version_1_store_up_and_keeps_how_far_its_agents_got(
+        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store written by schema version 1 (no furthest step on tasks) is refused with a pointer to `onward db
+    upgrade`, which adds the mark from the steps already recorded: re-recording them is not progress, going
+    beyond them is; the claim that was running across the upgrade is credited with nothing."""
+    import sqlite3
+
+    from onward.errors import SchemaTooOld
+    from onward.store import is_postgres_url, postgres, sqlite
+    from tests.conftest import run_onward
+
+    backend = postgres if is_postgres_url(store_url) else sqlite
+    monkeypatch.setattr(backend, "SCHEMA_VERSION", 1)  # this onward writes version 1, as it used to
+    old = open_store(store_url)
+    old.add(["agent"])
+    (c,) = old.claim(worker(old), 1, 30, 3)
+    old.close()
+    monkeypatch.undo()
+    rows = [(c.task_id, index, f"s{index}", "value", b"1", time.time()) for index in (1, 2, 3)]
+    if backend is sqlite:  # the steps as version 1 recorded them: the row, nothing else
+        db = sqlite3.connect(store_url)
+        db.executemany("INSERT INTO steps (task_id, idx, name, kind, data, at) VALUES (?, ?, ?, ?, ?, ?)", rows)
+        db.commit()
+        db.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(store_url, autocommit=True) as pg:
+            pg.cursor().executemany("INSERT INTO onward.steps (task_id, idx, name, kind, data, at)"
+                                    " VALUES (%s, %s, %s, %s, %s, %s)", rows)
+    with pytest.raises(SchemaTooOld, match="onward db upgrade"):
+        open_store(store_url)
+    r = run_onward("db", "upgrade", "--db", store_url)
+    assert r.returncode == 0 and "upgraded from schema version 1 to 2" in r.stderr.decode(), r.stderr
+    r = run_onward("db", "upgrade", "--db", store_url)
+    assert r.returncode == 0 and "up to date (schema version 2)" in r.stderr.decode(), r.stderr
+
+    store = open_store(store_url)
+    try:
+        assert [s.index for s in store.steps(c.task_id)] == [1, 2, 3]
+        assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=True)
+        (c,) = store.claim(worker(store), 1, 30, 3)
+        assert store.record_step(c.task_id, c.fence, step_record(3))  # no further than before the upgrade
+        assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=True)
+        (c,) = store.claim(worker(store), 1, 30, 3)
+        assert c.attempt == 3
+        assert store.record_step(c.task_id, c.fence, step_record(4))
+        assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=False)
+    finally:
+        store.close()
+
+
+def test_a_store_deleted_or_replaced_under_an_open_connection_is_noticed(store_url: str) -> None:
+    import os
+
+    from onward.errors import StoreGone
+    from onward.store import is_postgres_url
+    from tests import pgutil
+
+    store = open_store(store_url)
+    try:
+        store.check_still_there()
+        if is_postgres_url(store_url):
+            admin = pgutil.admin_connection(dbname=store_url.rsplit("/", 1)[1])
+            admin.execute("DROP SCHEMA onward CASCADE")
+            admin.close()
+            with pytest.raises(StoreGone, match='schema "onward" was dropped'):
+                store.check_still_there()
+            open_store(store_url).close()  # created again: another store in its place
+        else:
+            os.unlink(store_url)
+            with pytest.raises(StoreGone, match="was deleted"):
+                store.check_still_there()
+            open_store(store_url).close()
+        with pytest.raises(StoreGone, match="was replaced"):
+            store.check_still_there()
+    finally:
+        store.close()

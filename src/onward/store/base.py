@@ -51,6 +51,14 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class Reclaimed:
+    """What ``Store.reclaim`` did with a task taken from its owner."""
+
+    state: str  # PENDING, or FAILED when a counted attempt used up the task's attempts
+    counted: bool  # False: the attempt had recorded a step beyond any before it, so it was given back
+
+
+@dataclass(frozen=True)
 class Lease:
     """A running task as the owning worker knows it, for ``Store.renew``."""
 
@@ -175,6 +183,12 @@ class Store(Protocol):
         """Group the writes inside into one transaction, committed durably once at the end (group commit).
         An exception inside rolls everything back. Claims inside a batch take effect with it."""
 
+    def check_still_there(self) -> None:
+        """Raise ``StoreGone`` if the store this connection writes to is no longer the one at its location
+        (a SQLite file deleted, or another file renamed over it; a PostgreSQL schema dropped, or dropped
+        and created again). Cheap enough for every heartbeat; a store that cannot be reached right now is
+        not gone (the calls that need it report that)."""
+
     def wakeup_fd(self) -> int | None:
         """A file descriptor that becomes readable when new work may be ready (PostgreSQL LISTEN/NOTIFY),
         or None when the backend cannot signal, in which case idle workers poll."""
@@ -223,10 +237,13 @@ class Store(Protocol):
     def running(self) -> list[RunningTask]:
         """Every task in state running, with its owner and whether its lease has expired."""
 
-    def reclaim(self, task_id: int, fence: int, reason: str) -> str | None:
-        """Take a running task away from its owner (dead or lease expired): the fence moves on; the task
-        goes back to pending, or to failed if its attempts are used up. Returns the new state, or None if
-        the task is no longer running under that fence."""
+    def reclaim(self, task_id: int, fence: int, reason: str) -> Reclaimed | None:
+        """Take a running task away from its owner (dead or lease expired): the fence moves on. If the
+        attempt made durable progress (``record_step`` under this fence reached a step index beyond the
+        furthest one recorded before), it is given back uncounted, like a release: a crash does not
+        quarantine an agent that is getting somewhere. Otherwise it counts: the task goes back to pending,
+        or to failed if its attempts are used up. Returns what was done, or None if the task is no longer
+        running under that fence."""
 
     def retry(self, names: Sequence[str] | None) -> int:
         """Failed tasks back to pending with attempts reset: the named ones, or every failed one if
@@ -274,7 +291,9 @@ class Store(Protocol):
         """The recorded steps of a task, in order."""
 
     def record_step(self, task_id: int, fence: int, step: StepRecord) -> bool:
-        """Durably record one step's outcome under the task's fence. False if fenced out."""
+        """Durably record one step's outcome under the task's fence. False if fenced out. A step whose index
+        is beyond the furthest ever recorded for the task is progress of this claim (see ``reclaim``); the
+        furthest index is kept on the task and never lowered, not even by ``drop_steps``."""
 
     def drop_steps(self, task_id: int, fence: int, from_index: int) -> bool:
         """Forget recorded steps from ``from_index`` on (replay policy "prefix"). False if fenced out."""

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from itertools import islice
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import NotAStore, SchemaTooNew, SchemaTooOld, StoreError, StoreMissing
+from ..errors import NotAStore, SchemaTooNew, SchemaTooOld, StoreError, StoreGone, StoreMissing
 from ..proc import hostname
 from ..secrets import hide_secrets_in_argv, redact_url, scrub, url_secrets
 from .base import (
@@ -52,6 +52,7 @@ from .base import (
     Event,
     Lease,
     Owner,
+    Reclaimed,
     RunningTask,
     SourceMark,
     Stats,
@@ -61,12 +62,12 @@ from .base import (
     WorkerRow,
 )
 from .rows import event_of, running_task_of, step_of, worker_of
-from .sql import load_queries
+from .sql import load_queries, migration
 
 if TYPE_CHECKING:
     import psycopg
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CHANNEL = "onward_work"  # LISTEN/NOTIFY channel announcing work that may be ready
 APP_NAME = "onward"  # application_name of every connection (see events_bound in postgres.sql)
 ADD_CHUNK = 5000  # names per INSERT when adding tasks
@@ -250,6 +251,7 @@ class PostgresStore:
         try:
             self._conn = self._connect()
             self._ensure_schema(create)
+            self._identity = self._schema_identity()
         except self._pg.Error as e:
             self.close()
             raise self._error(e) from None
@@ -367,6 +369,21 @@ class PostgresStore:
                 raise StoreMissing(f"no onward store in {self.url}")
             version = _migrate(self._conn, self.url, create=True)
         _check_version(version, self.url)
+
+    @_translating
+    def _schema_identity(self) -> int | None:
+        """The oid of onward's meta table: a schema dropped and created again has another one."""
+        return self._live().execute(Q["schema_identity"]).fetchone()[0]  # type: ignore[index]
+
+    def check_still_there(self) -> None:
+        try:
+            found = self._schema_identity()
+        except StoreError:
+            return  # unreachable right now: renewals report that; only the server's answer can say "gone"
+        if found != self._identity:
+            what = "was dropped" if found is None else "was replaced (dropped and created again)"
+            raise StoreGone(f"store {self.url}: its schema \"onward\" {what} while this worker was using it;"
+                            " stopping")
 
     @_translating
     def now(self) -> float:
@@ -518,12 +535,12 @@ class PostgresStore:
         return [running_task_of(r) for r in self._live().execute(Q["running"])]
 
     @_translating
-    def reclaim(self, task_id: int, fence: int, reason: str) -> str | None:
+    def reclaim(self, task_id: int, fence: int, reason: str) -> Reclaimed | None:
         with self._write() as conn:
             row = conn.execute(Q["reclaim"], {"reason": reason, "task_id": task_id, "fence": fence}).fetchone()
             if row is not None and row[0] == PENDING:
                 self._notify(conn)
-        return row[0] if row else None
+        return Reclaimed(state=row[0], counted=bool(row[1])) if row else None
 
     @_translating
     def retry(self, names: Sequence[str] | None) -> int:
@@ -710,11 +727,6 @@ def _check_version(version: int, url: str) -> None:
                            f" {SCHEMA_VERSION}; run `onward db upgrade`")
 
 
-def _migration(version: int) -> str:
-    """The SQL that brings a store to ``version`` from the one before (version 1: creates it)."""
-    return Q["schema"] if version == 1 else Q[f"migrate_to_{version}"]
-
-
 def _migrate(conn: psycopg.Connection[Any], url: str, *, create: bool) -> int:
     """Bring the schema to SCHEMA_VERSION under the schema lock, in one transaction: workers that start
     at the same moment wait for the first one, then find the store made. Returns the version found
@@ -725,7 +737,7 @@ def _migrate(conn: psycopg.Connection[Any], url: str, *, create: bool) -> int:
         if found is not None and (create or found >= SCHEMA_VERSION):
             return found
         for version in range((found or 0) + 1, SCHEMA_VERSION + 1):
-            conn.execute(_migration(version))
+            conn.execute(migration(Q, version))
         conn.execute(Q["set_meta"], {"version": str(SCHEMA_VERSION)})
         return SCHEMA_VERSION if create else (found or 0)
 

@@ -58,6 +58,7 @@ CREATE TABLE onward.tasks (
     error        text,
     result_kind  text,
     result       bytea
+    -- furthest_step, furthest_step_fence: added by migrate_to_2
 ) WITH (fillfactor = 80);
 -- Claims take the oldest ready task (see the SQLite schema for why ready_at comes first).
 CREATE INDEX tasks_ready ON onward.tasks (ready_at, id) WHERE state = 'pending';
@@ -117,6 +118,17 @@ CREATE TABLE onward.steps (
     PRIMARY KEY (task_id, idx)
 );
 
+-- name: migrate_to_2
+-- Each task keeps the furthest step index ever recorded for it (never lowered, not even when steps are
+-- dropped) and the fence of the claim that reached it: a reclaim gives an attempt that got further back
+-- uncounted, and counts one that did not (the poison rule). Steps recorded before the upgrade set the mark
+-- but credit no claim. Columns with a constant default are added without rewriting the table.
+ALTER TABLE onward.tasks ADD COLUMN furthest_step integer NOT NULL DEFAULT 0,
+                         ADD COLUMN furthest_step_fence bigint NOT NULL DEFAULT 0;
+UPDATE onward.tasks AS t SET furthest_step = s.furthest
+  FROM (SELECT task_id, max(idx) AS furthest FROM onward.steps GROUP BY task_id) AS s
+ WHERE t.id = s.task_id;
+
 -- name: session
 -- Run once on every new connection. Durable writes need synchronous_commit on whatever the server's
 -- default; crash-safe writes turn it off for their own transaction only (SET LOCAL). The timeouts make a
@@ -135,6 +147,10 @@ SET tcp_user_timeout = 5000;
 
 -- name: now
 SELECT onward.clock();
+
+-- name: schema_identity
+-- What tells this store from one created again in its place after a DROP SCHEMA (NULL: no store there).
+SELECT to_regclass('onward.meta')::oid;
 
 -- name: crash_safe
 -- A write that must survive the worker, not the server: the commit does not wait for its WAL flush.
@@ -294,23 +310,29 @@ SELECT state FROM changed;
 -- name: reclaim
 -- SKIP LOCKED: a row locked by another transaction (its owner committing right now, or a worker cut
 -- off in the middle of one) is left for the next round instead of stalling this worker's loop.
+-- An attempt that recorded a step further than any before it (furthest_step_fence is its fence) is given
+-- back uncounted, as by a release; any other attempt counts, and fails the task once attempts are used up.
 WITH changed AS (
     UPDATE onward.tasks
-       SET state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
-           finished_at = CASE WHEN attempts >= max_attempts THEN onward.epoch() ELSE NULL END,
-           error = CASE WHEN attempts >= max_attempts THEN %(reason)s ELSE error END,
+       SET state = CASE WHEN furthest_step_fence <> %(fence)s AND attempts >= max_attempts THEN 'failed'
+                        ELSE 'pending' END,
+           attempts = CASE WHEN furthest_step_fence = %(fence)s THEN attempts - 1 ELSE attempts END,
+           finished_at = CASE WHEN furthest_step_fence <> %(fence)s AND attempts >= max_attempts
+                              THEN onward.epoch() ELSE NULL END,
+           error = CASE WHEN furthest_step_fence <> %(fence)s AND attempts >= max_attempts THEN %(reason)s
+                        ELSE error END,
            fence = fence + 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
      WHERE id = (SELECT id FROM onward.tasks
                   WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
                     FOR UPDATE SKIP LOCKED)
-    RETURNING state
+    RETURNING state, furthest_step_fence <> %(fence)s AS counted
 ), counted AS (
     INSERT INTO onward.counts (state, n)
     SELECT state, count(*) FROM changed GROUP BY state
     UNION ALL
     SELECT 'running', -count(*) FROM changed HAVING count(*) > 0
 )
-SELECT state FROM changed;
+SELECT state, counted FROM changed;
 
 -- name: running
 SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid, w.pid_start,
@@ -480,12 +502,19 @@ ON CONFLICT (path) DO UPDATE
 SELECT idx, name, kind, data, at FROM onward.steps WHERE task_id = %(task_id)s ORDER BY idx;
 
 -- name: record_step
--- FOR SHARE: the fence is checked under a row lock, so a reclaim cannot commit between the check and this
--- insert; it waits for this transaction (or skips the task), and the next owner sees the step.
+-- The fence is checked by an UPDATE of the task's row, which locks it: a reclaim cannot commit between the
+-- check and this insert; it waits for this transaction (or skips the task), and the next owner sees the
+-- step. The same UPDATE moves the task's furthest step, crediting this claim when the step goes beyond it.
+WITH holds AS (
+    UPDATE onward.tasks
+       SET furthest_step_fence = CASE WHEN %(idx)s > furthest_step THEN fence ELSE furthest_step_fence END,
+           furthest_step = greatest(furthest_step, %(idx)s)
+     WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
+    RETURNING id
+)
 INSERT INTO onward.steps (task_id, idx, name, kind, data, at)
 SELECT %(task_id)s, %(idx)s, %(name)s, %(kind)s, %(data)s, %(at)s
- WHERE EXISTS (SELECT 1 FROM onward.tasks WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
-                  FOR SHARE)
+ WHERE EXISTS (SELECT 1 FROM holds)
 ON CONFLICT (task_id, idx) DO UPDATE
    SET name = excluded.name, kind = excluded.kind, data = excluded.data, at = excluded.at
 RETURNING idx;

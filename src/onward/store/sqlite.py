@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError, StoreMissing
+from ..errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError, StoreGone, StoreMissing
 from ..proc import hostname
 from .base import (
     PENDING,
@@ -33,6 +33,7 @@ from .base import (
     Event,
     Lease,
     Owner,
+    Reclaimed,
     RunningTask,
     SourceMark,
     Stats,
@@ -42,9 +43,9 @@ from .base import (
     WorkerRow,
 )
 from .rows import event_of, running_task_of, step_of, worker_of
-from .sql import load_queries
+from .sql import load_queries, migration
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 30_000
 Q = load_queries("sqlite.sql")
@@ -132,7 +133,7 @@ def _translating_every_method(cls: type[T]) -> type[T]:
 class SqliteStore:
     """``Store`` on one SQLite file. One instance is one connection: use it from one thread."""
 
-    def __init__(self, url: str, *, create: bool = True) -> None:
+    def __init__(self, url: str, *, create: bool = True, upgrade: bool = False) -> None:
         self.path = path_from_url(url)
         self.url = self.path
         self._batch_depth = 0
@@ -152,13 +153,16 @@ class SqliteStore:
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             self._schema_version()
             self._configure()
-            self._ensure_schema()
+            self._ensure_schema(upgrade)
         except sqlite3.DatabaseError as e:
             self._db.close()
             raise _translate(e, self.path) from None
         except StoreError:
             self._db.close()
             raise
+        # The file just opened, to notice later that it was deleted or replaced (see check_still_there).
+        self._where = os.path.abspath(self.path)
+        self._identity = self._file_identity()
 
     # --- opening -------------------------------------------------------------------------------------
     def _create_file(self) -> None:
@@ -188,18 +192,21 @@ class SqliteStore:
         self._db.execute("PRAGMA cache_size = -16000")
         self._durable = True
 
-    def _ensure_schema(self) -> None:
+    def _ensure_schema(self, upgrade: bool) -> None:
+        """Create the schema in a new store, or with ``upgrade`` bring an older one to SCHEMA_VERSION: every
+        migration in one transaction under the write lock, so workers of this version starting at the same
+        moment find it done. ``upgraded_from`` is the version found (0: none)."""
         version = self._schema_version()
-        if version is None:
+        self.upgraded_from = version or 0
+        if version is None or (upgrade and version < SCHEMA_VERSION):
             with self._write():
                 version = self._schema_version()  # re-check under the write lock: another worker may win
-                if version is None:
-                    for statement in _split_statements(Q["schema"]):
-                        self._db.execute(statement)
-                    self._db.execute(
-                        "INSERT INTO meta (key, value) VALUES ('app', 'onward'), ('schema_version', ?)",
-                        (str(SCHEMA_VERSION),),
-                    )
+                self.upgraded_from = version or 0
+                if version is None or (upgrade and version < SCHEMA_VERSION):
+                    for target in range(self.upgraded_from + 1, SCHEMA_VERSION + 1):
+                        for statement in _split_statements(migration(Q, target)):
+                            self._db.execute(statement)
+                    self._db.execute(Q["set_meta"], (str(SCHEMA_VERSION),))
                     version = SCHEMA_VERSION
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(
@@ -228,6 +235,25 @@ class SqliteStore:
 
     def now(self) -> float:
         return time.time()
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        """Device and inode of the file now at the store's path; None when there is none."""
+        try:
+            st = os.stat(self._where)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return st.st_dev, st.st_ino
+
+    def check_still_there(self) -> None:
+        # SQLite goes on writing to the file it opened after that file was unlinked or renamed over: every
+        # commit would succeed, into a file nobody will open again. Hence a look at the path itself.
+        try:
+            found = self._file_identity()
+        except OSError:
+            return  # cannot look right now (permissions, I/O): not a sign that it is gone
+        if found != self._identity:
+            what = "was deleted" if found is None else "was replaced by another file"
+            raise StoreGone(f"store {self.path} {what} while this worker was using it; stopping")
 
     def wakeup_fd(self) -> int | None:
         return None  # one file, no server to signal: idle workers poll (with backoff, at most 1 s)
@@ -355,12 +381,12 @@ class SqliteStore:
         rows = self._db.execute(Q["running"], {"now": self.now()}).fetchall()
         return sorted((running_task_of(r) for r in rows), key=lambda t: t.task_id)
 
-    def reclaim(self, task_id: int, fence: int, reason: str) -> str | None:
+    def reclaim(self, task_id: int, fence: int, reason: str) -> Reclaimed | None:
         with self._write():
             row = self._db.execute(
                 Q["reclaim"], {"now": self.now(), "reason": reason, "task_id": task_id, "fence": fence}
             ).fetchone()
-        return row[0] if row else None
+        return Reclaimed(state=row[0], counted=bool(row[1])) if row else None
 
     def retry(self, names: Sequence[str] | None) -> int:
         with self._write():
@@ -481,12 +507,15 @@ class SqliteStore:
 
     def record_step(self, task_id: int, fence: int, step: StepRecord) -> bool:
         with self._write():
-            cur = self._db.execute(
+            if self._db.execute(Q["step_progress"], {"task_id": task_id, "fence": fence, "idx": step.index}
+                                ).rowcount != 1:
+                return False  # fenced out
+            self._db.execute(
                 Q["record_step"],
-                {"task_id": task_id, "fence": fence, "idx": step.index, "name": step.name, "kind": step.kind,
-                 "data": step.data, "at": step.at},
+                {"task_id": task_id, "idx": step.index, "name": step.name, "kind": step.kind, "data": step.data,
+                 "at": step.at},
             )
-        return cur.rowcount == 1
+        return True
 
     def drop_steps(self, task_id: int, fence: int, from_index: int) -> bool:
         with self._write():
@@ -496,6 +525,14 @@ class SqliteStore:
     # --- maintenance ---------------------------------------------------------------------------------
     def integrity_check(self) -> str:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def upgrade(url: str) -> tuple[int, int]:
+    """``onward db upgrade``: create the store, or bring its schema to this onward's version. Returns the
+    versions before (0: there was no store) and after. Refuses a newer store (``SchemaTooNew``)."""
+    store = SqliteStore(url, upgrade=True)
+    store.close()
+    return store.upgraded_from, SCHEMA_VERSION
 
 
 def _split_statements(script: str) -> list[str]:
@@ -510,4 +547,4 @@ def _split_statements(script: str) -> list[str]:
     return statements
 
 
-__all__ = ["SqliteStore", "SCHEMA_VERSION", "PENDING"]
+__all__ = ["SqliteStore", "SCHEMA_VERSION", "PENDING", "upgrade"]

@@ -2,6 +2,7 @@
 -- Times are seconds since the epoch (REAL) on this host's clock. See store/base.py for the contract.
 
 -- name: schema
+-- Version 1; every later version is a migrate_to_N below, applied in order, to new stores as to old ones.
 CREATE TABLE meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -43,6 +44,7 @@ CREATE TABLE tasks (
     error        TEXT,
     result_kind  TEXT,
     result       BLOB
+    -- furthest_step, furthest_step_fence: added by migrate_to_2
 );
 -- Claims take the oldest ready task: fresh tasks have ready_at 0, so they go in the order they were
 -- added, and a retry waits for its backoff and then for the tasks that were already waiting.
@@ -101,6 +103,20 @@ CREATE TABLE steps (
     PRIMARY KEY (task_id, idx)
 ) WITHOUT ROWID;
 
+-- name: migrate_to_2
+-- Each task keeps the furthest step index ever recorded for it (never lowered, not even when steps are
+-- dropped) and the fence of the claim that reached it: a reclaim gives an attempt that got further back
+-- uncounted, and counts one that did not (the poison rule). Steps recorded before the upgrade set the mark
+-- but credit no claim.
+ALTER TABLE tasks ADD COLUMN furthest_step INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN furthest_step_fence INTEGER NOT NULL DEFAULT 0;
+UPDATE tasks SET furthest_step = (SELECT max(idx) FROM steps WHERE steps.task_id = tasks.id)
+ WHERE id IN (SELECT task_id FROM steps);
+
+-- name: set_meta
+INSERT INTO meta (key, value) VALUES ('app', 'onward'), ('schema_version', ?)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+
 -- name: add_task
 INSERT OR IGNORE INTO tasks (name, added_at) VALUES (?, ?);
 
@@ -156,13 +172,17 @@ UPDATE tasks
 RETURNING attempts;
 
 -- name: reclaim
+-- An attempt that recorded a step further than any before it (furthest_step_fence is its fence) is given
+-- back uncounted, as by a release; any other attempt counts, and fails the task once attempts are used up.
 UPDATE tasks
-   SET state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
-       finished_at = CASE WHEN attempts >= max_attempts THEN :now ELSE NULL END,
-       error = CASE WHEN attempts >= max_attempts THEN :reason ELSE error END,
+   SET state = CASE WHEN furthest_step_fence <> :fence AND attempts >= max_attempts THEN 'failed'
+                    ELSE 'pending' END,
+       attempts = CASE WHEN furthest_step_fence = :fence THEN attempts - 1 ELSE attempts END,
+       finished_at = CASE WHEN furthest_step_fence <> :fence AND attempts >= max_attempts THEN :now ELSE NULL END,
+       error = CASE WHEN furthest_step_fence <> :fence AND attempts >= max_attempts THEN :reason ELSE error END,
        fence = fence + 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
  WHERE id = :task_id AND fence = :fence AND state = 'running'
-RETURNING state, attempts;
+RETURNING state, furthest_step_fence <> :fence;
 
 -- name: running
 SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid, w.pid_start,
@@ -268,10 +288,16 @@ ON CONFLICT (path) DO UPDATE
 -- name: steps
 SELECT idx, name, kind, data, at FROM steps WHERE task_id = ? ORDER BY idx;
 
+-- name: step_progress
+-- First half of recording a step, in its transaction: checks the fence (no row: refused) and moves the
+-- task's furthest step, crediting this claim when the step goes beyond it.
+UPDATE tasks
+   SET furthest_step_fence = CASE WHEN :idx > furthest_step THEN fence ELSE furthest_step_fence END,
+       furthest_step = max(furthest_step, :idx)
+ WHERE id = :task_id AND fence = :fence AND state = 'running';
+
 -- name: record_step
-INSERT OR REPLACE INTO steps (task_id, idx, name, kind, data, at)
-SELECT :task_id, :idx, :name, :kind, :data, :at
- WHERE EXISTS (SELECT 1 FROM tasks WHERE id = :task_id AND fence = :fence AND state = 'running');
+INSERT OR REPLACE INTO steps (task_id, idx, name, kind, data, at) VALUES (:task_id, :idx, :name, :kind, :data, :at);
 
 -- name: drop_steps
 DELETE FROM steps

@@ -76,7 +76,7 @@ def test_unit_says_what_an_admin_would_write(tmp_path: Path) -> None:
                      "StartLimitIntervalSec=60s", "StartLimitBurst=6", "[Service]", "Type=notify",
                      "NotifyAccess=main", f"WorkingDirectory={tmp_path}", "User=crawler",
                      'Environment="LANG=C"', "Restart=on-failure", "RestartSec=200ms", "WatchdogSec=10s",
-                     "KillSignal=SIGTERM", "KillMode=mixed", "TimeoutStopSec=40s", "SuccessExitStatus=3",
+                     "KillSignal=SIGTERM", "KillMode=mixed", "Delegate=yes", "TimeoutStopSec=40s", "SuccessExitStatus=3",
                      "RestartPreventExitStatus=2 3", "[Install]", "WantedBy=multi-user.target"]:
         assert expected in lines
     exec_start = next(line for line in lines if line.startswith("ExecStart="))

@@ -72,6 +72,19 @@ def run_onward(*args: str, input: bytes | None = None, timeout: float = 120, env
                           cwd=cwd)
 
 
+def require_tool(name: str) -> str:
+    """The path of a fault-injection tool (``strace``), or a skip where it is missing; under CI (CI=true),
+    where .ci/run installs it, a failure instead."""
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{name} is needed")
+        pytest.skip(f"needs {name}")
+    return path
+
+
 def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
     """Poll ``condition`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

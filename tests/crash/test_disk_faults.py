@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import onward_argv, wait_for
+from tests.conftest import onward_argv, require_tool, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -80,11 +80,7 @@ def _stderr_has(p: subprocess.Popen[bytes], needle: bytes) -> bool:
 def test_failing_fsync_never_reports_a_completion_that_is_not_durable(tmp_path: Path) -> None:
     """fdatasync fails with EIO (strace): the commit fails, the worker carries on, nothing is reported done
     that the store does not hold, and the store stays intact."""
-    strace = shutil.which("strace")
-    if strace is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("strace is needed")
-        pytest.skip("needs strace")
+    strace = require_tool("strace")
     db = tmp_path / "s.db"
     tasks = tmp_path / "tasks.txt"
     tasks.write_text("".join(f"t{i}\n" for i in range(30)))

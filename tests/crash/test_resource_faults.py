@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import random
 import resource
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests import pgutil
-from tests.conftest import onward_argv, run_onward, wait_for
+from tests.conftest import onward_argv, require_tool, run_onward, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -48,6 +47,33 @@ def wait_exit(pid: int, timeout: float) -> tuple[int, float, float]:
         time.sleep(0.05)
 
 
+def assert_no_spin(worker: subprocess.Popen[bytes], log: Path, what: str, window: float = 4.0) -> None:
+    """Over ``window`` seconds the worker, whose store keeps failing, stays alive, uses well under a core
+    and writes few log lines: a spin or a flood cannot meet either bound."""
+    cpu_before, lines_before, started = cpu_seconds(worker.pid), _lines(log), time.monotonic()
+    time.sleep(window)  # a measuring window, not a wait for a condition
+    cpu_used = cpu_seconds(worker.pid) - cpu_before
+    wall = time.monotonic() - started
+    lines = _lines(log) - lines_before
+    assert worker.poll() is None, f"{what} must not end the worker"
+    assert cpu_used < 0.3 * wall, f"{cpu_used:.2f} s of CPU in {wall:.1f} s: the worker spins"
+    assert lines < 40, f"{lines} log lines in {wall:.1f} s:\n{_tail(log)}"
+
+
+def stop_and_assert_bounded(worker: subprocess.Popen[bytes], log: Path, grace: float) -> None:
+    """SIGTERM: the worker leaves within ``grace`` plus STOP_BOUND though nothing can be committed, with
+    exit 0 (a requested stop), without spinning, flooding the log or a traceback."""
+    cpu_before, lines_before = cpu_seconds(worker.pid), _lines(log)
+    worker.send_signal(signal.SIGTERM)
+    status, waited, cpu_total = wait_exit(worker.pid, grace + 60)
+    assert waited < grace + STOP_BOUND, f"left {waited:.1f} s after SIGTERM:\n{_tail(log)}"
+    assert cpu_total - cpu_before < 0.3 * waited + 0.5, \
+        f"{cpu_total - cpu_before:.2f} s of CPU in {waited:.1f} s after SIGTERM: it spins\n{_tail(log)}"
+    assert _lines(log) - lines_before < 200, f"log lines after SIGTERM:\n{_tail(log)}"
+    assert status == 0, _tail(log)
+    assert "Traceback" not in log.read_text()
+
+
 def test_a_store_that_cannot_commit_neither_spins_nor_floods_the_log_and_sigterm_still_ends_the_worker(
         small_disk: Path, tmp_path: Path, seed: int) -> None:  # noqa: F811
     """The store is on a full 1 MiB tmpfs: outcomes cannot be committed. Before SIGTERM (tasks past their
@@ -73,32 +99,12 @@ def test_a_store_that_cannot_commit_neither_spins_nor_floods_the_log_and_sigterm
     try:
         wait_for(lambda: b"disk is full" in log.read_bytes(), 60, "the store to report a full disk")
         # Running, with outcomes that cannot be committed and deadlines that pass meanwhile.
-        window = 4.0
-        cpu_before, lines_before, started = cpu_seconds(worker.pid), _lines(log), time.monotonic()
-        time.sleep(window)  # a measuring window, not a wait for a condition
-        cpu_used = cpu_seconds(worker.pid) - cpu_before
-        wall = time.monotonic() - started
-        lines = _lines(log) - lines_before
-        assert worker.poll() is None, "a full disk must not end the worker"
-        assert cpu_used < 0.3 * wall, f"{cpu_used:.2f} s of CPU in {wall:.1f} s: the worker spins"
-        assert lines < 40, f"{lines} log lines in {wall:.1f} s:\n{_tail(log)}"
-
-        # SIGTERM: the worker must leave in bounded time though nothing can be committed.
-        cpu_before, lines_before = cpu_seconds(worker.pid), _lines(log)
-        worker.send_signal(signal.SIGTERM)
-        status, waited, cpu_total = wait_exit(worker.pid, grace + 60)
+        assert_no_spin(worker, log, "a full disk")
+        stop_and_assert_bounded(worker, log, grace)
     finally:
         if worker.poll() is None:
             worker.kill()
-    lines = _lines(log) - lines_before
-    cpu_used = cpu_total - cpu_before
-    text = log.read_text()
-    assert waited < grace + STOP_BOUND, f"left {waited:.1f} s after SIGTERM:\n{_tail(log)}"
-    assert cpu_used < 0.3 * waited + 0.5, f"{cpu_used:.2f} s of CPU in {waited:.1f} s after SIGTERM: it spins"
-    assert lines < 200, f"{lines} log lines after SIGTERM:\n{_tail(log)}"
-    assert status == 0, _tail(log)
-    assert "stay claimed" in text, _tail(log)
-    assert "Traceback" not in text
+    assert "stay claimed" in log.read_text(), _tail(log)
 
     # Room again: the next worker reclaims what the stopped one could not commit, and finishes the job.
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
@@ -136,26 +142,11 @@ def test_a_stopped_database_server_neither_spins_nor_floods_the_log_and_sigterm_
             cluster.ctl("stop")
             wait_for(lambda: "store error" in log.read_text() or "could not renew" in log.read_text(), 30,
                      "the worker to notice the server is gone")
-            window = 4.0
-            cpu_before, lines_before, started = cpu_seconds(worker.pid), _lines(log), time.monotonic()
-            time.sleep(window)  # a measuring window, not a wait for a condition
-            cpu_used = cpu_seconds(worker.pid) - cpu_before
-            wall = time.monotonic() - started
-            lines = _lines(log) - lines_before
-            assert worker.poll() is None, "a stopped server must not end the worker"
-            assert cpu_used < 0.3 * wall, f"{cpu_used:.2f} s of CPU in {wall:.1f} s: the worker spins"
-            assert lines < 40, f"{lines} log lines in {wall:.1f} s:\n{_tail(log)}"
-            cpu_before, lines_before = cpu_seconds(worker.pid), _lines(log)
-            worker.send_signal(signal.SIGTERM)
-            status, waited, cpu_total = wait_exit(worker.pid, grace + 60)
+            assert_no_spin(worker, log, "a stopped server")
+            stop_and_assert_bounded(worker, log, grace)
         finally:
             if worker.poll() is None:
                 worker.kill()
-        assert waited < grace + STOP_BOUND, f"left {waited:.1f} s after SIGTERM:\n{_tail(log)}"
-        assert cpu_total - cpu_before < 0.3 * waited + 0.5, f"CPU after SIGTERM: it spins\n{_tail(log)}"
-        assert _lines(log) - lines_before < 200, _tail(log)
-        assert status == 0, _tail(log)
-        assert "Traceback" not in log.read_text()
         cluster.ctl("start")
         again = subprocess.run(run, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
         assert again.returncode == 0, again.stderr.decode()[-3000:]
@@ -210,11 +201,7 @@ def test_a_start_that_runs_out_of_resources_leaves_no_stray_command_and_burns_no
     """fork failing with EAGAIN, or the descriptor that watches a command refused after it was spawned
     (strace injects both into the worker alone): the attempt is given back uncounted, and a command already
     spawned is killed at once, so no task runs twice at the same time."""
-    strace = shutil.which("strace")
-    if strace is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("strace is needed")
-        pytest.skip("needs strace")
+    strace = require_tool("strace")
     db = tmp_path / "s.db"
     side_effects = tmp_path / "ran.log"
     tasks = tmp_path / "tasks.txt"
@@ -257,11 +244,7 @@ def test_a_python_worker_that_cannot_start_a_thread_gives_the_attempt_back(tmp_p
     """pthread_create failing with EAGAIN (strace injects it into clone3 of the worker's main thread, which
     starts the task threads): the attempt is given back uncounted, not failed, and the worker goes on with
     fewer tasks at once."""
-    strace = shutil.which("strace")
-    if strace is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("strace is needed")
-        pytest.skip("needs strace")
+    strace = require_tool("strace")
     db = tmp_path / "s.db"
     side_effects = tmp_path / "ran.log"
     script = tmp_path / "worker.py"

@@ -465,9 +465,10 @@ def _insert_events(conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]
         end = start + 1
         while end < len(rows) and end - start < EVENTS_PER_INSERT and rows[end][1:3] == (pid, host):
             end += 1
-        values: list[Any] = [pid, host]
-        for kind, _, _, worker_id, task_id, attempt, detail in rows[start:end]:
-            values += (kind, worker_id, task_id, attempt, detail)
+        values: dict[str, Any] = {"pid": pid, "host": host}
+        for i, (kind, _, _, worker_id, task_id, attempt, detail) in enumerate(rows[start:end]):
+            values.update({f"kind_{i}": kind, f"worker_id_{i}": worker_id, f"task_id_{i}": task_id,
+                           f"attempt_{i}": attempt, f"detail_{i}": detail})
         conn.execute(_events_sql(end - start), values)
         start = end
 
@@ -477,7 +478,8 @@ def _events_sql(n: int) -> str:
     """The journal insert for ``n`` events. Plain VALUES rather than arrays: a batch writes a few events,
     and for so few, unpacking arrays costs the server and psycopg more than the extra text (and psycopg
     keeps its parsed form of a statement with up to 50 parameters: nine events)."""
-    return Q["log_events"].replace("{rows}", ", ".join(["(%s, %s, %s, %s, %s)"] * n))
+    return Q["log_events"].replace("{rows}", ", ".join(
+        f"(%(kind_{i})s, %(worker_id_{i})s, %(task_id_{i})s, %(attempt_{i})s, %(detail_{i})s)" for i in range(n)))
 
 
 @contextmanager

@@ -48,7 +48,7 @@ from .base import Event, Lease, Stats, StepRecord
 from .pgconn import RECONNECT_BACKOFF, STALL_MS, Listener, Target, application_name, in_transaction
 from .rows import event_of
 from .sql import load_queries, migration
-from .sqlbase import SCHEMA_VERSION, SqlStore, added_message, check_schema_version, stall_ms, translating
+from .sqlbase import SCHEMA_VERSION, SqlStore, added_message, check_schema_version, translating
 
 if TYPE_CHECKING:
     import psycopg
@@ -68,6 +68,8 @@ def task_key(name: str) -> bytes:
 class PostgresStore(SqlStore):
     """``Store`` on a PostgreSQL database, in its schema ``onward``. One instance is one connection (plus
     its LISTEN connection once ``wakeup_fd`` is asked for): use it from one thread."""
+
+    _stall_ceiling_ms = STALL_MS[1]
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self._target = Target(url)
@@ -115,9 +117,6 @@ class PostgresStore(SqlStore):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)
         conn.execute(Q["set_stall_limits"], {"timeout": f"{ms}ms", "idle": f"{2 * ms}ms"})
         self._tuned_ms = ms
-
-    def _stall_bound(self, lease_seconds: float) -> int:
-        return stall_ms(lease_seconds, STALL_MS[1])
 
     def _apply_stall_bound(self) -> None:
         pass  # applied by _live, between transactions

@@ -96,6 +96,7 @@ class SqlStore:
     url: str
     _batch_depth = 0
     _stall_ms: int | None = None  # the bound on one call's wait, once the runner named a lease
+    _stall_ceiling_ms: int | None = None  # the longest that bound may be, whatever the lease
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -184,13 +185,10 @@ class SqlStore:
 
     def _set_lease(self, lease_seconds: float) -> None:
         """Tie how long one call may wait to the lease the runner works with (see STALL_FLOOR_MS)."""
-        bound = self._stall_bound(lease_seconds)
+        bound = stall_ms(lease_seconds, self._stall_ceiling_ms)
         if bound != self._stall_ms:
             self._stall_ms = bound
             self._apply_stall_bound()
-
-    def _stall_bound(self, lease_seconds: float) -> int:
-        return stall_ms(lease_seconds)
 
     # --- the work queue ------------------------------------------------------------------------------
     def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int) -> list[Claim]:

@@ -9,7 +9,8 @@ Why these settings:
   journal) switch the connection to NORMAL for that one transaction: they reach the OS page cache, which a
   ``kill -9`` does not lose, and the next FULL commit's fsync covers them too, since the log is sequential.
 - ``BEGIN IMMEDIATE`` for every write: the write lock is taken up front, so two workers never deadlock
-  upgrading read locks, and ``busy_timeout`` makes the other wait instead of failing.
+  upgrading read locks, and ``busy_timeout`` makes the other wait instead of failing; once a worker names
+  its lease, for at most a quarter of it (see sqlbase.STALL_FLOOR_MS), as PostgreSQL's lock_timeout.
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ class PostgresStore(SqlStore):
             try:
                 yield
                 if self._events:
-                    _insert_events(self._live(), self._events)
+                    _insert_events(self._in_tx or self._live(), self._events)
             finally:
                 self._events = []
 

@@ -77,8 +77,11 @@ def translating(method: M) -> M:
 
     @functools.wraps(method)
     def wrapper(self: SqlStore, *args: Any, **kwargs: Any) -> Any:
-        with self._translated():
+        # A plain try rather than _translated(): this runs on every call, and costs nothing until a raise.
+        try:
             return method(self, *args, **kwargs)
+        except self._driver_error() as e:
+            raise self._translate_error(e) from None
     return wrapper  # type: ignore[return-value]
 
 
@@ -150,8 +153,6 @@ class SqlStore:
     def _translated(self) -> Iterator[None]:
         try:
             yield
-        except StoreError:
-            raise
         except self._driver_error() as e:
             raise self._translate_error(e) from None
 
@@ -161,8 +162,11 @@ class SqlStore:
         if self._batch_depth:
             yield
             return
-        with self._translated(), self._transaction(durable):
-            yield
+        try:
+            with self._transaction(durable):
+                yield
+        except self._driver_error() as e:
+            raise self._translate_error(e) from None
 
     @contextmanager
     def batch(self) -> Iterator[None]:

@@ -12,7 +12,7 @@ import functools
 import inspect
 import os
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 from ..errors import SchemaTooNew, SchemaTooOld, StoreError
@@ -40,6 +40,7 @@ PAGE_SIZE = 1000
 # lease runs out, so a call stuck for longer than a quarter could leave it no time to do so.
 STALL_FLOOR_MS = 250
 M = TypeVar("M", bound=Callable[..., Any])
+_IN_THE_BATCH = nullcontext()  # a write inside a batch: the batch's commit covers it
 
 
 def stall_ms(lease_seconds: float, ceiling_ms: int | None = None) -> int:
@@ -156,17 +157,10 @@ class SqlStore:
         except self._driver_error() as e:
             raise self._translate_error(e) from None
 
-    @contextmanager
-    def _write(self, durable: bool = True) -> Iterator[None]:
-        """One write transaction, unless a batch is open (then its commit covers this write)."""
-        if self._batch_depth:
-            yield
-            return
-        try:
-            with self._transaction(durable):
-                yield
-        except self._driver_error() as e:
-            raise self._translate_error(e) from None
+    def _write(self, durable: bool = True) -> AbstractContextManager[None]:
+        """One write transaction, unless a batch is open (then its commit covers this write). Its driver
+        errors are translated by the public method it serves."""
+        return _IN_THE_BATCH if self._batch_depth else self._transaction(durable)
 
     @contextmanager
     def batch(self) -> Iterator[None]:

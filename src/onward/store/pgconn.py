@@ -13,17 +13,17 @@ from ..secrets import hide_secrets_in_argv, redact_url, scrub, url_secrets
 
 APP_NAME = "onward"  # application_name of every connection (see events_bound in postgres.sql)
 RECONNECT_BACKOFF = (0.05, 1.0)  # first and longest wait between reconnection attempts (s)
-# How long a call may be kept waiting by the network (TCP_USER_TIMEOUT) or by a row lock (lock_timeout),
-# at least and at most. Tied to the lease once the runner names one (a quarter of it, see sqlbase.stall_ms):
-# a worker loop stuck in a call for longer could not fence itself before its lease runs out.
-STALL_MS = (250, 3000)
+# The longest a call may be kept waiting by the network (TCP_USER_TIMEOUT) or by a row lock (lock_timeout),
+# and the bound before the runner names a lease. Once it does, a quarter of the lease if shorter (see
+# sqlbase.stall_ms): a worker loop stuck in a call for longer could not fence itself before its lease runs out.
+STALL_CEILING_MS = 3000
 CONNECT_DEFAULTS = {
     "connect_timeout": "5",
     "keepalives": "1",
     "keepalives_idle": "1",
     "keepalives_interval": "1",
     "keepalives_count": "3",
-    "tcp_user_timeout": str(STALL_MS[1]),
+    "tcp_user_timeout": str(STALL_CEILING_MS),
     "application_name": APP_NAME,
 }
 

@@ -20,7 +20,7 @@ Same contract and semantics as the SQLite store (base.py); what differs, and why
   connection, so the descriptor stays the same across reconnections.
 - **Faults.** A call never waits long: ``TCP_USER_TIMEOUT`` and keepalives make a cut-off server an
   error, and ``lock_timeout`` a lock held by someone else, within a quarter of the lease the runner uses
-  (``pgconn.STALL_MS``); the server ends a transaction of ours left idle for twice that, so a worker cut off
+  (``sqlbase.stall_ms``); the server ends a transaction of ours left idle for twice that, so a worker cut off
   mid-transaction holds no lock for long. A lost connection is re-established by a background thread with
   backoff while calls fail at once with ``StoreError`` (the runner retries next turn, and fences itself
   when it cannot renew before its lease runs out). A commit whose answer was lost is ambiguous: retrying
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import NotAStore, StoreError, StoreGone, StoreMissing
 from ..proc import hostname
 from .base import Event, Lease, Stats, StepRecord
-from .pgconn import RECONNECT_BACKOFF, STALL_MS, Listener, Target, application_name, in_transaction
+from .pgconn import RECONNECT_BACKOFF, STALL_CEILING_MS, Listener, Target, application_name, in_transaction
 from .rows import event_of
 from .sql import load_queries, migration
 from .sqlbase import SCHEMA_VERSION, SqlStore, added_message, check_schema_version, translating
@@ -69,7 +69,7 @@ class PostgresStore(SqlStore):
     """``Store`` on a PostgreSQL database, in its schema ``onward``. One instance is one connection (plus
     its LISTEN connection once ``wakeup_fd`` is asked for): use it from one thread."""
 
-    _stall_ceiling_ms = STALL_MS[1]
+    _stall_ceiling_ms = STALL_CEILING_MS
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         self._target = Target(url)
@@ -84,7 +84,7 @@ class PostgresStore(SqlStore):
         self._last_error = ""
         self._listener: Listener | None = None
         self._events: list[tuple[Any, ...]] = []  # journal rows buffered by the open batch
-        self._stall_ms = STALL_MS[1]  # the bound wanted on how long a call may wait (see STALL_MS)
+        self._stall_ms = STALL_CEILING_MS  # the bound wanted on how long a call may wait
         self._tuned_ms: int | None = None  # the bound the current connection applies (None: defaults)
         try:
             self._conn = self._connect()
@@ -111,7 +111,7 @@ class PostgresStore(SqlStore):
         """Apply the stall bound to the connection: unacknowledged data for longer kills the socket (then
         the call fails and a new connection is made), a lock waited for longer fails the statement, and an
         idle transaction of ours is not left holding locks for longer than twice that."""
-        ms = self._stall_ms or STALL_MS[1]
+        ms = self._stall_ms or STALL_CEILING_MS
         with socket.socket(fileno=os.dup(conn.fileno())) as sock:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)

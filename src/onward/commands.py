@@ -6,8 +6,6 @@ output folder are all checked before the store is created or a single task is ad
 
 from __future__ import annotations
 
-import os
-
 from .errors import StoreMissing, UsageError
 from .executions import CommandHandler, check_command
 from .job import validate_config
@@ -17,7 +15,8 @@ from .notify import Notifier
 from .outdir import OutDir
 from .runner import RunConfig, Runner
 from .secrets import url_secrets
-from .store import is_postgres_url, open_store, store_url
+from .store import exists as store_exists
+from .store import open_store, store_url
 from .store.base import Store
 from .tasksfile import ImportResult, check_tasks_file, import_tasks_file
 
@@ -30,13 +29,8 @@ class LazyStore:
     def __init__(self, url: str) -> None:
         self.url = store_url(url)
         self.existing: Store | None = None
-        if not is_postgres_url(self.url):
-            from .store.sqlite import path_from_url
-
-            path = path_from_url(self.url)
-            # An empty file is a store whose creation was cut short: opening it would initialise it.
-            if os.path.isfile(path) and os.path.getsize(path) == 0:
-                return
+        if not store_exists(self.url):
+            return
         try:
             self.existing = open_store(self.url, create=False)
         except StoreMissing:

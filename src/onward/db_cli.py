@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from . import store
 from .cli import db_option
-from .store import is_postgres_url, store_url
 
 
 @click.group(name="db")
@@ -18,19 +18,7 @@ def db_group() -> None:
 def upgrade(db: str | None) -> None:
     """Create the store, or bring its schema up to this onward's version. Safe to run while workers of the
     same version run, and from several places at once (one of them does the work, the others wait)."""
-    url = store_url(db)
-    if is_postgres_url(url):
-        from .secrets import redact_url
-        from .store.postgres import upgrade as upgrade_postgres
-
-        before, after = upgrade_postgres(url)
-        shown = redact_url(url)
-    else:
-        from .store.sqlite import path_from_url
-        from .store.sqlite import upgrade as upgrade_sqlite
-
-        before, after = upgrade_sqlite(url)
-        shown = path_from_url(url)
+    shown, before, after = store.upgrade(store.store_url(db))
     if before == after:
         click.echo(f"store {shown} is up to date (schema version {after})", err=True)
     elif not before:

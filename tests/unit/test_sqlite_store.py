@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def test_missing_store_is_not_created_for_reading(tmp_path: Path) -> None:
     assert not (tmp_path / "nope.db").exists()
 
 
-def _unchanged(path: Path):  # type: ignore[no-untyped-def]
+def _unchanged(path: Path) -> Callable[[], bool]:
     before = path.read_bytes()
     return lambda: path.read_bytes() == before
 
@@ -154,3 +155,37 @@ def test_list_on_a_store_that_fails_mid_read_is_one_line_not_a_traceback(tmp_pat
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and lines[0].startswith("onward: error: store") and "corrupt" in lines[0], r.stderr
     assert r.stdout.startswith(b"task-000000\ntask-000001\n")  # it failed mid-read, after printing some
+
+
+@pytest.mark.parametrize("call", ["claim", "renew"])
+def test_a_call_blocked_by_another_writer_fails_within_a_quarter_of_the_lease(tmp_path: Path, call: str) -> None:
+    """The runner stops its tasks a third of a lease before the lease runs out, counting on no store call
+    taking longer than a quarter of it. A second connection holding SQLite's write lock must make the
+    call fail with StoreError within about that quarter, instead of waiting out the lease (and more)."""
+    import time
+
+    from onward.proc import current_owner
+    from onward.store.base import Lease
+
+    path = str(tmp_path / "s.db")
+    store = open_store(path)
+    store.add(["a"])
+    worker_id = store.register_worker(current_owner(), "test")
+    lease = 8.0  # a quarter: 2 s
+    (claim,) = store.claim(worker_id, 1, lease, 3)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="locked"):
+            if call == "claim":
+                store.claim(worker_id, 1, lease, 3)
+            else:
+                store.renew(worker_id, [Lease(claim.task_id, claim.fence)], lease, 0)
+        waited = time.monotonic() - started
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    print(f"{call} failed after {waited:.2f} s")
+    assert waited < lease / 2, waited
+    store.close()

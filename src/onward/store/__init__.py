@@ -1,7 +1,9 @@
-"""Durable task stores: the ``Store`` contract (base.py) and one module per backend.
+"""Durable task stores: the ``Store`` contract (base.py), the logic the SQL backends share (sqlbase.py) and
+one module per backend.
 
 ``store_url`` says which forms a store location may take (every other form is refused, so that a typo never
-becomes a file of that name); ``open_store`` picks the backend from it.
+becomes a file of that name). ``open_store``, ``exists`` and ``upgrade`` are the only doors to a backend:
+nothing outside this package imports one.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 import re
 
 from ..errors import StoreError
+from ..secrets import redact_url
 from .base import Store
 
 DEFAULT_DB = ".onward/onward.db"
@@ -60,4 +63,31 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
     return SqliteStore(url, create=create)
 
 
-__all__ = ["Store", "open_store", "store_url", "DEFAULT_DB", "is_postgres_url"]
+def exists(url: str) -> bool:
+    """Whether there may be a store at ``url`` (as ``store_url`` returns it), for ``open_store(url,
+    create=False)`` to open: False for a SQLite file that is missing or empty (a store whose creation was
+    cut short, which opening would initialise); True for a PostgreSQL database, where only a connection
+    can tell (``open_store`` raises ``StoreMissing`` then)."""
+    if is_postgres_url(url):
+        return True
+    from . import sqlite
+
+    return sqlite.exists(url)
+
+
+def upgrade(url: str) -> tuple[str, int, int]:
+    """``onward db upgrade``: create the store at ``url`` (as ``store_url`` returns it), or bring its schema
+    to this onward's version. Returns the store's printable location (no password) and its schema versions
+    before (0: there was no store) and after. Refuses a newer store (``SchemaTooNew``)."""
+    if is_postgres_url(url):
+        from . import postgres
+
+        before, after = postgres.upgrade(url)
+        return redact_url(url), before, after
+    from . import sqlite
+
+    before, after = sqlite.upgrade(url)
+    return sqlite.path_from_url(url), before, after
+
+
+__all__ = ["Store", "open_store", "exists", "upgrade", "store_url", "DEFAULT_DB", "is_postgres_url"]

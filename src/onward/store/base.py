@@ -167,9 +167,17 @@ class StepRecord:
     at: float
 
 
-class Store(Protocol):
-    """A durable task store. Methods not marked otherwise commit durably before they return, unless they
-    are called inside ``batch()``, whose one commit at the end covers them all."""
+# --- the contract, by the roles its callers use ---------------------------------------------------------
+# Time bound (what the runner relies on): it stops its tasks a third of a lease before the lease runs out,
+# counting on no store call taking longer than a quarter of the lease. So once a worker has named its lease
+# (in ``claim`` or ``renew``), every call marked "bounded" below waits at most a quarter of it for a lock or
+# the network, then raises ``StoreError`` (SQLite: its busy timeout; PostgreSQL: lock_timeout and
+# TCP_USER_TIMEOUT). Before that (``onward add``, status), calls may wait longer (SQLite 30 s, PostgreSQL
+# 3 s). Every method raises a ``StoreError`` subclass, never a driver's error.
+
+
+class Connection(Protocol):
+    """The store as a whole: where it is, its clock, transactions, and how it is watched."""
 
     url: str  # where the store is, printable: never holds a password
 
@@ -177,65 +185,67 @@ class Store(Protocol):
         """Release the connection. Idempotent."""
 
     def now(self) -> float:
-        """The store's clock, seconds since the epoch; lease and retry times are on this clock."""
+        """The store's clock, seconds since the epoch; lease and retry times are on this clock. Bounded."""
 
     def batch(self) -> AbstractContextManager[None]:
         """Group the writes inside into one transaction, committed durably once at the end (group commit).
-        An exception inside rolls everything back. Claims inside a batch take effect with it."""
+        An exception inside rolls everything back. Claims inside a batch take effect with it. Nests: only
+        the outermost batch commits."""
 
     def check_still_there(self) -> None:
         """Raise ``StoreGone`` if the store this connection writes to is no longer the one at its location
         (a SQLite file deleted, or another file renamed over it; a PostgreSQL schema dropped, or dropped
         and created again). Cheap enough for every heartbeat; a store that cannot be reached right now is
-        not gone (the calls that need it report that)."""
+        not gone (the calls that need it report that). Bounded."""
 
     def wakeup_fd(self) -> int | None:
         """A file descriptor that becomes readable when new work may be ready (PostgreSQL LISTEN/NOTIFY),
-        or None when the backend cannot signal, in which case idle workers poll."""
+        or None when the backend cannot signal, in which case idle workers poll. Never waits."""
 
     def drain_wakeups(self) -> None:
-        """Consume what made ``wakeup_fd`` readable."""
+        """Consume what made ``wakeup_fd`` readable. Never waits."""
 
-    # --- tasks ---------------------------------------------------------------------------------------
+
+class WorkQueue(Protocol):
+    """What a worker does with tasks: claim, keep, finish or give back. Methods not marked otherwise
+    commit durably before they return, unless called inside ``batch()``, whose commit covers them."""
+
     def add(self, names: Iterable[str]) -> int:
         """Add tasks by name; names already present are left alone. Returns how many were new, and
         journals one "added" event for the call when any were (not one per task: a million-line import
-        stays one row)."""
-
-    def get_source(self, path_key: str) -> SourceMark | None:
-        """The import mark of a tasks file, by its absolute path, or None."""
-
-    def set_source(self, path_key: str, mark: SourceMark) -> None:
-        """Record how far a tasks file was imported (call in the same batch as the ``add``)."""
+        stays one row). Not bounded: it waits for another import of the same names to commit."""
 
     def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int) -> list[Claim]:
         """Take up to ``limit`` ready pending tasks (retry time reached), oldest first, for this worker:
         state running, attempt + 1, fence + 1, lease until now + ``lease_seconds``. The claim is committed
         before this returns (or with the enclosing batch), so a task that kills its worker still has the
-        attempt counted. No two workers ever hold the same task."""
+        attempt counted. No two workers ever hold the same task. Names the lease: bounded from here on."""
 
     def renew(self, worker_id: int, leases: Sequence[Lease], lease_seconds: float, completed: int) -> list[int]:
         """Extend the leases of tasks this worker runs, recording progress. Returns the ids of the tasks
         whose fence moved on (taken over): the caller must stop them and not commit them. Also heartbeats
         the worker row, with ``completed``, the number of tasks it finished so far (for status).
-        Crash-safe, not necessarily durable: a lease only has to outlive its owner's process."""
+        Crash-safe, not necessarily durable: a lease only has to outlive its owner's process. Bounded."""
 
     def note_child(self, task_id: int, fence: int, child_pid: int, child_start: int) -> None:
         """Record the process group a running task's command runs in. Crash-safe, not durable: a power cut
-        kills the children too."""
+        kills the children too. Bounded."""
 
     def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
-        """Mark the task done with its result, atomically. False (and nothing written) if fenced out."""
+        """Mark the task done with its result, atomically. False (and nothing written) if fenced out.
+        Bounded."""
 
     def fail(self, task_id: int, fence: int, error: str, retry_delay: float) -> str | None:
         """Record a failed attempt. If attempts remain, the task goes back to pending, ready after
-        ``retry_delay`` seconds; else it is failed for good. Returns the new state, or None if fenced out."""
+        ``retry_delay`` seconds; else it is failed for good. Returns the new state, or None if fenced out.
+        Bounded."""
 
     def release(self, task_id: int, fence: int, reason: str) -> bool:
-        """Give a claimed task back without counting the attempt (graceful stop). False if fenced out."""
+        """Give a claimed task back without counting the attempt (graceful stop). False if fenced out.
+        Bounded."""
 
     def running(self) -> list[RunningTask]:
-        """Every task in state running, with its owner and whether its lease has expired."""
+        """Every task in state running, with its owner and whether its lease has expired. Bounded."""
 
     def reclaim(self, task_id: int, fence: int, reason: str) -> Reclaimed | None:
         """Take a running task away from its owner (dead or lease expired): the fence moves on. If the
@@ -243,13 +253,43 @@ class Store(Protocol):
         furthest one recorded before), it is given back uncounted, like a release: a crash does not
         quarantine an agent that is getting somewhere. Otherwise it counts: the task goes back to pending,
         or to failed if its attempts are used up. Returns what was done, or None if the task is no longer
-        running under that fence."""
+        running under that fence. Bounded."""
 
     def retry(self, names: Sequence[str] | None) -> int:
         """Failed tasks back to pending with attempts reset: the named ones, or every failed one if
         ``names`` is None. Returns how many changed."""
 
-    # --- reading -------------------------------------------------------------------------------------
+    def register_worker(self, owner: Owner, detail: str) -> int:
+        """Record a new worker (and a 'worker started' event). Returns its id."""
+
+    def worker_stopped(self, worker_id: int, reason: str) -> None:
+        """Mark the worker stopped (and journal why). Bounded."""
+
+    def log_event(self, kind: str, *, task_id: int | None = None, worker_id: int | None = None,
+                  attempt: int | None = None, detail: str | None = None, durable: bool = False) -> None:
+        """Append one event to the journal. Crash-safe unless ``durable``. Bounded."""
+
+
+class StepJournal(Protocol):
+    """The recorded steps of running tasks (durable agent steps), each write under the task's fence."""
+
+    def steps(self, task_id: int) -> list[StepRecord]:
+        """The recorded steps of a task, in order. Bounded."""
+
+    def record_step(self, task_id: int, fence: int, step: StepRecord) -> bool:
+        """Durably record one step's outcome under the task's fence. False if fenced out. A step whose index
+        is beyond the furthest ever recorded for the task is progress of this claim (see ``reclaim``); the
+        furthest index is kept on the task and never lowered, not even by ``drop_steps``. Bounded."""
+
+    def drop_steps(self, task_id: int, fence: int, from_index: int) -> bool:
+        """Forget recorded steps from ``from_index`` on (replay policy "prefix"). False if fenced out.
+        Bounded."""
+
+
+class Reporting(Protocol):
+    """Reading what happened, for status, list, logs and results. Reads only; each call is cheap on a store
+    of millions of tasks (``iter_tasks`` streams page by page)."""
+
     def task(self, name: str) -> TaskRow | None:
         """One task by name."""
 
@@ -260,40 +300,32 @@ class Store(Protocol):
         """A done task's result, or None if the task is not done."""
 
     def iter_tasks(self, state: str | None = None) -> Iterator[TaskRow]:
-        """Every task (or those in one state), in the order they were added. Streams: constant memory."""
+        """Every task (or those in one state), in the order they were added. Streams: constant memory, one
+        statement per page, so no snapshot is held open while the caller goes through it."""
 
     def counts(self) -> dict[str, int]:
-        """Number of tasks in each state. Cheap: does not scan the tasks."""
+        """Number of tasks in each state. Cheap: does not scan the tasks. Bounded."""
 
     def stats(self) -> Stats:
-        """What ``onward status`` shows. Cheap on a store of millions of tasks."""
-
-    # --- workers and the journal ---------------------------------------------------------------------
-    def register_worker(self, owner: Owner, detail: str) -> int:
-        """Record a new worker (and a 'worker started' event). Returns its id."""
+        """What ``onward status`` shows, from one snapshot. Cheap on a store of millions of tasks."""
 
     def workers(self) -> list[WorkerRow]:
         """Workers not marked stopped (at most 100, newest first)."""
-
-    def worker_stopped(self, worker_id: int, reason: str) -> None:
-        """Mark the worker stopped (and journal why)."""
-
-    def log_event(self, kind: str, *, task_id: int | None = None, worker_id: int | None = None,
-                  attempt: int | None = None, detail: str | None = None, durable: bool = False) -> None:
-        """Append one event to the journal. Crash-safe unless ``durable``."""
 
     def events(self, after_id: int = 0, task: str | None = None, limit: int = 1000,
                last: int | None = None) -> list[Event]:
         """Events with id greater than ``after_id`` in order (or the ``last`` N), optionally one task's."""
 
-    # --- durable steps -------------------------------------------------------------------------------
-    def steps(self, task_id: int) -> list[StepRecord]:
-        """The recorded steps of a task, in order."""
 
-    def record_step(self, task_id: int, fence: int, step: StepRecord) -> bool:
-        """Durably record one step's outcome under the task's fence. False if fenced out. A step whose index
-        is beyond the furthest ever recorded for the task is progress of this claim (see ``reclaim``); the
-        furthest index is kept on the task and never lowered, not even by ``drop_steps``."""
+class ImportMarks(Protocol):
+    """How far each tasks file was imported, written in the same batch as the tasks it added."""
 
-    def drop_steps(self, task_id: int, fence: int, from_index: int) -> bool:
-        """Forget recorded steps from ``from_index`` on (replay policy "prefix"). False if fenced out."""
+    def get_source(self, path_key: str) -> SourceMark | None:
+        """The import mark of a tasks file, by its absolute path, or None."""
+
+    def set_source(self, path_key: str, mark: SourceMark) -> None:
+        """Record how far a tasks file was imported (call in the same batch as the ``add``)."""
+
+
+class Store(Connection, WorkQueue, StepJournal, Reporting, ImportMarks, Protocol):
+    """A durable task store: every role above, on one connection. Use it from one thread."""

@@ -439,10 +439,10 @@ UPDATE onward.workers SET stopped_at = onward.epoch(), stop_reason = %(reason)s
 
 -- name: log_events
 -- Appends events of one process in the order given; the braces stand for one row of five placeholders
--- (kind, worker_id, task_id, attempt, detail) per event. A batch buffers its events and writes them all
--- with this one statement just before its commit.
+-- per event, named kind_N, worker_id_N, task_id_N, attempt_N and detail_N for the Nth event (from 0).
+-- A batch buffers its events and writes them all with this one statement just before its commit.
 INSERT INTO onward.events (kind, pid, host, worker_id, task_id, attempt, detail)
-SELECT e.kind, %s, %s, e.worker_id::bigint, e.task_id::bigint, e.attempt::integer, e.detail
+SELECT e.kind, %(pid)s, %(host)s, e.worker_id::bigint, e.task_id::bigint, e.attempt::integer, e.detail
   FROM (VALUES {rows}) AS e (kind, worker_id, task_id, attempt, detail);
 
 -- name: events_bound

@@ -9,47 +9,32 @@ Why these settings:
   journal) switch the connection to NORMAL for that one transaction: they reach the OS page cache, which a
   ``kill -9`` does not lose, and the next FULL commit's fsync covers them too, since the log is sequential.
 - ``BEGIN IMMEDIATE`` for every write: the write lock is taken up front, so two workers never deadlock
-  upgrading read locks, and ``busy_timeout`` makes the other wait instead of failing.
+  upgrading read locks, and ``busy_timeout`` makes the other wait instead of failing; once a worker names
+  its lease, for at most a quarter of it (see sqlbase.STALL_FLOOR_MS), as PostgreSQL's lock_timeout.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from ..errors import CorruptStore, NotAStore, SchemaTooNew, SchemaTooOld, StoreError, StoreGone, StoreMissing
-from ..proc import hostname
-from .base import (
-    PENDING,
-    Claim,
-    Event,
-    Lease,
-    Owner,
-    Reclaimed,
-    RunningTask,
-    SourceMark,
-    Stats,
-    StepRecord,
-    StoredResult,
-    TaskRow,
-    WorkerRow,
-)
-from .rows import event_of, running_task_of, step_of, worker_of
+from ..errors import CorruptStore, NotAStore, StoreError, StoreGone, StoreMissing
+from .base import Event, Lease, Stats, StepRecord
+from .rows import event_of
 from .sql import load_queries, migration
+from .sqlbase import SCHEMA_VERSION, SqlStore, added_message, check_schema_version
 
-SCHEMA_VERSION = 2
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# How long a call waits for the write lock before the runner names a lease (then: a quarter of it, see
+# sqlbase.STALL_FLOOR_MS). Commands such as ``onward add`` have no lease to outlive and may wait longer.
 BUSY_TIMEOUT_MS = 30_000
 Q = load_queries("sqlite.sql")
-T = TypeVar("T")
 
 
 def path_from_url(url: str) -> str:
@@ -99,38 +84,7 @@ def _translate(e: sqlite3.Error, path: str) -> StoreError:
     return StoreError(f"store {path}: {text}")
 
 
-def _translating(method: Callable[..., Any]) -> Callable[..., Any]:
-    """The method, raising ``StoreError`` instead of a bare sqlite3 error; a generator (``iter_tasks``) is
-    translated for as long as it is iterated, since its reads happen then, not when it is called."""
-    if inspect.isgeneratorfunction(method):
-        @functools.wraps(method)
-        def generator(self: SqliteStore, *args: Any, **kwargs: Any) -> Iterator[Any]:
-            try:
-                yield from method(self, *args, **kwargs)
-            except sqlite3.Error as e:
-                raise _translate(e, self.path) from None
-        return generator
-
-    @functools.wraps(method)
-    def wrapper(self: SqliteStore, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except sqlite3.Error as e:
-            raise _translate(e, self.path) from None
-    return wrapper
-
-
-def _translating_every_method(cls: type[T]) -> type[T]:
-    """Apply ``_translating`` to every public method of the class: applied to the class as a whole, so a
-    method added later cannot be left out (writes are translated in ``_write`` as well)."""
-    for name, member in list(vars(cls).items()):
-        if not name.startswith("_") and inspect.isfunction(member):
-            setattr(cls, name, _translating(member))
-    return cls
-
-
-@_translating_every_method
-class SqliteStore:
+class SqliteStore(SqlStore):
     """``Store`` on one SQLite file. One instance is one connection: use it from one thread."""
 
     def __init__(self, url: str, *, create: bool = True, upgrade: bool = False) -> None:
@@ -206,15 +160,9 @@ class SqliteStore:
                     for target in range(self.upgraded_from + 1, SCHEMA_VERSION + 1):
                         for statement in _split_statements(migration(Q, target)):
                             self._db.execute(statement)
-                    self._db.execute(Q["set_meta"], (str(SCHEMA_VERSION),))
+                    self._exec("set_meta", {"version": str(SCHEMA_VERSION)})
                     version = SCHEMA_VERSION
-        if version > SCHEMA_VERSION:
-            raise SchemaTooNew(
-                f"store {self.path} has schema version {version}, newer than this onward's {SCHEMA_VERSION};"
-                " upgrade onward"
-            )
-        if version < SCHEMA_VERSION:
-            raise SchemaTooOld(f"store {self.path} has schema version {version}; run `onward db upgrade`")
+        check_schema_version(version, SCHEMA_VERSION, self.path)
 
     def _schema_version(self) -> int | None:
         tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -261,168 +209,89 @@ class SqliteStore:
     def drain_wakeups(self) -> None:
         pass
 
-    # --- transactions --------------------------------------------------------------------------------
+    # --- what the shared SQL layer asks of a backend -------------------------------------------------
+    def _driver_error(self) -> type[BaseException]:
+        return sqlite3.Error
+
+    def _translate_error(self, e: BaseException) -> StoreError:
+        return _translate(e, self.path)  # type: ignore[arg-type]
+
+    def _exec(self, name: str, params: dict[str, Any] | None = None) -> sqlite3.Cursor:
+        return self._db.execute(Q[name], params or {})
+
+    def _clock(self) -> dict[str, Any]:
+        return {"now": time.time()}  # self.now(), without its translation wrapper (many calls per task)
+
+    def _key(self, name: str) -> str:
+        return name
+
     @contextmanager
-    def _write(self, durable: bool = True) -> Iterator[None]:
-        """One write transaction, unless a batch is open (then its commit covers this write)."""
-        if self._batch_depth:
-            yield
-            return
+    def _transaction(self, durable: bool) -> Iterator[None]:
         try:
             if not durable:
                 self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield
-                except BaseException:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-            finally:
-                if not durable:
-                    self._db.execute("PRAGMA synchronous = FULL")
-        except sqlite3.Error as e:
-            raise _translate(e, self.path) from None
+                yield
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        finally:
+            if not durable:
+                self._db.execute("PRAGMA synchronous = FULL")
 
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        if self._batch_depth:
-            self._batch_depth += 1
-            try:
-                yield
-            finally:
-                self._batch_depth -= 1
-            return
+    def _on_its_own(self, name: str, params: dict[str, Any]) -> list[Any]:
         with self._write():
-            self._batch_depth = 1
-            try:
-                yield
-            finally:
-                self._batch_depth = 0
+            return self._exec(name, params).fetchall()
+
+    def _apply_stall_bound(self) -> None:
+        # SQLite's one lock wait: for the write lock, held by another connection's transaction.
+        self._db.execute(f"PRAGMA busy_timeout = {self._stall_ms}")
 
     # --- tasks ---------------------------------------------------------------------------------------
     def add(self, names: Iterable[str]) -> int:
         now = self.now()
         with self._write():
             before = self._db.total_changes
-            self._db.executemany(Q["add_task"], ((name, now) for name in names))
+            self._db.executemany(Q["add_task"], ({"name": name, "now": now} for name in names))
             added = self._db.total_changes - before
             # Counted once here rather than by an insert trigger: a million-line import stays one pass.
             if added:
-                self._db.execute(Q["count_added"], (added,))
-                self._db.execute(Q["log_event"], (now, "added", os.getpid(), hostname(), None, None, None,
-                                                  f"{added} new task{'s' if added != 1 else ''}"))
+                self._exec("count_added", {"added": added})
+                self._journal("added", detail=added_message(added))
         return added
 
-    def get_source(self, path_key: str) -> SourceMark | None:
-        row = self._db.execute(Q["get_source"], (path_key,)).fetchone()
-        return SourceMark(*row) if row else None
-
-    def set_source(self, path_key: str, mark: SourceMark) -> None:
-        with self._write():
-            self._db.execute(
-                Q["set_source"],
-                (path_key, mark.identity, mark.size, mark.lines, mark.mtime_ns, mark.head_digest,
-                 mark.tail_digest),
-            )
-
-    def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int) -> list[Claim]:
-        params = {"worker_id": worker_id, "now": self.now(), "lease": lease_seconds, "limit": limit,
-                  "max_attempts": max_attempts}
-        with self._write():
-            rows = self._db.execute(Q["claim"], params).fetchall()
-        rows.sort()  # RETURNING gives no order guarantee; hand tasks out in the order they were added
-        return [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4]) for r in rows]
-
     def renew(self, worker_id: int, leases: Sequence[Lease], lease_seconds: float, completed: int) -> list[int]:
+        self._set_lease(lease_seconds)
         now = self.now()
         lost: list[int] = []
         with self._write(durable=False):
             for lease in leases:
                 progress_at = None if lease.progress_age is None else now - lease.progress_age
-                cur = self._db.execute(
-                    Q["renew"],
-                    {"now": now, "lease": lease_seconds, "progress_at": progress_at, "note": lease.note,
-                     "task_id": lease.task_id, "fence": lease.fence},
-                )
+                cur = self._exec("renew", {"now": now, "lease": lease_seconds, "progress_at": progress_at,
+                                           "note": lease.note, "task_id": lease.task_id, "fence": lease.fence})
                 if cur.rowcount == 0:
                     lost.append(lease.task_id)
-            self._db.execute(Q["worker_beat"], (now, completed, worker_id))
+            self._exec("worker_beat", {"now": now, "completed": completed, "worker_id": worker_id})
         return lost
-
-    def note_child(self, task_id: int, fence: int, child_pid: int, child_start: int) -> None:
-        with self._write(durable=False):
-            self._db.execute(Q["note_child"], (child_pid, child_start, task_id, fence))
 
     def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
         with self._write():
-            cur = self._db.execute(
-                Q["complete"],
-                {"now": self.now(), "result": result, "kind": kind, "task_id": task_id, "fence": fence},
-            )
+            cur = self._exec("complete", {"now": self.now(), "result": result, "kind": kind, "task_id": task_id,
+                                          "fence": fence})
         return cur.rowcount == 1
-
-    def fail(self, task_id: int, fence: int, error: str, retry_delay: float) -> str | None:
-        with self._write():
-            row = self._db.execute(
-                Q["fail"],
-                {"now": self.now(), "delay": retry_delay, "error": error, "task_id": task_id, "fence": fence},
-            ).fetchone()
-        return row[0] if row else None
-
-    def release(self, task_id: int, fence: int, reason: str) -> bool:
-        with self._write():
-            row = self._db.execute(Q["release"], {"task_id": task_id, "fence": fence}).fetchone()
-        return row is not None
-
-    def running(self) -> list[RunningTask]:
-        rows = self._db.execute(Q["running"], {"now": self.now()}).fetchall()
-        return sorted((running_task_of(r) for r in rows), key=lambda t: t.task_id)
-
-    def reclaim(self, task_id: int, fence: int, reason: str) -> Reclaimed | None:
-        with self._write():
-            row = self._db.execute(
-                Q["reclaim"], {"now": self.now(), "reason": reason, "task_id": task_id, "fence": fence}
-            ).fetchone()
-        return Reclaimed(state=row[0], counted=bool(row[1])) if row else None
 
     def retry(self, names: Sequence[str] | None) -> int:
         with self._write():
             if names is None:
-                return len(self._db.execute(Q["retry_failed"]).fetchall())
-            return sum(len(self._db.execute(Q["retry_one"], (n,)).fetchall()) for n in names)
+                return len(self._exec("retry_failed").fetchall())
+            return sum(len(self._exec("retry_one", {"name": n}).fetchall()) for n in names)
 
     # --- reading -------------------------------------------------------------------------------------
-    def task(self, name: str) -> TaskRow | None:
-        row = self._db.execute(Q["task"], (name,)).fetchone()
-        return TaskRow(*row) if row else None
-
-    def task_id(self, name: str) -> int | None:
-        row = self._db.execute(Q["task_id"], (name,)).fetchone()
-        return row[0] if row else None
-
-    def result(self, name: str) -> StoredResult | None:
-        row = self._db.execute(Q["result"], (name,)).fetchone()
-        return StoredResult(kind=row[0], data=bytes(row[1])) if row else None
-
-    def iter_tasks(self, state: str | None = None) -> Iterator[TaskRow]:
-        # Pages by id rather than holding one cursor open: a long listing never pins an old WAL snapshot.
-        after = 0
-        while True:
-            if state is None:
-                rows = self._db.execute(Q["iter_tasks"], (after, 1000)).fetchall()
-            else:
-                rows = self._db.execute(Q["iter_tasks_in_state"], (after, state, 1000)).fetchall()
-            if not rows:
-                return
-            for r in rows:
-                yield TaskRow(*r[1:])
-            after = rows[-1][0]
-
     def counts(self) -> dict[str, int]:
-        return dict(self._db.execute(Q["counts"]).fetchall())
+        return dict(self._exec("counts").fetchall())
 
     def stats(self) -> Stats:
         # One read transaction, so the numbers agree with each other.
@@ -432,14 +301,14 @@ class SqliteStore:
             counts = self.counts()
             running = self.running()
             workers = self.workers()
-            last_id = self._db.execute(Q["last_event_id"]).fetchone()[0]
+            last_id = self._exec("last_event_id").fetchone()[0]
             since = self._first_event_at_or_after(now - 60.0, last_id)
-            done_last_minute = self._db.execute(Q["count_done_since_event"], (since,)).fetchone()[0]
-            first = self._db.execute(Q["event_time"], (since,)).fetchone()
+            done_last_minute = self._exec("count_done_since_event", {"since": since}).fetchone()[0]
+            first = self._exec("event_time", {"id": since}).fetchone()
             # A job younger than a minute is measured over its own age, not diluted over 60 s.
             window = min(60.0, max(1.0, now - first[0])) if first else 60.0
-            errors = [event_of(r) for r in self._db.execute(Q["recent_errors"], (5,))]
-            restarts = self._db.execute(Q["count_restarts"]).fetchone()[0]
+            errors = [event_of(r) for r in self._exec("recent_errors", {"limit": 5})]
+            restarts = self._exec("count_restarts").fetchone()[0]
         finally:
             self._db.execute("COMMIT")
         return Stats(counts=counts, running=running, workers=workers, errors=errors,
@@ -451,80 +320,56 @@ class SqliteStore:
         lo, hi = 1, last_id + 1
         while lo < hi:
             mid = (lo + hi) // 2
-            row = self._db.execute(Q["event_time"], (mid,)).fetchone()
+            row = self._exec("event_time", {"id": mid}).fetchone()
             if row is None or row[0] < at:
                 lo = mid + 1
             else:
                 hi = mid
         return lo
 
-    def workers(self) -> list[WorkerRow]:
-        return [
-            worker_of(r)
-            for r in self._db.execute(Q["live_workers"], {"now": self.now()})
-        ]
-
-    # --- workers and the journal ---------------------------------------------------------------------
-    def register_worker(self, owner: Owner, detail: str) -> int:
-        now = self.now()
-        with self._write():
-            worker_id = self._db.execute(
-                Q["register_worker"], (owner.host, owner.host_key, owner.pid, owner.pid_start, now, now, detail)
-            ).fetchone()[0]
-            self._db.execute(Q["log_event"], (now, "worker started", owner.pid, owner.host, worker_id, None,
-                                              None, detail))
-        return int(worker_id)
-
-    def worker_stopped(self, worker_id: int, reason: str) -> None:
-        now = self.now()
-        with self._write():
-            self._db.execute(Q["worker_stopped"], (now, reason, worker_id))
-            self._db.execute(Q["log_event"], (now, "worker stopped", os.getpid(), hostname(), worker_id,
-                                              None, None, reason))
-
-    def log_event(self, kind: str, *, task_id: int | None = None, worker_id: int | None = None,
-                  attempt: int | None = None, detail: str | None = None, durable: bool = False) -> None:
-        with self._write(durable=durable):
-            self._db.execute(Q["log_event"], (self.now(), kind, os.getpid(), hostname(), worker_id, task_id,
-                                              attempt, detail))
-
     def events(self, after_id: int = 0, task: str | None = None, limit: int = 1000,
                last: int | None = None) -> list[Event]:
         if last is not None:
-            last_id = self._db.execute(Q["last_event_id"]).fetchone()[0]
+            last_id = self._exec("last_event_id").fetchone()[0]
             after_id = max(after_id, last_id - last) if task is None else after_id
         if task is None:
-            rows = self._db.execute(Q["events_after"], (after_id, limit)).fetchall()
+            rows = self._exec("events_after", {"after": after_id, "limit": limit}).fetchall()
         else:
-            rows = self._db.execute(Q["events_after_for_task"], (after_id, task, limit)).fetchall()
+            rows = self._exec("events_after_for_task", {"after": after_id, "key": task, "limit": limit}).fetchall()
             if last is not None:
                 rows = rows[-last:]
         return [event_of(r) for r in rows]
 
     # --- durable steps -------------------------------------------------------------------------------
-    def steps(self, task_id: int) -> list[StepRecord]:
-        return [step_of(r) for r in self._db.execute(Q["steps"], (task_id,))]
-
     def record_step(self, task_id: int, fence: int, step: StepRecord) -> bool:
         with self._write():
-            if self._db.execute(Q["step_progress"], {"task_id": task_id, "fence": fence, "idx": step.index}
-                                ).rowcount != 1:
+            if self._exec("step_progress", {"task_id": task_id, "fence": fence, "idx": step.index}).rowcount != 1:
                 return False  # fenced out
-            self._db.execute(
-                Q["record_step"],
-                {"task_id": task_id, "idx": step.index, "name": step.name, "kind": step.kind, "data": step.data,
-                 "at": step.at},
-            )
+            self._exec("record_step", {"task_id": task_id, "idx": step.index, "name": step.name, "kind": step.kind,
+                                       "data": step.data, "at": step.at})
         return True
 
     def drop_steps(self, task_id: int, fence: int, from_index: int) -> bool:
         with self._write():
-            self._db.execute(Q["drop_steps"], {"task_id": task_id, "fence": fence, "from_idx": from_index})
-            return self._db.execute(Q["fence_holds"], (task_id, fence)).fetchone() is not None
+            self._exec("drop_steps", {"task_id": task_id, "fence": fence, "from_idx": from_index})
+            return self._exec("fence_holds", {"task_id": task_id, "fence": fence}).fetchone() is not None
 
     # --- maintenance ---------------------------------------------------------------------------------
     def integrity_check(self) -> str:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def exists(url: str) -> bool:
+    """Whether something is at the store's path that opening without ``create`` should look at: not for a
+    missing file, nor for an empty one (a store whose creation was cut short: opening would initialise it);
+    anything else is opened, and refused there if it is not a store."""
+    try:
+        st = os.stat(path_from_url(url))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # something is wrong there: opening it says what
+    return not (stat.S_ISREG(st.st_mode) and st.st_size == 0)
 
 
 def upgrade(url: str) -> tuple[int, int]:
@@ -547,4 +392,4 @@ def _split_statements(script: str) -> list[str]:
     return statements
 
 
-__all__ = ["SqliteStore", "SCHEMA_VERSION", "PENDING", "upgrade"]
+__all__ = ["SqliteStore", "SCHEMA_VERSION", "upgrade", "exists", "path_from_url"]

@@ -114,14 +114,14 @@ UPDATE tasks SET furthest_step = (SELECT max(idx) FROM steps WHERE steps.task_id
  WHERE id IN (SELECT task_id FROM steps);
 
 -- name: set_meta
-INSERT INTO meta (key, value) VALUES ('app', 'onward'), ('schema_version', ?)
+INSERT INTO meta (key, value) VALUES ('app', 'onward'), ('schema_version', :version)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 
 -- name: add_task
-INSERT OR IGNORE INTO tasks (name, added_at) VALUES (?, ?);
+INSERT OR IGNORE INTO tasks (name, added_at) VALUES (:name, :now);
 
 -- name: count_added
-UPDATE counts SET n = n + ? WHERE state = 'pending';
+UPDATE counts SET n = n + :added WHERE state = 'pending';
 
 -- name: claim
 UPDATE tasks
@@ -144,10 +144,10 @@ UPDATE tasks
  WHERE id = :task_id AND fence = :fence AND state = 'running';
 
 -- name: worker_beat
-UPDATE workers SET heartbeat_at = ?, done = ? WHERE id = ?;
+UPDATE workers SET heartbeat_at = :now, done = :completed WHERE id = :worker_id;
 
 -- name: note_child
-UPDATE tasks SET child_pid = ?, child_start = ? WHERE id = ? AND fence = ? AND state = 'running';
+UPDATE tasks SET child_pid = :pid, child_start = :start WHERE id = :task_id AND fence = :fence AND state = 'running';
 
 -- name: complete
 UPDATE tasks
@@ -197,26 +197,26 @@ RETURNING id;
 
 -- name: retry_one
 UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL
- WHERE name = ? AND state = 'failed'
+ WHERE name = :name AND state = 'failed'
 RETURNING id;
 
 -- name: task
 SELECT name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks WHERE name = ?;
+  FROM tasks WHERE name = :key;
 
 -- name: task_id
-SELECT id FROM tasks WHERE name = ?;
+SELECT id FROM tasks WHERE name = :key;
 
 -- name: result
-SELECT result_kind, result FROM tasks WHERE name = ? AND state = 'done';
+SELECT result_kind, result FROM tasks WHERE name = :key AND state = 'done';
 
 -- name: iter_tasks
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks WHERE id > ? ORDER BY id LIMIT ?;
+  FROM tasks WHERE id > :after ORDER BY id LIMIT :limit;
 
 -- name: iter_tasks_in_state
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks WHERE id > ? AND state = ? ORDER BY id LIMIT ?;
+  FROM tasks WHERE id > :after AND state = :state ORDER BY id LIMIT :limit;
 
 -- name: counts
 SELECT state, n FROM counts;
@@ -234,10 +234,10 @@ SELECT w.id, w.host, w.host_key, w.pid, w.pid_start, w.started_at, :now - w.hear
 SELECT count(*) FROM events WHERE kind = 'restart';
 
 -- name: count_done_since_event
-SELECT count(*) FROM events WHERE id >= ? AND kind = 'done';
+SELECT count(*) FROM events WHERE id >= :since AND kind = 'done';
 
 -- name: event_time
-SELECT at FROM events WHERE id = ?;
+SELECT at FROM events WHERE id = :id;
 
 -- name: last_event_id
 SELECT coalesce(max(id), 0) FROM events;
@@ -247,46 +247,46 @@ SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
   FROM events AS e LEFT JOIN tasks AS t ON t.id = e.task_id
  WHERE e.kind IN ('failed', 'retrying', 'reclaimed', 'fenced')
  ORDER BY e.id DESC
- LIMIT ?;
+ LIMIT :limit;
 
 -- name: register_worker
 INSERT INTO workers (host, host_key, pid, pid_start, started_at, heartbeat_at, detail)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+VALUES (:host, :host_key, :pid, :pid_start, :now, :now, :detail)
 RETURNING id;
 
 -- name: worker_stopped
-UPDATE workers SET stopped_at = ?, stop_reason = ? WHERE id = ? AND stopped_at IS NULL;
+UPDATE workers SET stopped_at = :now, stop_reason = :reason WHERE id = :worker_id AND stopped_at IS NULL;
 
 -- name: log_event
 INSERT INTO events (at, kind, pid, host, worker_id, task_id, attempt, detail)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?);
+VALUES (:now, :kind, :pid, :host, :worker_id, :task_id, :attempt, :detail);
 
 -- name: events_after
 SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
   FROM events AS e LEFT JOIN tasks AS t ON t.id = e.task_id
- WHERE e.id > ?
+ WHERE e.id > :after
  ORDER BY e.id
- LIMIT ?;
+ LIMIT :limit;
 
 -- name: events_after_for_task
 SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
   FROM events AS e JOIN tasks AS t ON t.id = e.task_id
- WHERE e.id > ? AND t.name = ?
+ WHERE e.id > :after AND t.name = :key
  ORDER BY e.id
- LIMIT ?;
+ LIMIT :limit;
 
 -- name: get_source
-SELECT identity, size, lines, mtime_ns, head_digest, tail_digest FROM sources WHERE path = ?;
+SELECT identity, size, lines, mtime_ns, head_digest, tail_digest FROM sources WHERE path = :path;
 
 -- name: set_source
 INSERT INTO sources (path, identity, size, lines, mtime_ns, head_digest, tail_digest)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+VALUES (:path, :identity, :size, :lines, :mtime_ns, :head_digest, :tail_digest)
 ON CONFLICT (path) DO UPDATE
    SET identity = excluded.identity, size = excluded.size, lines = excluded.lines, mtime_ns = excluded.mtime_ns,
        head_digest = excluded.head_digest, tail_digest = excluded.tail_digest;
 
 -- name: steps
-SELECT idx, name, kind, data, at FROM steps WHERE task_id = ? ORDER BY idx;
+SELECT idx, name, kind, data, at FROM steps WHERE task_id = :task_id ORDER BY idx;
 
 -- name: step_progress
 -- First half of recording a step, in its transaction: checks the fence (no row: refused) and moves the
@@ -305,4 +305,4 @@ DELETE FROM steps
    AND EXISTS (SELECT 1 FROM tasks WHERE id = :task_id AND fence = :fence AND state = 'running');
 
 -- name: fence_holds
-SELECT 1 FROM tasks WHERE id = ? AND fence = ? AND state = 'running';
+SELECT 1 FROM tasks WHERE id = :task_id AND fence = :fence AND state = 'running';

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def test_missing_store_is_not_created_for_reading(tmp_path: Path) -> None:
     assert not (tmp_path / "nope.db").exists()
 
 
-def _unchanged(path: Path):  # type: ignore[no-untyped-def]
+def _unchanged(path: Path) -> Callable[[], bool]:
     before = path.read_bytes()
     return lambda: path.read_bytes() == before
 

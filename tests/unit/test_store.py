@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from onward.proc import current_owner
 from onward.store import open_store
-from onward.store.base import DONE, FAILED, PENDING, RUNNING, Lease, Reclaimed, SourceMark, StepRecord, Store
+from onward.store.base import (
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    Claim,
+    Lease,
+    Reclaimed,
+    SourceMark,
+    StepRecord,
+    Store,
+)
 
 
 @pytest.fixture
-def store(store_url: str):  # type: ignore[no-untyped-def]
+def store(store_url: str) -> Iterator[Store]:
     s = open_store(store_url)
     yield s
     s.close()
@@ -73,7 +85,7 @@ def test_fail_retries_after_delay_then_fails_for_good(store: Store) -> None:
     assert store.fail(c.task_id, c.fence, "boom", 0.5) == PENDING
     assert store.claim(w, 1, 30, 2) == []  # not before its retry time
     deadline = time.monotonic() + 5
-    claims = []
+    claims: list[Claim] = []
     while not claims and time.monotonic() < deadline:
         time.sleep(0.05)
         claims = store.claim(w, 1, 30, 2)

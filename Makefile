@@ -24,6 +24,7 @@ torture: $(STAMP)
 check: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy src/onward
+	$(VENV)/bin/mypy tests
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'

@@ -13,10 +13,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests import pgutil
+
+if TYPE_CHECKING:
+    from onward.store.base import Store
 
 BACKENDS = ["sqlite", "postgres"]
 
@@ -95,3 +99,10 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, interva
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def result_bytes(store: Store, name: str) -> bytes:
+    """A task's stored result; fails the test when the task has none."""
+    stored = store.result(name)
+    assert stored is not None, f"task {name!r} has no result"
+    return stored.data

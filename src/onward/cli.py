@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import __version__
+from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import OnwardError, StoreError, StoreMissing, TaskNotDone, UnknownTask, UsageError, WedgedTask
 from .log import NORMAL, QUIET, VERBOSE, Log, iso_time
 
@@ -39,17 +40,19 @@ db_option = click.option("--db", "db", metavar="URL", default=None,
 
 class TaskText(click.ParamType):
     """A task's text as given on the command line. A name that is not UTF-8 (``$'bad\\xff'``) reaches
-    Python as lone surrogates, which no store can hold: refused here as bad input, not a traceback later."""
+    Python as lone surrogates, which no store can hold: refused here as bad input, not a traceback later.
+    Only the encoding is checked here: a name breaking another rule (empty, too long) names no task, and
+    ``onward add`` checks every rule."""
 
     name = "task"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from .tasksfile import NOT_UTF8, task_name_problem
+
         text = str(value)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
+        if task_name_problem(text) == NOT_UTF8:
             shown = text.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
-            self.fail(f"\"{shown}\" is not valid UTF-8", param, ctx)
+            self.fail(f"\"{shown}\" {NOT_UTF8}", param, ctx)
         return text
 
 
@@ -112,18 +115,21 @@ def main() -> None:
 @db_option
 @click.option("--tasks", "tasks_file", metavar="FILE", help="Tasks file, one task per line ('-': stdin).")
 @click.option("--out", "out_dir", metavar="DIR", help="Also write each result to DIR/<name>.txt.")
-@click.option("--concurrency", default=1, show_default=True, type=int, help="Tasks run at once.")
-@click.option("--max-attempts", default=3, show_default=True, type=int, help="Attempts before a task fails.")
-@click.option("--retry-delay", default=1.0, show_default=True, type=FINITE_FLOAT,
+@click.option("--concurrency", default=RunConfig.concurrency, show_default=True, type=int, help="Tasks run at once.")
+@click.option("--max-attempts", default=RunConfig.max_attempts, show_default=True, type=int,
+              help="Attempts before a task fails.")
+@click.option("--retry-delay", default=RunConfig.retry_delay, show_default=True, type=FINITE_FLOAT,
               help="First retry backoff in seconds; doubles each attempt.")
-@click.option("--timeout", default=None, type=FINITE_FLOAT, help="Kill an attempt after this many seconds.")
-@click.option("--heartbeat", default=5.0, show_default=True, type=FINITE_FLOAT, help="Lease renewal period (s).")
-@click.option("--lease", default=None, type=FINITE_FLOAT, help="Lease length (s); default 3 heartbeats.")
-@click.option("--grace", default=10.0, show_default=True, type=FINITE_FLOAT,
+@click.option("--timeout", default=RunConfig.timeout, type=FINITE_FLOAT,
+              help="Kill an attempt after this many seconds.")
+@click.option("--heartbeat", default=RunConfig.heartbeat, show_default=True, type=FINITE_FLOAT,
+              help="Lease renewal period (s).")
+@click.option("--lease", default=RunConfig.lease, type=FINITE_FLOAT, help="Lease length (s); default 3 heartbeats.")
+@click.option("--grace", default=RunConfig.grace, show_default=True, type=FINITE_FLOAT,
               help="On SIGTERM, how long running tasks may finish (s).")
-@click.option("--stall-timeout", default=None, type=FINITE_FLOAT,
+@click.option("--stall-timeout", default=RunConfig.stall_timeout, type=FINITE_FLOAT,
               help="Cancel a task with no output, heartbeat-file touch or beat for this long (s).")
-@click.option("--max-result-bytes", default=16 * 1024 * 1024, show_default=True, type=int,
+@click.option("--max-result-bytes", default=DEFAULT_MAX_RESULT_BYTES, show_default=True, type=int,
               help="Largest stdout kept as a result (at least 1); more fails the attempt.")
 @click.option("--keep-awake", "keep_awake", metavar="PATH", default=None,
               help="Marker file kept while work remains (env ONWARD_KEEP_AWAKE).")
@@ -138,10 +144,11 @@ def run(db: str | None, tasks_file: str | None, out_dir: str | None, concurrency
     replaced by the task text. Exit 0 when all is done, 3 when some tasks failed for good."""
     from .commands import run_command
 
-    code = run_command(db=db, tasks_file=tasks_file, out_dir=out_dir, concurrency=concurrency,
-                       max_attempts=max_attempts, retry_delay=retry_delay, timeout=timeout, heartbeat=heartbeat,
-                       lease=lease, grace=grace, stall_timeout=stall_timeout, max_result_bytes=max_result_bytes,
-                       keep_awake=keep_awake, log=Log(_log_level(quiet, verbose)), command=list(command))
+    config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
+                       timeout=timeout, heartbeat=heartbeat, lease=lease, grace=grace, stall_timeout=stall_timeout)
+    code = run_command(config, Log(_log_level(quiet, verbose)), command=list(command), db=db,
+                       tasks_file=tasks_file, out_dir=out_dir, max_result_bytes=max_result_bytes,
+                       keep_awake=keep_awake)
     sys.exit(code)
 
 

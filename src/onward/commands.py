@@ -6,19 +6,17 @@ output folder are all checked before the store is created or a single task is ad
 
 from __future__ import annotations
 
+from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import StoreMissing, UsageError
 from .executions import CommandHandler, check_command
-from .job import validate_config
-from .keepawake import KeepAwake, check_marker_path, marker_path
+from .keepawake import marker_path
 from .log import Log
-from .notify import Notifier
 from .outdir import OutDir
-from .runner import RunConfig, Runner
-from .secrets import url_secrets
 from .store import exists as store_exists
 from .store import open_store, store_url
 from .store.base import Store
-from .tasksfile import ImportResult, check_tasks_file, import_tasks_file
+from .tasksfile import ImportResult, check_task_name, check_tasks_file, import_tasks_file
+from .worker import run_worker
 
 
 class LazyStore:
@@ -48,8 +46,6 @@ class LazyStore:
 
 
 def add_tasks(db: str | None, tasks: list[str], tasks_file: str | None) -> ImportResult:
-    from .job import check_task_name
-
     store = LazyStore(store_url(db))
     try:
         if tasks_file:
@@ -70,26 +66,20 @@ def held_back_warning(tasks_file: str, result: ImportResult) -> str | None:
             " changing: it is not imported now, but at the next import once the file is still")
 
 
-def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, concurrency: int,
-                max_attempts: int, retry_delay: float, timeout: float | None, heartbeat: float,
-                lease: float | None, grace: float, stall_timeout: float | None, max_result_bytes: int,
-                keep_awake: str | None, log: Log, command: list[str]) -> int:
+def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | None = None,
+                tasks_file: str | None = None, out_dir: str | None = None,
+                max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES, keep_awake: str | None = None) -> int:
+    """``onward run``: add the tasks file's new tasks, then run ``command`` once per pending task. Returns
+    the exit status (0, or 3 when some tasks failed for good)."""
     if not command or not command[0]:
         raise UsageError("no command to run: give it after --, e.g. onward run --tasks FILE -- CMD {task}")
     check_command(command)
     if max_result_bytes < 1:
         raise UsageError(f"--max-result-bytes must be at least 1 (got {max_result_bytes})")
-    config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
-                       timeout=timeout, heartbeat=heartbeat, lease=lease, grace=grace,
-                       stall_timeout=stall_timeout)
-    validate_config(config)
     marker = marker_path(keep_awake)
-    if marker:
-        check_marker_path(marker)
     url = store_url(db)
     store = LazyStore(url)
     out: OutDir | None = None
-    handler: CommandHandler | None = None
     try:
         # Every input is checked before anything is written: the tasks file, then the output folder.
         tasks = check_tasks_file(store.existing, tasks_file) if tasks_file else None
@@ -105,13 +95,9 @@ def run_command(*, db: str | None, tasks_file: str | None, out_dir: str | None, 
             if warning:
                 log.warning(warning)
         handler = CommandHandler(command, url, max_result_bytes)
-        runner = Runner(store.get(), handler, config, log, notifier=Notifier.from_env(),
-                        keep_awake=KeepAwake(marker, log) if marker else None, out=out, secrets=url_secrets(url))
-        summary = runner.run()
+        summary = run_worker(store.get(), handler, config, log, url=url, out=out, keep_awake=marker)
         return summary.exit_code
     finally:
-        if handler is not None:
-            handler.close()
         if out is not None:
             out.close()
         store.close()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from . import results
 from . import steps as durable
 from .cgroups import AttemptCgroup, WorkerCgroups
+from .config import DEFAULT_MAX_RESULT_BYTES
 from .errors import OnwardError, StepDrift, UsageError
 from .log import one_line
 from .proc import die_with_parent_preexec, kill_group, pid_exists, pid_start_time, prepare_die_with_parent
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from .runner import Runner
 
 T = TypeVar("T")
-DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024
 ERROR_TAIL_BYTES = 4096
 
 

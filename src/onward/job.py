@@ -12,37 +12,37 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar, overload
 
 from . import results
+from .config import RunConfig
 from .errors import TaskNotDone, UsageError
 from .executions import PythonHandler, TaskContext
-from .keepawake import KeepAwake, check_marker_path, marker_path
+from .keepawake import marker_path
 from .log import NORMAL, Log
-from .notify import Notifier
 from .outdir import OutDir
-from .runner import RunConfig, Runner, RunSummary
-from .secrets import url_secrets
+from .runner import RunSummary
 from .steps import REPLAY_POLICIES, STRICT
 from .store import open_store, store_url
 from .store.base import Stats, Store
+from .tasksfile import check_task_name
+from .worker import run_worker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Job:
-    def __init__(self, db: str | None = None, *, concurrency: int = 1, max_attempts: int = 3,
-                 retry_delay: float = 1.0, timeout: float | None = None, heartbeat: float = 5.0,
-                 grace: float = 10.0, stall_timeout: float | None = None, out: str | None = None,
-                 keep_awake: str | None = None, log_level: int = NORMAL) -> None:
+    def __init__(self, db: str | None = None, *, concurrency: int = RunConfig.concurrency,
+                 max_attempts: int = RunConfig.max_attempts, retry_delay: float = RunConfig.retry_delay,
+                 timeout: float | None = RunConfig.timeout, heartbeat: float = RunConfig.heartbeat,
+                 grace: float = RunConfig.grace, stall_timeout: float | None = RunConfig.stall_timeout,
+                 out: str | None = None, keep_awake: str | None = None, log_level: int = NORMAL) -> None:
         self.url = store_url(db)
         self.store: Store = open_store(self.url)
         self.config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
                                 timeout=timeout, heartbeat=heartbeat, grace=grace, stall_timeout=stall_timeout)
-        validate_config(self.config)
         self.out = out
         self.keep_awake = keep_awake
         self.log = Log(log_level)
@@ -79,7 +79,6 @@ class Job:
             if stall_timeout is not None:
                 changes["stall_timeout"] = stall_timeout
             self.config = replace(self.config, **changes)
-            validate_config(self.config)
             return f
         return register(fn) if fn is not None else register
 
@@ -106,19 +105,12 @@ class Job:
         if self._fn is None:
             raise UsageError("no task function: decorate one with @job.task")
         config = replace(self.config, **overrides)
-        validate_config(config)
         marker = marker_path(self.keep_awake)
-        if marker:
-            check_marker_path(marker)
         out = OutDir(self.out) if self.out else None
-        handler = PythonHandler(self._fn, replay=self._replay)
         try:
-            runner = Runner(self.store, handler, config, self.log, notifier=Notifier.from_env(),
-                            keep_awake=KeepAwake(marker, self.log) if marker else None, out=out,
-                            secrets=url_secrets(self.url))
-            return runner.run()
+            handler = PythonHandler(self._fn, replay=self._replay)
+            return run_worker(self.store, handler, config, self.log, url=self.url, out=out, keep_awake=marker)
         finally:
-            handler.close()
             if out is not None:
                 out.close()
 
@@ -143,46 +135,3 @@ class Job:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def check_task_name(name: str) -> None:
-    from .tasksfile import MAX_LINE_BYTES
-
-    if not name:
-        raise UsageError("a task name cannot be empty")
-    try:
-        encoded = name.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: what non-UTF-8 bytes in argv or a file name decode to
-        raise UsageError(f"a task name must be valid UTF-8: {name[:40]!r}") from None
-    if len(encoded) > MAX_LINE_BYTES:
-        raise UsageError(f"task name longer than {MAX_LINE_BYTES} bytes: {name[:40]!r}…")
-    if "\n" in name or "\0" in name:
-        raise UsageError(f"a task name cannot hold a newline or NUL: {name[:40]!r}")
-
-
-def validate_config(config: RunConfig) -> None:
-    """Nonsense values are refused with one line (exit status 2 from the CLI)."""
-    for name in ("retry_delay", "timeout", "heartbeat", "lease", "grace", "stall_timeout"):
-        value = getattr(config, name)
-        # NaN passes every comparison below, and infinity overflows timers: only finite numbers are durations.
-        if value is not None and not math.isfinite(value):
-            raise UsageError(f"{name.replace('_', ' ')} must be a finite number of seconds (got {value})")
-    def positive(name: str, value: float | None, allow_none: bool = True) -> None:
-        if value is None and allow_none:
-            return
-        if value is None or value <= 0:
-            raise UsageError(f"{name} must be greater than 0 (got {value})")
-
-    if config.concurrency < 1:
-        raise UsageError(f"concurrency must be at least 1 (got {config.concurrency})")
-    if config.max_attempts < 1:
-        raise UsageError(f"max attempts must be at least 1 (got {config.max_attempts})")
-    if config.retry_delay < 0:
-        raise UsageError(f"retry delay cannot be negative (got {config.retry_delay})")
-    if config.grace < 0:
-        raise UsageError(f"grace cannot be negative (got {config.grace})")
-    positive("heartbeat", config.heartbeat, allow_none=False)
-    positive("timeout", config.timeout)
-    positive("stall timeout", config.stall_timeout)
-    positive("lease", config.lease)
-    if config.lease is not None and config.lease <= config.heartbeat:
-        raise UsageError(f"lease ({config.lease}) must be longer than the heartbeat ({config.heartbeat})")

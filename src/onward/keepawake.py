@@ -20,7 +20,14 @@ SANDBOX_MARKER = "keep-awake"
 
 def marker_path(flag: str | None) -> str | None:
     """The marker to keep: the flag, else $ONWARD_KEEP_AWAKE, else ~/.sandboxer/keep-awake when the
-    ~/.sandboxer folder exists, else none."""
+    ~/.sandboxer folder exists, else none. Raises ``UsageError`` for a marker that could never be a file."""
+    path = _chosen_marker(flag)
+    if path:
+        _check_marker_path(path)
+    return path
+
+
+def _chosen_marker(flag: str | None) -> str | None:
     if flag:
         return flag
     env = os.environ.get("ONWARD_KEEP_AWAKE")
@@ -32,7 +39,7 @@ def marker_path(flag: str | None) -> str | None:
     return None
 
 
-def check_marker_path(path: str) -> None:
+def _check_marker_path(path: str) -> None:
     """Refuse, before anything is written, a marker that could never be a file: a directory, or a path
     under something that is not a directory. (A full or failing disk is only found when writing: that is a
     warning then, see ``KeepAwake.hold``.)"""

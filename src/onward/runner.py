@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .config import RunConfig
 from .errors import Fenced, OnwardError, StoreError, WedgedTask
 from .executions import Execution, Handler, Outcome
 from .keepawake import KeepAwake
@@ -48,24 +49,6 @@ STOP_COMMIT_SECONDS = 5.0
 # claims nothing for RESOURCE_PAUSE seconds.
 WORKER_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 RESOURCE_PAUSE = 1.0
-
-
-@dataclass
-class RunConfig:
-    concurrency: int = 1
-    max_attempts: int = 3
-    retry_delay: float = 1.0  # first backoff; doubles with every further attempt
-    max_retry_delay: float = 300.0
-    timeout: float | None = None  # seconds an attempt may run
-    heartbeat: float = 5.0  # lease renewal period
-    lease: float | None = None  # lease length; default 3 heartbeats
-    grace: float = 10.0  # on SIGTERM: how long running tasks may take to finish
-    stall_timeout: float | None = None  # cancel a task with no sign of progress for this long
-    install_signal_handlers: bool = True
-
-    @property
-    def lease_seconds(self) -> float:
-        return self.lease if self.lease is not None else 3 * self.heartbeat
 
 
 @dataclass

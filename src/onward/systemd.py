@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from onward.config import RunConfig
 from onward.errors import OnwardError, UsageError
 from onward.secrets import redact_url
 from onward.supervise import DEFAULT_MAX_RESTARTS, DEFAULT_WINDOW, find_run_option, onward_run_span
@@ -37,7 +38,7 @@ UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/onward"  # the units' EnvironmentFiles, holding their secrets
 DEFAULT_WATCHDOG = 30.0  # WatchdogSec unless --watchdog says otherwise (0: none)
 RESTART_SEC = "200ms"
-DEFAULT_GRACE = 10.0  # onward run's --grace default
+DEFAULT_GRACE = RunConfig.grace  # onward run's --grace default
 STOP_MARGIN = 10.0  # TimeoutStopSec = grace + this: time to terminate the tasks and record the stop
 
 # Options of ``onward run`` naming files, made absolute in ExecStart (the service runs elsewhere).

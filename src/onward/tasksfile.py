@@ -50,21 +50,50 @@ class ImportResult:
     held_back: str | None = None  # an unterminated last line left out: the file was still being written
 
 
+NOT_UTF8 = "is not valid UTF-8"
+
+
+def task_name_problem(name: str) -> str | None:
+    """What keeps ``name`` from being a task name, as the end of a sentence ("is not valid UTF-8"), or
+    None. The one rule for every way a task comes in: ``Job.add``, ``onward add``, a tasks file."""
+    if not name:
+        return "cannot be empty"
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: what non-UTF-8 bytes in argv or a file name decode to
+        return NOT_UTF8
+    if len(encoded) > MAX_LINE_BYTES:
+        return f"is longer than {MAX_LINE_BYTES} bytes"
+    if "\0" in name:
+        return "contains a NUL character"
+    if "\n" in name:
+        return "contains a newline"
+    return None
+
+
+def check_task_name(name: str) -> None:
+    """Raise ``UsageError`` for a name that no task may have (see ``task_name_problem``)."""
+    problem = task_name_problem(name)
+    if problem:
+        raise UsageError(f"a task name {problem}: {name[:40]!r}")
+
+
 def parse_line(raw: bytes, lineno: int, source: str) -> str | None:
     """One line's task text, or None for a blank or comment line. Raises UsageError for a bad line."""
     if lineno == 1 and raw.startswith(UTF8_BOM):
         raw = raw[len(UTF8_BOM):]  # editors on Windows start files with one: it marks the encoding, not a task
+    # Checked on the raw line, before stripping: LineReader cuts a line far too long short, and what is
+    # left of it must not pass for a task.
     if len(raw) > MAX_LINE_BYTES:
         raise UsageError(f"{source}: line {lineno} is longer than {MAX_LINE_BYTES} bytes")
-    try:
-        text = raw.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise UsageError(f"{source}: line {lineno} is not valid UTF-8") from None
-    if not text or text.startswith("#"):
+    # Bad bytes decode to lone surrogates, which task_name_problem refuses as not UTF-8.
+    text = raw.decode("utf-8", "surrogateescape").strip()
+    if not text:
         return None
-    if "\0" in text:
-        raise UsageError(f"{source}: line {lineno} contains a NUL character")
-    return text
+    problem = task_name_problem(text)
+    if problem:
+        raise UsageError(f"{source}: line {lineno} {problem}")
+    return None if text.startswith("#") else text
 
 
 class LineReader:

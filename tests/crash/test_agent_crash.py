@@ -208,7 +208,8 @@ def test_agent_loop_killed_at_random_moments_never_pays_twice(tmp_path: Path, st
     store = open_store(str(db), create=False)
     try:
         assert store.result(task) == expected  # the same answer as the uninterrupted run
-        task_id = store.task_id(task)  # type: ignore[attr-defined]
+        task_id = store.task_id(task)
+        assert task_id is not None
         records = store.steps(task_id)
     finally:
         store.close()

@@ -77,6 +77,7 @@ def crash_loop(tmp_path: Path, seed: int, *, n_tasks: int, random_kills: int, co
             p.wait()
         else:
             # strace kills the worker as it enters its N-th fdatasync: inside a commit.
+            assert strace is not None  # the plan has commit kills only with strace
             nth = rng.randint(2, 10)
             p = subprocess.Popen(
                 [strace, "-f", "-qq", "-o", "/dev/null", "-e", "trace=fdatasync",

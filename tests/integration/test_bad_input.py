@@ -4,7 +4,9 @@ nothing created or changed."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +17,7 @@ def files_under(root: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def assert_one_line_exit_2(r, needle: str = "") -> str:  # type: ignore[no-untyped-def]
+def assert_one_line_exit_2(r: subprocess.CompletedProcess[bytes], needle: str = "") -> str:
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 2, (r.returncode, err)
     lines = err.strip().splitlines()
@@ -31,7 +33,7 @@ def assert_one_line_exit_2(r, needle: str = "") -> str:  # type: ignore[no-untyp
     ["logs", "--task", b"bad\xff"],
     ["steps", b"bad\xff"],
 ])
-def test_non_utf8_task_arguments_are_one_line_exit_2(tmp_path: Path, argv: list) -> None:  # type: ignore[type-arg]
+def test_non_utf8_task_arguments_are_one_line_exit_2(tmp_path: Path, argv: list[str | bytes]) -> None:
     db = tmp_path / "s.db"
     assert run_onward("add", "--db", str(db), "x").returncode == 0
     before = files_under(tmp_path)
@@ -65,8 +67,9 @@ def test_nan_and_infinity_are_refused_by_every_float_flag(tmp_path: Path, argv: 
 def test_the_python_api_refuses_nan_and_infinity(tmp_path: Path, field: str, value: float) -> None:
     from onward import Job, UsageError
 
+    setting: dict[str, Any] = {field: value}
     with pytest.raises(UsageError, match="finite"):
-        Job(str(tmp_path / "s.db"), **{field: value})
+        Job(str(tmp_path / "s.db"), **setting)
     job = Job(str(tmp_path / "s.db"))
 
     @job.task
@@ -75,7 +78,7 @@ def test_the_python_api_refuses_nan_and_infinity(tmp_path: Path, field: str, val
 
     job.add(["a"])
     with pytest.raises(UsageError, match="finite"):
-        job.run(**{field: value})
+        job.run(**setting)
     assert job.store.counts()["pending"] == 1
     job.close()
 

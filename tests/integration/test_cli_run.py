@@ -10,9 +10,10 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ def write_tasks(path: Path, tasks: list[str]) -> Path:
     return path
 
 
-def status(db: str) -> dict:  # type: ignore[type-arg]
+def status(db: str) -> dict[str, Any]:
     r = run_onward("status", "--db", db, "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -404,14 +405,15 @@ def frozen_by_cgroup(worker: int, child: int) -> Iterator[None]:
         yield
     finally:
         (group / "freezer.state").write_text("THAWED")
-        for pid in (group / "cgroup.procs").read_text().split():
+        for member in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError, OSError):
-                (FREEZER / "cgroup.procs").write_text(pid)
+                (FREEZER / "cgroup.procs").write_text(member)
         group.rmdir()
 
 
 @pytest.mark.parametrize("pause", [stopped_with_sigstop, frozen_by_cgroup], ids=["sigstop", "freezer"])
-def test_paused_worker_loses_its_lease_and_cannot_commit(tmp_path: Path, pause) -> None:  # type: ignore[no-untyped-def]
+def test_paused_worker_loses_its_lease_and_cannot_commit(
+        tmp_path: Path, pause: Callable[[int, int], AbstractContextManager[None]]) -> None:
     """Pause a worker past its lease: another takes the task over (killing the paused worker's command
     first, so two executions never overlap); after the thaw the paused worker notices the gap and its
     outcome is fenced."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from onward import Job, TaskNotDone, UsageError
+from onward import Job, TaskContext, TaskNotDone, UsageError
 from onward.log import QUIET
 from tests.conftest import run_onward, wait_for
 
@@ -23,7 +23,7 @@ def test_results_of_every_kind_round_trip(store_url: str) -> None:
     job = Job(store_url, log_level=QUIET)
 
     @job.task
-    def handle(task: str, ctx) -> object:  # type: ignore[no-untyped-def]
+    def handle(task: str, ctx: TaskContext) -> object:
         return {"text": task, "bytes": task.encode(), "json": {"n": len(task), "ok": True}}[task]
 
     assert job.add(["text", "bytes", "json"]) == 3
@@ -53,7 +53,7 @@ def test_resume_does_not_redo_done_tasks(store_url: str) -> None:
     job = Job(store_url, log_level=QUIET)
 
     @job.task
-    def handle(task: str, ctx) -> str:  # type: ignore[no-untyped-def]
+    def handle(task: str, ctx: TaskContext) -> str:
         calls.append(task)
         return task.upper()
 
@@ -70,7 +70,7 @@ def test_exceptions_are_retried_then_fail(store_url: str) -> None:
     job = Job(store_url, log_level=QUIET, retry_delay=0.01)
 
     @job.task(max_attempts=3)
-    def handle(task: str, ctx) -> str:  # type: ignore[no-untyped-def]
+    def handle(task: str, ctx: TaskContext) -> str:
         attempts.append(ctx.attempt)
         if task == "flaky" and ctx.attempt < 2:
             raise ConnectionError("try again")
@@ -93,7 +93,7 @@ def test_timeout_cancels_a_python_task_that_checks(store_url: str) -> None:
     job = Job(store_url, log_level=QUIET, timeout=0.2, max_attempts=1)
 
     @job.task
-    def handle(task: str, ctx) -> str:  # type: ignore[no-untyped-def]
+    def handle(task: str, ctx: TaskContext) -> str:
         while True:
             ctx.check()
             ctx.beat("spinning")

@@ -36,7 +36,7 @@ import pytest
 from onward.store import open_store
 from onward.store.base import DONE, FAILED, PENDING, RUNNING
 from tests import pgutil
-from tests.conftest import run_onward, wait_for
+from tests.conftest import result_bytes, run_onward, wait_for
 
 pytestmark = pytest.mark.postgres
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -246,14 +246,14 @@ def test_hosts_cut_off_or_killed_mid_run_lose_nothing_and_complete_nothing_twice
         try:
             journal = store.events(limit=1_000_000)
             assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: N_TASKS, FAILED: 0}
-            results = {n: store.result(n).data.decode() for n in names}
+            results = {n: result_bytes(store, n).decode() for n in names}
         finally:
             store.close()
         sql.close()
 
     # Committed exactly once each, by an execution that ran to its end; none lost.
     done = [e for e in journal if e.kind == "done"]
-    assert sorted(e.task for e in done) == names
+    assert sorted(str(e.task) for e in done) == names
     runs = executions(side)
     by_task: dict[str, list[Execution]] = defaultdict(list)
     for run in runs:

@@ -20,17 +20,20 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from onward.errors import NotAStore, SchemaTooOld, StoreError
 from onward.proc import current_owner
 from onward.store import open_store
-from onward.store.base import DONE, FAILED, PENDING, RUNNING, Lease, Reclaimed, StepRecord
-from onward.store.postgres import SCHEMA_VERSION
+from onward.store.base import DONE, FAILED, PENDING, RUNNING, Lease, Reclaimed, StepRecord, Store
+from onward.store.postgres import SCHEMA_VERSION, PostgresStore
 from tests import pgutil
-from tests.conftest import onward_argv, run_onward, wait_for
+from tests.conftest import onward_argv, result_bytes, run_onward, wait_for
+
+if TYPE_CHECKING:
+    import psycopg
 
 pytestmark = pytest.mark.postgres
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -119,7 +122,7 @@ def test_a_run_survives_a_server_restart(tmp_path: Path, seed: int) -> None:
         # The restart landed mid-job: tasks were completed after the server came back.
         assert any(e.kind == "done" and e.at > restarted_at for e in store.events(limit=100_000))
         assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 400, FAILED: 0}
-        assert all(store.result(n).data == n.encode() for n in rng.sample(names, 40))
+        assert all(result_bytes(store, n) == n.encode() for n in rng.sample(names, 40))
         store.close()
 
 
@@ -192,7 +195,7 @@ def test_a_worker_that_cannot_renew_its_lease_stops_its_tasks_and_commits_nothin
     try:
         assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 2, FAILED: 0}
         for name in ("slow-a", "slow-b"):
-            assert store.result(name).data == b"attempt 2"
+            assert result_bytes(store, name) == b"attempt 2"
         # Committed once each, by the takeover's attempt (B's, or A's own once it could connect again).
         done = [e for e in store.events() if e.kind == "done"]
         assert sorted((e.task, e.attempt) for e in done) == [("slow-a", 2), ("slow-b", 2)]
@@ -232,11 +235,17 @@ def test_a_late_completion_is_rejected(pg_url: str) -> None:
 
         assert b.complete(cb.task_id, cb.fence, b"on time", "str")
         assert not a.complete(ca.task_id, ca.fence, b"later still", "str")
-        assert a.result("job").data == b"on time"
+        assert result_bytes(a, "job") == b"on time"
         assert a.counts() == {PENDING: 0, RUNNING: 0, DONE: 1, FAILED: 0}
     finally:
         a.close()
         b.close()
+
+
+def connection_of(store: Store) -> psycopg.Connection[Any]:
+    """The PostgreSQL store's current connection: the tests below reach into it."""
+    assert isinstance(store, PostgresStore) and store._conn is not None
+    return store._conn
 
 
 # --- lost connections ----------------------------------------------------------------------------------
@@ -245,7 +254,7 @@ def test_a_lost_connection_fails_one_call_and_is_replaced_in_the_background(pg_u
     sql = admin(pg_url)
     try:
         store.add(["a"])
-        backend = store._conn.info.backend_pid
+        backend = connection_of(store).info.backend_pid
         sql.execute("SELECT pg_terminate_backend(%s)", (backend,))
         wait_for(lambda: sql.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
                                      (backend,)).fetchone()[0] == 0, 5, "the session to end")
@@ -303,7 +312,7 @@ def test_new_work_wakes_a_listening_store_even_after_its_listen_session_is_lost(
 def test_calls_cannot_hang_on_the_network_longer_than_a_fraction_of_the_lease(pg_url: str) -> None:
     store = open_store(pg_url)
     try:
-        conn = store._conn
+        conn = connection_of(store)
         settings = dict(conn.execute("SELECT name, setting FROM pg_settings WHERE name IN ('synchronous_commit',"
                                      " 'statement_timeout', 'idle_in_transaction_session_timeout',"
                                      " 'tcp_keepalives_idle', 'tcp_user_timeout')").fetchall())
@@ -311,7 +320,7 @@ def test_calls_cannot_hang_on_the_network_longer_than_a_fraction_of_the_lease(pg
         assert int(settings["statement_timeout"]) > 0 and int(settings["idle_in_transaction_session_timeout"]) > 0
 
         def user_timeout() -> int:
-            with socket.socket(fileno=os.dup(store._conn.fileno())) as s:
+            with socket.socket(fileno=os.dup(connection_of(store).fileno())) as s:
                 return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
         assert 0 < user_timeout() <= 3000
         w = store.register_worker(current_owner(), "t")

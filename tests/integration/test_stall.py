@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from onward import Job
+from onward import Job, TaskContext
 from onward.log import QUIET
 from tests.conftest import run_onward
 
@@ -44,7 +44,7 @@ def test_python_task_that_beats_survives_and_one_that_does_not_is_cancelled(stor
     job = Job(store_url, log_level=QUIET, stall_timeout=0.4, max_attempts=1, heartbeat=0.2)
 
     @job.task
-    def handle(task: str, ctx) -> str:  # type: ignore[no-untyped-def]
+    def handle(task: str, ctx: TaskContext) -> str:
         for _ in range(15):  # 1.5 s in all, well past the stall timeout
             if task == "beats":
                 ctx.beat("working")

@@ -12,6 +12,7 @@ import struct
 import subprocess
 import termios
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import onward_argv, run_onward, wait_for
 
@@ -56,7 +57,7 @@ def test_escape_sequences_in_a_task_stderr_are_printed_escaped_but_stored_raw(tm
     assert "\x1b[2J\x1b]0;pwned\x07" in error["error"] and error["task"] == hostile_name
 
 
-def status_json(db: str) -> dict:  # type: ignore[type-arg]
+def status_json(db: str) -> dict[str, Any]:
     r = run_onward("status", "--db", db, "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)

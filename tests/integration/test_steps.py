@@ -47,8 +47,8 @@ def new_job(url: str, **kwargs: Any) -> Job:
 def records(url: str, task: str) -> list[tuple[int, str, str]]:
     store = open_store(url, create=False)
     try:
-        task_id = store.task_id(task)  # type: ignore[attr-defined]
-        return [(r.index, r.name, r.kind) for r in store.steps(task_id)]
+        task_id = store.task_id(task)
+        return [(r.index, r.name, r.kind) for r in store.steps(task_id)] if task_id is not None else []
     finally:
         store.close()
 
@@ -791,7 +791,7 @@ def test_durable_sleep_sleeps_only_the_remainder_after_kill_9(worker_env: tuple[
             return None
         store = open_store(sqlite_url, create=False)
         try:
-            task_id = store.task_id("agent")  # type: ignore[attr-defined]
+            task_id = store.task_id("agent")
             for r in store.steps(task_id) if task_id else []:
                 if r.kind == "sleep":
                     return float(json.loads(unframe(r.data).payload))
@@ -826,7 +826,9 @@ def test_sigterm_stops_sync_and_async_tasks_at_a_step_and_the_next_run_replays(
     store = open_store(sqlite_url, create=False)
     row = store.task("agent")
     assert row is not None and row.state == "pending" and row.attempts == 0  # the attempt was not counted
-    recorded = len(store.steps(store.task_id("agent")))  # type: ignore[attr-defined]
+    task_id = store.task_id("agent")
+    assert task_id is not None
+    recorded = len(store.steps(task_id))
     store.close()
     ran_before = len([e for e in read_events(state) if "step" in e])
     assert recorded in (ran_before, ran_before - 1)  # at most the step cut short by the stop is missing

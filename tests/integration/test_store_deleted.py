@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,8 @@ def rename_another_store_over_it(db: Path) -> None:
     (remove_folder, "was deleted"),
     (rename_another_store_over_it, "was replaced by another file"),
 ])
-def test_a_store_deleted_under_a_running_worker_stops_it_with_exit_2(tmp_path: Path, fault, said: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_store_deleted_under_a_running_worker_stops_it_with_exit_2(tmp_path: Path, fault: Callable[[Path], None],
+                                                                     said: str) -> None:
     db = tmp_path / "store" / "onward.db"
     worker = start_worker(str(db), tasks_file(tmp_path))
     wait_until_running(str(db), worker)

@@ -75,6 +75,9 @@ def test_a_subreaper_reaps_exited_orphans_and_leaves_its_own_children_to_their_o
     subprocess.run(["sh", "-c", "true & exit 0"], check=True)  # its `true` is re-parented to us
     wait_for(lambda: mine.pid in proc.children() and len(set(proc.children()) - subreaper) >= 2, 10,
              "both to exit")
-    wait_for(lambda: (proc.reap_orphans(keep=subreaper | {mine.pid}),
-                      set(proc.children()) - subreaper == {mine.pid})[1], 10, "the orphan to be reaped")
+    def reaped() -> bool:
+        proc.reap_orphans(keep=subreaper | {mine.pid})
+        return set(proc.children()) - subreaper == {mine.pid}
+
+    wait_for(reaped, 10, "the orphan to be reaped")
     assert mine.wait() == 0, "its exit status was left for its Popen"

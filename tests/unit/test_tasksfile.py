@@ -12,7 +12,7 @@ import pytest
 from onward import tasksfile
 from onward.commands import LazyStore
 from onward.errors import UsageError
-from onward.tasksfile import MAX_LINE_BYTES, import_tasks_file
+from onward.tasksfile import MAX_LINE_BYTES, ImportResult, import_tasks_file
 from tests.conftest import wait_for
 
 SETTLE = 0.3
@@ -40,7 +40,7 @@ def names(url: str) -> list[str]:
         store.close()
 
 
-def load(url: str, path: Path):  # type: ignore[no-untyped-def]
+def load(url: str, path: Path) -> ImportResult:
     store = LazyStore(url)
     try:
         return import_tasks_file(store, str(path))

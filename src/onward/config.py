@@ -1,0 +1,66 @@
+"""How a worker runs: ``RunConfig``, the one place its settings, their defaults and their limits live.
+
+The CLI's ``onward run`` options and the Python API's ``Job`` both take their defaults from here, and a
+``RunConfig`` refuses nonsense values when it is made (one ``UsageError`` line; exit status 2 from the CLI).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import UsageError
+
+# The largest stdout a command's attempt may produce as its result (the CLI's --max-result-bytes).
+DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class RunConfig:
+    concurrency: int = 1
+    max_attempts: int = 3
+    retry_delay: float = 1.0  # first backoff; doubles with every further attempt
+    max_retry_delay: float = 300.0
+    timeout: float | None = None  # seconds an attempt may run
+    heartbeat: float = 5.0  # lease renewal period
+    lease: float | None = None  # lease length; default 3 heartbeats
+    grace: float = 10.0  # on SIGTERM: how long running tasks may take to finish
+    stall_timeout: float | None = None  # cancel a task with no sign of progress for this long
+    install_signal_handlers: bool = True
+
+    def __post_init__(self) -> None:
+        # dataclasses.replace() builds a new RunConfig, so an override is checked like the original.
+        self.validate()
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.lease if self.lease is not None else 3 * self.heartbeat
+
+    def validate(self) -> None:
+        """Refuse nonsense values with one line naming the setting."""
+        for name in ("retry_delay", "timeout", "heartbeat", "lease", "grace", "stall_timeout"):
+            value = getattr(self, name)
+            # NaN passes every comparison below, and infinity overflows timers: only finite numbers are
+            # durations.
+            if value is not None and not math.isfinite(value):
+                raise UsageError(f"{name.replace('_', ' ')} must be a finite number of seconds (got {value})")
+        if self.concurrency < 1:
+            raise UsageError(f"concurrency must be at least 1 (got {self.concurrency})")
+        if self.max_attempts < 1:
+            raise UsageError(f"max attempts must be at least 1 (got {self.max_attempts})")
+        if self.retry_delay < 0:
+            raise UsageError(f"retry delay cannot be negative (got {self.retry_delay})")
+        if self.grace < 0:
+            raise UsageError(f"grace cannot be negative (got {self.grace})")
+        _positive("heartbeat", self.heartbeat)
+        for name, value in (("timeout", self.timeout), ("stall timeout", self.stall_timeout),
+                            ("lease", self.lease)):
+            if value is not None:
+                _positive(name, value)
+        if self.lease is not None and self.lease <= self.heartbeat:
+            raise UsageError(f"lease ({self.lease}) must be longer than the heartbeat ({self.heartbeat})")
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is None or value <= 0:
+        raise UsageError(f"{name} must be greater than 0 (got {value})")

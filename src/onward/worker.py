@@ -1,0 +1,37 @@
+"""One worker, assembled in one place for ``onward run`` (commands.run_command) and the Python API
+(Job.run): the runner with its systemd notifier, keep-awake marker, output folder and the store's secrets."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .config import RunConfig
+from .executions import Handler
+from .keepawake import KeepAwake
+from .log import Log
+from .notify import Notifier
+from .outdir import OutDir
+from .runner import Runner, RunSummary
+from .secrets import url_secrets
+from .store.base import Store
+
+
+class WorkerHandler(Handler, Protocol):
+    def close(self) -> None:
+        """Release what the handler holds for the whole run (threads, its heartbeat-file folder)."""
+
+
+def run_worker(store: Store, handler: WorkerHandler, config: RunConfig, log: Log, *, url: str,
+               out: OutDir | None = None, keep_awake: str | None = None) -> RunSummary:
+    """Run ``handler`` on the store's tasks until none is pending or running, or a stop signal; resumes
+    where the last worker left off. ``url`` is the store's location as given: its password, in every form
+    it may take, is kept out of every error a task reports (a command gets the URL as ONWARD_DB and may
+    print it). ``keep_awake`` is a marker path from ``keepawake.marker_path`` (checked already). The
+    handler is closed on return; ``out`` stays the caller's, who made it before writing anything."""
+    try:
+        runner = Runner(store, handler, config, log, notifier=Notifier.from_env(),
+                        keep_awake=KeepAwake(keep_awake, log) if keep_awake else None, out=out,
+                        secrets=url_secrets(url))
+        return runner.run()
+    finally:
+        handler.close()

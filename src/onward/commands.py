@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
+from .attempts import CommandHandler, check_command
 from .errors import StoreMissing, UsageError
-from .executions import CommandHandler, check_command
 from .job import validate_config
 from .keepawake import KeepAwake, check_marker_path, marker_path
 from .log import Log

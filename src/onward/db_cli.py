@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .cli import db_option
+from .cli_types import db_option
 from .store import is_postgres_url, store_url
 
 

@@ -18,8 +18,9 @@ from dataclasses import replace
 from typing import Any, TypeVar, overload
 
 from . import results
+from .attempts import PythonHandler
+from .context import TaskContext
 from .errors import TaskNotDone, UsageError
-from .executions import PythonHandler, TaskContext
 from .keepawake import KeepAwake, check_marker_path, marker_path
 from .log import NORMAL, Log
 from .notify import Notifier

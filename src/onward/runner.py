@@ -24,8 +24,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .attempt import Attempt, Handler, Outcome
 from .errors import Fenced, OnwardError, StoreError, WedgedTask
-from .executions import Execution, Handler, Outcome
 from .keepawake import KeepAwake
 from .log import NORMAL, Log, Throttled, quote
 from .notify import Notifier
@@ -105,9 +105,9 @@ class Runner:
         self.concurrency = config.concurrency  # lowered for good when the worker runs out of resources
         self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
         self._resources_short = False  # a start ran out of resources (warned once)
-        self.running: dict[int, Execution] = {}  # task id -> execution
+        self.running: dict[int, Attempt] = {}  # task id -> attempt
         self.summary = RunSummary()
-        self._finished: deque[tuple[Execution, Outcome]] = deque()
+        self._finished: deque[tuple[Attempt, Outcome]] = deque()
         self._finished_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
@@ -121,7 +121,7 @@ class Runner:
         self._stop_requested: str | None = None
         self._stop_deadline: float | None = None
         self._completed = 0
-        self._unsettled: list[tuple[Execution, Outcome]] = []  # outcomes whose commit failed, to retry
+        self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
         self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
         self._store_backoff = 0.0
         self._calls: deque[tuple[Callable[[Store], Any], Future[Any]]] = deque()
@@ -129,13 +129,13 @@ class Runner:
         self._pending_calls: list[tuple[Callable[[Store], Any], Future[Any]]] = []
 
     # --- called from other threads -------------------------------------------------------------------
-    def post(self, execution: Execution, outcome: Outcome) -> None:
+    def post(self, attempt: Attempt, outcome: Outcome) -> None:
         """Hand a finished attempt to the loop (thread-safe)."""
         with self._finished_lock:
-            self._finished.append((execution, outcome))
+            self._finished.append((attempt, outcome))
         self.wake()
 
-    def call_in_loop(self, fn: Callable[[Store], T]) -> T:
+    def store_call(self, fn: Callable[[Store], T]) -> T:
         """From a task's thread: run ``fn(store)`` on the loop's thread, inside its next group commit, and
         return its value once that commit is durable. This is how a task records steps: the loop owns the
         store connection, and steps of many tasks share one fsync."""
@@ -146,6 +146,13 @@ class Runner:
             self._calls.append((fn, future))
         self.wake()
         return future.result()
+
+    def register(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the loop's thread whenever ``fd`` is readable (an attempt's pipe or pidfd)."""
+        self.selector.register(fd, selectors.EVENT_READ, callback)
+
+    def unregister(self, fd: int) -> None:
+        self.selector.unregister(fd)
 
     def wake(self) -> None:
         try:
@@ -198,7 +205,7 @@ class Runner:
                     future.set_exception(Fenced("the worker stopped before this was recorded"))
                 self._calls.clear()
                 self._pending_calls = []
-            self._shutdown_executions()
+            self._shutdown_attempts()
             try:
                 self.summary.counts = self.store.counts()
                 self.store.worker_stopped(self.worker_id, stop_reason)
@@ -225,8 +232,8 @@ class Runner:
         if self.stopping:
             return
         self.request_stop(name)
-        for execution in self.running.values():
-            execution.request_stop()
+        for attempt in self.running.values():
+            attempt.request_stop()
 
     def _loop(self) -> None:
         cfg = self.config
@@ -310,9 +317,9 @@ class Runner:
                 except BlockingIOError:
                     pass
             else:
-                key.data()  # a child's pipe or exit: its execution handles it
+                key.data()  # a child's pipe or exit: its attempt handles it
 
-    def _take_finished(self) -> list[tuple[Execution, Outcome]]:
+    def _take_finished(self) -> list[tuple[Attempt, Outcome]]:
         with self._finished_lock:
             finished = list(self._finished)
             self._finished.clear()
@@ -324,7 +331,7 @@ class Runner:
         return finished
 
     # --- committing ----------------------------------------------------------------------------------
-    def _settle_and_claim(self, finished: list[tuple[Execution, Outcome]], want: int) -> list[Claim]:
+    def _settle_and_claim(self, finished: list[tuple[Attempt, Outcome]], want: int) -> list[Claim]:
         """Commit every finished attempt, the tasks' requested writes (steps) and claims of up to ``want``
         new tasks, in one durable transaction."""
         calls, self._pending_calls = self._pending_calls, []
@@ -336,8 +343,8 @@ class Runner:
             with self.store.batch():
                 for fn, future in calls:
                     after_commit.append(_resolve_later(future, fn, self.store))
-                for execution, outcome in finished:
-                    after_commit.append(self._settle(execution, outcome))
+                for attempt, outcome in finished:
+                    after_commit.append(self._settle(attempt, outcome))
                 claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
                                           self.config.max_attempts) if want > 0 else []
                 for claim in claims:
@@ -359,8 +366,8 @@ class Runner:
         if claims:
             # A claim's lease runs from (at the latest) the moment we asked for it.
             self._lease_valid_until = min(self._lease_valid_until, started + self.config.lease_seconds)
-        for execution, _ in finished:
-            self.running.pop(execution.claim.task_id, None)
+        for attempt, _ in finished:
+            self.running.pop(attempt.claim.task_id, None)
         for report in after_commit:
             report()
         if self.summary.done or self.summary.failed or self.summary.retried:
@@ -369,12 +376,12 @@ class Runner:
             self.log.debug(f"claimed task={quote(claim.name)} attempt={claim.attempt}")
         return claims
 
-    def _settle(self, execution: Execution, outcome: Outcome) -> Callable[[], None]:
+    def _settle(self, attempt: Attempt, outcome: Outcome) -> Callable[[], None]:
         """Write one outcome inside the open batch; return what to report once it is committed."""
-        claim = execution.claim
+        claim = attempt.claim
         store = self.store
-        seconds = time.monotonic() - execution.started
-        if execution.fenced:
+        seconds = time.monotonic() - attempt.started
+        if attempt.fenced:
             return _nothing_to_report  # already reported when the lease was lost
         if outcome.kind == "done":
             if store.complete(claim.task_id, claim.fence, outcome.result, outcome.result_kind):
@@ -458,7 +465,7 @@ class Runner:
             self._not_started(claim, Outcome.released(f"worker lowered its concurrency to {self.concurrency}"))
             return
         try:
-            execution = self.handler.start(claim, self)
+            attempt = self.handler.start(claim, self)
         except OSError as e:
             if e.errno in WORKER_RESOURCE_ERRORS:
                 self._lower_concurrency(claim, e)
@@ -469,17 +476,17 @@ class Runner:
             program = e.filename if e.filename is not None else "the command"
             self._not_started(claim, Outcome.failure(f"cannot run {program}: {e.strerror or e}"))
             return
-        self.running[claim.task_id] = execution
-        if execution.child_pid:
+        self.running[claim.task_id] = attempt
+        if attempt.child_pid:
             try:
-                self.store.note_child(claim.task_id, claim.fence, execution.child_pid, execution.child_start or 0)
+                self.store.note_child(claim.task_id, claim.fence, attempt.child_pid, attempt.child_start or 0)
             except StoreError as e:
                 self.store_errors.warning("could not record child pid", str(e))
 
     def _not_started(self, claim: Claim, outcome: Outcome) -> None:
-        execution = Execution(claim)
-        self.running[claim.task_id] = execution
-        self.post(execution, outcome)
+        attempt = Attempt(claim)
+        self.running[claim.task_id] = attempt
+        self.post(attempt, outcome)
 
     def _lower_concurrency(self, claim: Claim, e: OSError) -> None:
         """Run fewer tasks at once, for the rest of this worker's life (a restarted worker starts at
@@ -500,34 +507,34 @@ class Runner:
 
     def _enforce_deadlines(self, now: float) -> None:
         cfg = self.config
-        for execution in list(self.running.values()):
-            if execution.cancelled:
+        for attempt in list(self.running.values()):
+            if attempt.cancelled:
                 continue
-            if cfg.timeout is not None and now - execution.started > cfg.timeout:
-                execution.cancel(f"timed out after {cfg.timeout:g}s")
-            elif cfg.stall_timeout is not None and now - execution.last_progress() > cfg.stall_timeout:
-                execution.cancel(f"stalled: no progress for {cfg.stall_timeout:g}s")
+            if cfg.timeout is not None and now - attempt.started > cfg.timeout:
+                attempt.cancel(f"timed out after {cfg.timeout:g}s")
+            elif cfg.stall_timeout is not None and now - attempt.last_progress() > cfg.stall_timeout:
+                attempt.cancel(f"stalled: no progress for {cfg.stall_timeout:g}s")
         if self.stopping and self._stop_deadline is not None and now > self._stop_deadline:
-            for execution in list(self.running.values()):
-                execution.abandon(f"stopped by {self._stop_requested} after {cfg.grace:g}s grace")
-        for execution in list(self.running.values()):
-            if execution.unresponsive(now, cfg.grace):
+            for attempt in list(self.running.values()):
+                attempt.abandon(f"stopped by {self._stop_requested} after {cfg.grace:g}s grace")
+        for attempt in list(self.running.values()):
+            if attempt.unresponsive(now, cfg.grace):
                 # A Python task ignored its cancellation: a thread cannot be killed, so the worker exits
                 # with an error and its supervisor starts a clean one (the attempt is already counted).
-                raise WedgedTask(execution.claim.name, execution.cancel_reason or "cancelled")
+                raise WedgedTask(attempt.claim.name, attempt.cancel_reason or "cancelled")
 
     def _next_deadline(self, next_tick: float, now: float) -> float:
         """The next moment something is due. A deadline already acted upon (an attempt cancelled, the
         grace over) is not waited for again: while its outcome waits for the store it would spin the loop."""
         deadline = next_tick
         cfg = self.config
-        for execution in self.running.values():
-            if execution.cancelled:
+        for attempt in self.running.values():
+            if attempt.cancelled:
                 continue
             if cfg.timeout is not None:
-                deadline = min(deadline, execution.started + cfg.timeout)
+                deadline = min(deadline, attempt.started + cfg.timeout)
             if cfg.stall_timeout is not None:
-                deadline = min(deadline, execution.last_progress() + cfg.stall_timeout)
+                deadline = min(deadline, attempt.last_progress() + cfg.stall_timeout)
         if self._stop_deadline is not None:
             for at in (self._stop_deadline, self._stop_deadline + STOP_COMMIT_SECONDS):
                 if at > now:
@@ -535,23 +542,23 @@ class Runner:
                     break
         return deadline
 
-    def _shutdown_executions(self) -> None:
+    def _shutdown_attempts(self) -> None:
         """On the way out (also after an error): no child may outlive this worker."""
-        for execution in list(self.running.values()):
-            execution.abandon("worker exiting")
+        for attempt in list(self.running.values()):
+            attempt.abandon("worker exiting")
         # Give back what was still running, uncounted, when we leave on a graceful stop; after an error
         # the tasks stay claimed and are reclaimed as soon as any worker starts.
         leftovers = self._take_finished()
-        for execution, _ in leftovers:
-            self.running.pop(execution.claim.task_id, None)
+        for attempt, _ in leftovers:
+            self.running.pop(attempt.claim.task_id, None)
         if not self.stopping:
             return
-        leftovers += [(execution, Outcome.released("worker stopped")) for execution in self.running.values()]
+        leftovers += [(attempt, Outcome.released("worker stopped")) for attempt in self.running.values()]
         if not leftovers:
             return
         try:  # one last try, in one transaction: a failing store costs one call, not one per task
             with self.store.batch():
-                reports = [self._settle(execution, outcome) for execution, outcome in leftovers]
+                reports = [self._settle(attempt, outcome) for attempt, outcome in leftovers]
         except OnwardError as e:
             # Safe to leave: an uncommitted outcome's task stays claimed, and its owner (this process) is
             # about to be gone, so the next worker reclaims it at once, as after a crash.
@@ -581,15 +588,15 @@ class Runner:
             lost = []
             self._fence_self_if_lease_ran_out()
         for task_id in lost:
-            execution = self.running.get(task_id)
-            if execution is not None and not execution.fenced:
-                execution.fenced = True
-                execution.cancel("lease lost: the task was taken over")
-                self.log.warning(f"fenced task={quote(execution.claim.name)} attempt={execution.claim.attempt}:"
+            attempt = self.running.get(task_id)
+            if attempt is not None and not attempt.fenced:
+                attempt.fenced = True
+                attempt.cancel("lease lost: the task was taken over")
+                self.log.warning(f"fenced task={quote(attempt.claim.name)} attempt={attempt.claim.attempt}:"
                                  " lease lost, it was taken over; stopping it, nothing of it will be committed")
                 with contextlib.suppress(StoreError):
                     self.store.log_event("fenced", task_id=task_id, worker_id=self.worker_id,
-                                         attempt=execution.claim.attempt, detail="lease lost: taken over; stopped")
+                                         attempt=attempt.claim.attempt, detail="lease lost: taken over; stopped")
         try:
             self._reclaim_abandoned(at_start=False)
             counts = self.store.counts()
@@ -605,14 +612,14 @@ class Runner:
 
     def _fence_self_if_lease_ran_out(self) -> None:
         """Cut off from the store past our lease: others may take our tasks over, so stop them now and
-        commit nothing about them (they run again elsewhere; two executions must not overlap)."""
+        commit nothing about them (they run again elsewhere; two attempts must not overlap)."""
         if time.monotonic() < self._lease_valid_until - self._fence_margin():
             return
-        for execution in self.running.values():
-            if not execution.fenced:
-                execution.fenced = True
-                execution.cancel("lease ran out: could not reach the store to renew it")
-                self.log.warning(f"lease ran out task={quote(execution.claim.name)}: stopped, not committing it")
+        for attempt in self.running.values():
+            if not attempt.fenced:
+                attempt.fenced = True
+                attempt.cancel("lease ran out: could not reach the store to renew it")
+                self.log.warning(f"lease ran out task={quote(attempt.claim.name)}: stopped, not committing it")
 
     def _reclaim_abandoned(self, at_start: bool) -> None:
         """Take back tasks whose owner died (same host: at once) or whose lease expired (anywhere)."""
@@ -631,7 +638,7 @@ class Runner:
                 reason = "lease expired"
             else:
                 continue
-            # Two executions of one task must never overlap: the old command's process group goes first.
+            # Two attempts of one task must never overlap: the old command's process group goes first.
             if task.child_pid and (alive is not None or task.owner is None) and process_alive(
                     task.child_pid, task.child_start):
                 kill_group(task.child_pid)

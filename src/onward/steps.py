@@ -21,7 +21,7 @@ How it works, and why:
   attempt that drifts again replays recorded values only, so it costs nothing and repeats no side effect.
   With ``replay="prefix"`` the recorded steps from the drift on are dropped and the task runs on.
 - *Loading once.* The first step call of an attempt reads the task's records (one round trip through the
-  worker loop, ``Runner.call_in_loop``); replay then works from memory.
+  worker loop, ``Loop.store_call``); replay then works from memory.
 - *Recording.* A step's value is serialized (JSON by default; ``serializer=PICKLE`` or your own), framed
   (below) and written with ``Store.record_step`` under the claim's fence, inside the worker loop's next
   group commit: the step returns only once its record is durable, and steps of concurrent tasks share one
@@ -56,14 +56,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 from .errors import Fenced, OnwardError, StepDrift, StoreError, UsageError
-from .store.base import StepRecord, Store
-
-if TYPE_CHECKING:
-    from .executions import PythonExecution, _ContextBase
-    from .runner import Runner
+from .store.base import Claim, StepRecord, Store
 
 # Record kinds (StepRecord.kind).
 VALUE, ERROR, CHECKPOINT, SLEEP = "value", "error", "checkpoint", "sleep"
@@ -74,9 +70,26 @@ REPLAY_POLICIES = (STRICT, PREFIX)
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
-# The context of the task running in this thread or asyncio task; set by PythonExecution while the task
+# A store call run in the worker loop's next group commit (``Loop.store_call``): how steps reach the store.
+StoreCall = Callable[[Callable[[Store], Any]], Any]
+
+
+class StepContext(Protocol):
+    """What the step machinery needs of a task's context (``onward.context`` implements it)."""
+
+    @property
+    def step_log(self) -> StepLog: ...
+
+    def check(self) -> None: ...
+
+    def pause(self, seconds: float, note: str | None = None) -> None: ...
+
+    async def apause(self, seconds: float, note: str | None = None) -> None: ...
+
+
+# The context of the task running in this thread or asyncio task; set by the attempt while the task
 # function runs. ContextVars follow asyncio tasks and asyncio.to_thread, not threads a task starts itself.
-CURRENT: contextvars.ContextVar[_ContextBase | None] = contextvars.ContextVar("onward_task", default=None)
+CURRENT: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar("onward_task", default=None)
 
 
 @dataclass(frozen=True)
@@ -231,10 +244,11 @@ class StepLog:
     order, extended durably as steps run for real. Thread-safe: a task may call steps from several
     threads (each needs the task's context, e.g. through ``contextvars.copy_context().run``)."""
 
-    def __init__(self, execution: PythonExecution, runner: Runner, policy: str) -> None:
-        claim = execution.claim
-        self.execution = execution
-        self._runner = runner
+    def __init__(self, claim: Claim, worker_id: int, policy: str, store_call: StoreCall,
+                 beat: Callable[[], None]) -> None:
+        self._store_call = store_call
+        self._beat = beat  # a step replayed or recorded is progress
+        self.worker_id = worker_id
         self.policy = policy
         self.task = claim.name
         self.task_id = claim.task_id
@@ -260,7 +274,7 @@ class StepLog:
         the write (the fence moved on): then this attempt is over, ``Fenced`` from here on. (``fn`` itself
         never raises: it runs on the loop's thread, inside the batch of every task's writes.)"""
         try:
-            value = self._runner.call_in_loop(fn)
+            value = self._store_call(fn)
         except Fenced as e:
             self.failure = e
             raise
@@ -322,7 +336,7 @@ class StepLog:
                                      ' replay="prefix" to drop the recorded steps from there on')
             raise type(self.failure)(str(self.failure))
         dropped = sum(1 for i in self._pending if i >= index) + 1
-        task_id, fence, attempt, worker = self.task_id, self.fence, self.attempt, self._runner.worker_id
+        task_id, fence, attempt, worker = self.task_id, self.fence, self.attempt, self.worker_id
 
         def drop(store: Store) -> bool | None:
             # Blocks an asyncio task's event loop for one commit: drift is rare enough not to matter.
@@ -346,7 +360,7 @@ class StepLog:
             self.replayed += 1
             if record.kind == VALUE:
                 self.saved += f.seconds
-        self.execution.beat()
+        self._beat()
         return f
 
     def record(self, index: int, name: str, kind: str, serializer: str, seconds: float,
@@ -354,7 +368,7 @@ class StepLog:
         """Commit one record (durable when this returns). ``payload`` may be a function of the store's
         clock, evaluated inside the commit (durable sleeps record their deadline that way). Returns the
         payload written."""
-        task_id, fence, attempt, worker = self.task_id, self.fence, self.attempt, self._runner.worker_id
+        task_id, fence, attempt, worker = self.task_id, self.fence, self.attempt, self.worker_id
         note = self._replay_note()
 
         def write(store: Store) -> bytes | None:
@@ -374,7 +388,7 @@ class StepLog:
                                             0.0))
             if kind == CHECKPOINT:
                 self._checkpoint = (index, written)
-        self.execution.beat()
+        self._beat()
         return written
 
     def _replay_note(self) -> str | None:
@@ -407,7 +421,7 @@ class StepLog:
         if not self.loaded or not self.replayed or self.failure is not None:
             return
         note = self._replay_note()
-        task_id, attempt, worker = self.task_id, self.attempt, self._runner.worker_id
+        task_id, attempt, worker = self.task_id, self.attempt, self.worker_id
         total = len(self._history)
         detail = (f"steps: {self.recorded} recorded by this attempt, {self.replayed} replayed"
                   f" (saved {self.saved:.1f} s), {total} in all")
@@ -418,7 +432,7 @@ class StepLog:
             store.log_event("steps", task_id=task_id, worker_id=worker, attempt=attempt, detail=detail)
 
         try:
-            self._runner.call_in_loop(log)
+            self._store_call(log)
         except OnwardError:
             pass  # the worker stopped: the journal line is a nicety, the records are what matter
 
@@ -442,7 +456,7 @@ class StepSpec:
         return float(min(self.backoff * 2 ** (failures - 1), self.max_backoff))
 
 
-def active_context() -> _ContextBase | None:
+def active_context() -> StepContext | None:
     """The task context steps record into, or None for a plain call (outside a task, or inside a step)."""
     if _RUNNING_STEP.get() is not None:
         return None
@@ -489,7 +503,7 @@ def _as_recorded(spec: StepSpec, value: Any, payload: bytes) -> Any:
     return spec.serializer.loads(payload)
 
 
-def run_step(ctx: _ContextBase, spec: StepSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+def run_step(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     log = ctx.step_log
     if not log.loaded:
         log.load()
@@ -522,7 +536,7 @@ def run_step(ctx: _ContextBase, spec: StepSpec, fn: Callable[..., Any], args: An
     return _as_recorded(spec, value, payload)
 
 
-async def run_step_async(ctx: _ContextBase, spec: StepSpec, fn: Callable[..., Any], args: Any,
+async def run_step_async(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any,
                          kwargs: Any) -> Any:
     log = ctx.step_log
     if not log.loaded:
@@ -610,9 +624,8 @@ def step(fn: Any = None, *, name: str | None = None, max_attempts: int = 1,
 # --- durable sleep and checkpoints (behind ctx.sleep / ctx.checkpoint / ctx.restore) ----------------------
 # Each returns what it can answer from memory, or a function that commits, for the caller to run in place
 # (a sync task) or in a thread (an asyncio task, so that the event loop does not wait on the fsync).
-def sleep_deadline(ctx: _ContextBase, seconds: float) -> float | Callable[[], float]:
+def sleep_deadline(log: StepLog, seconds: float) -> float | Callable[[], float]:
     """A durable sleep's deadline on the store's clock: recorded on the first run, read back on replay."""
-    log = ctx.step_log
     index, record = log.begin("sleep", SLEEP)
     if record is not None:
         return float(JSON.loads(log.replayed_one(record).payload))
@@ -623,8 +636,7 @@ def sleep_deadline(ctx: _ContextBase, seconds: float) -> float | Callable[[], fl
     return commit
 
 
-def checkpoint(ctx: _ContextBase, value: Any) -> Callable[[], object] | None:
-    log = ctx.step_log
+def checkpoint(log: StepLog, value: Any) -> Callable[[], object] | None:
     index, record = log.begin("checkpoint", CHECKPOINT)
     if record is not None:
         log.replayed_one(record)  # replaying through a checkpoint keeps the recorded one
@@ -633,8 +645,8 @@ def checkpoint(ctx: _ContextBase, value: Any) -> Callable[[], object] | None:
     return lambda: log.record(index, "checkpoint", CHECKPOINT, JSON.name, 0.0, payload)
 
 
-def restore(ctx: _ContextBase, default: Any) -> Any:
-    payload = ctx.step_log.restore()
+def restore(log: StepLog, default: Any) -> Any:
+    payload = log.restore()
     return default if payload is None else JSON.loads(payload)
 
 

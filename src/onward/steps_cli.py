@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .cli import TASK_TEXT, db_option
+from .cli_types import TASK_TEXT, db_option
 from .errors import StoreError, UnknownTask
 from .log import iso_time
 from .steps import ordinals, unframe

@@ -11,7 +11,7 @@ import click
 from .cli_types import TASK_TEXT, db_option
 from .errors import StoreError, UnknownTask
 from .log import iso_time
-from .steps import ordinals, unframe
+from .step_records import ordinals, unframe
 from .store.base import StepRecord, Store
 
 

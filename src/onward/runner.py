@@ -21,19 +21,22 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .attempt import Attempt, Handler, Outcome
 from .errors import Fenced, OnwardError, StoreError, WedgedTask
 from .keepawake import KeepAwake
-from .log import NORMAL, Log, Throttled, quote
+from .log import Log, Throttled, quote
 from .notify import Notifier
-from .outdir import OutDir, file_name
-from .proc import current_owner, kill_group, owner_alive, process_alive
+from .outdir import OutDir
+from .proc import current_owner, owner_alive
+from .reclaim import mark_dead_workers, reclaim_abandoned
+from .settle import RunSummary, Settler
 from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Lease, Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SavedSignals = tuple[dict[signal.Signals, Any], "int | None"]  # handlers and wakeup fd to restore
 T = TypeVar("T")
 # After a failed commit (outcomes, claims, steps) the next try waits STORE_RETRY_FIRST seconds, doubling
 # while the store keeps failing, up to STORE_RETRY_MAX: a broken store costs a few calls a second at most.
@@ -68,24 +71,6 @@ class RunConfig:
         return self.lease if self.lease is not None else 3 * self.heartbeat
 
 
-@dataclass
-class RunSummary:
-    done: int = 0  # tasks this run completed
-    failed: int = 0  # tasks this run failed for good
-    retried: int = 0  # failed attempts that will be retried
-    released: int = 0  # attempts given back on a graceful stop
-    fenced: int = 0  # completions refused because the task was taken over
-    stopped: bool = False  # a stop signal ended the run
-    counts: dict[str, int] = field(default_factory=dict)  # the store's counts at the end
-
-    @property
-    def exit_code(self) -> int:
-        """0: nothing left and no task failed (or stopped on request); 3: finished with failed tasks."""
-        if self.stopped:
-            return 0
-        return 3 if self.counts.get(FAILED, 0) else 0
-
-
 class Runner:
     def __init__(self, store: Store, handler: Handler, config: RunConfig, log: Log, *,
                  notifier: Notifier | None = None, keep_awake: KeepAwake | None = None,
@@ -106,7 +91,8 @@ class Runner:
         self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
         self._resources_short = False  # a start ran out of resources (warned once)
         self.running: dict[int, Attempt] = {}  # task id -> attempt
-        self.summary = RunSummary()
+        self.settler = Settler(store, log, out, config.retry_delay, config.max_retry_delay)
+        self.summary: RunSummary = self.settler.summary
         self._finished: deque[tuple[Attempt, Outcome]] = deque()
         self._finished_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -120,7 +106,6 @@ class Runner:
         self._renewal_failing = False
         self._stop_requested: str | None = None
         self._stop_deadline: float | None = None
-        self._completed = 0
         self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
         self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
         self._store_backoff = 0.0
@@ -173,24 +158,13 @@ class Runner:
     # --- the loop ------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         cfg = self.config
-        old_handlers: dict[signal.Signals, Any] = {}
-        old_wakeup = None
-        if cfg.install_signal_handlers and threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                old_handlers[sig] = signal.signal(sig, self._on_signal)
-            old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        owner = current_owner()
-        self.worker_id = self.store.register_worker(owner, f"concurrency={cfg.concurrency}")
+        saved_signals = self._catch_stop_signals()
+        self.worker_id = self.store.register_worker(current_owner(), f"concurrency={cfg.concurrency}")
+        self.settler.worker_id = self.worker_id
         self.log.info(f"worker started: id={self.worker_id} store={self.store.url} concurrency={cfg.concurrency}")
         stop_reason = "finished"
         try:
-            self._reclaim_abandoned(at_start=True)
-            if self.out is not None:
-                self._export_missing()
-            counts = self.store.counts()
-            self._update_keep_awake(counts)
-            self.notifier.ready()
-            self._notify_status(counts)
+            self._start_up()
             self._loop()
             self.store.check_still_there()  # "finished" only if it was the store everyone else reads
             stop_reason = f"stopped by {self._stop_requested}" if self.stopping else "finished"
@@ -199,23 +173,10 @@ class Runner:
             raise
         finally:
             self.notifier.stopping()
-            with self._finished_lock:
-                self._closed = True
-                for _, future in [*self._calls, *self._pending_calls]:
-                    future.set_exception(Fenced("the worker stopped before this was recorded"))
-                self._calls.clear()
-                self._pending_calls = []
+            self._refuse_store_calls()
             self._shutdown_attempts()
-            try:
-                self.summary.counts = self.store.counts()
-                self.store.worker_stopped(self.worker_id, stop_reason)
-                self._release_keep_awake(self.summary.counts)
-            except OnwardError as e:
-                self.log.warning(f"could not record the stop: {e}")
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
-            if old_wakeup is not None:
-                signal.set_wakeup_fd(old_wakeup)
+            self._record_stop(stop_reason)
+            self._restore_signals(saved_signals)
             self.selector.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -226,6 +187,51 @@ class Runner:
             f" retried={self.summary.retried}; store: " + " ".join(f"{k}={v}" for k, v in self.summary.counts.items())
         )
         return self.summary
+
+    def _catch_stop_signals(self) -> SavedSignals:
+        """SIGTERM/SIGINT request a graceful stop, and wake the loop (main thread only); returns what to restore."""
+        old_handlers: dict[signal.Signals, Any] = {}
+        old_wakeup = None
+        if self.config.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                old_handlers[sig] = signal.signal(sig, self._on_signal)
+            old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        return old_handlers, old_wakeup
+
+    def _restore_signals(self, saved: SavedSignals) -> None:
+        old_handlers, old_wakeup = saved
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        if old_wakeup is not None:
+            signal.set_wakeup_fd(old_wakeup)
+
+    def _start_up(self) -> None:
+        """Before the first claim: take back what dead workers left, export missing results, tell ready."""
+        mark_dead_workers(self.store, self.worker_id)
+        self._reclaim_abandoned()
+        self.settler.export_missing()
+        counts = self.store.counts()
+        self._update_keep_awake(counts)
+        self.notifier.ready()
+        self._notify_status(counts)
+
+    def _refuse_store_calls(self) -> None:
+        """On the way out: the tasks' writes still waiting fail (``Fenced``), and so does any later one."""
+        with self._finished_lock:
+            self._closed = True
+            for _, future in [*self._calls, *self._pending_calls]:
+                future.set_exception(Fenced("the worker stopped before this was recorded"))
+            self._calls.clear()
+            self._pending_calls = []
+
+    def _record_stop(self, stop_reason: str) -> None:
+        """The store's final counts, the worker's stop and the keep-awake marker (best effort on the way out)."""
+        try:
+            self.summary.counts = self.store.counts()
+            self.store.worker_stopped(self.worker_id, stop_reason)
+            self._release_keep_awake(self.summary.counts)
+        except OnwardError as e:
+            self.log.warning(f"could not record the stop: {e}")
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
@@ -344,7 +350,7 @@ class Runner:
                 for fn, future in calls:
                     after_commit.append(_resolve_later(future, fn, self.store))
                 for attempt, outcome in finished:
-                    after_commit.append(self._settle(attempt, outcome))
+                    after_commit.append(self.settler.settle(attempt, outcome))
                 claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
                                           self.config.max_attempts) if want > 0 else []
                 for claim in claims:
@@ -375,88 +381,6 @@ class Runner:
         for claim in claims:
             self.log.debug(f"claimed task={quote(claim.name)} attempt={claim.attempt}")
         return claims
-
-    def _settle(self, attempt: Attempt, outcome: Outcome) -> Callable[[], None]:
-        """Write one outcome inside the open batch; return what to report once it is committed."""
-        claim = attempt.claim
-        store = self.store
-        seconds = time.monotonic() - attempt.started
-        if attempt.fenced:
-            return _nothing_to_report  # already reported when the lease was lost
-        if outcome.kind == "done":
-            if store.complete(claim.task_id, claim.fence, outcome.result, outcome.result_kind):
-                store.log_event("done", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt)
-
-                def report_done() -> None:
-                    self.summary.done += 1
-                    self._completed += 1
-                    if self.log.level >= NORMAL:  # skip formatting a line nobody will see (hot path)
-                        self.log.info(f"done task={quote(claim.name)} attempt={claim.attempt} in {seconds:.2f}s")
-                    if self.out is not None:
-                        self._export(claim.name, outcome.result)
-                return report_done
-            return self._fenced(claim)
-        if outcome.kind == "released":
-            if store.release(claim.task_id, claim.fence, outcome.error):
-                store.log_event("released", task_id=claim.task_id, worker_id=self.worker_id,
-                                attempt=claim.attempt, detail=outcome.error)
-
-                def report_released() -> None:
-                    self.summary.released += 1
-                    self.log.info(f"released task={quote(claim.name)}: {outcome.error}")
-                return report_released
-            return self._fenced(claim)
-        delay = min(self.config.retry_delay * 2 ** (claim.attempt - 1), self.config.max_retry_delay)
-        state = store.fail(claim.task_id, claim.fence, outcome.error, delay)
-        if state is None:
-            return self._fenced(claim)
-        if state == PENDING:
-            store.log_event("retrying", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
-                            detail=outcome.error)
-
-            def report_retrying() -> None:
-                self.summary.retried += 1
-                self.log.warning(f"attempt failed task={quote(claim.name)} attempt={claim.attempt}/"
-                                 f"{claim.max_attempts}: {outcome.error_line}; retry in {delay:g}s")
-            return report_retrying
-        store.log_event("failed", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
-                        detail=outcome.error)
-
-        def report_failed() -> None:
-            self.summary.failed += 1
-            self.log.warning(f"failed task={quote(claim.name)} after {claim.attempt} attempts: {outcome.error_line}")
-        return report_failed
-
-    def _fenced(self, claim: Claim) -> Callable[[], None]:
-        self.store.log_event("fenced", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
-                             detail="outcome not committed: the task was taken over")
-
-        def report_fenced() -> None:
-            self.summary.fenced += 1
-            self.log.warning(f"fenced task={quote(claim.name)} attempt={claim.attempt}: it was taken over,"
-                             " outcome dropped")
-        return report_fenced
-
-    def _export(self, name: str, data: bytes) -> None:
-        assert self.out is not None
-        try:
-            self.out.write(name, data)
-        except OSError as e:
-            # The store holds the result; the next start exports what is missing.
-            self.log.warning(f"could not write output for task={quote(name)}: {e}")
-
-    def _export_missing(self) -> None:
-        assert self.out is not None
-        exported = 0
-        present = self.out.result_files()
-        for row in self.store.iter_tasks(DONE):
-            if file_name(row.name) not in present:
-                stored = self.store.result(row.name)
-                if stored is not None:
-                    self._export(row.name, stored.data)
-                    exported += 1
-        if exported:
-            self.log.info(f"exported {exported} missing result files")
 
     # --- running attempts ----------------------------------------------------------------------------
     def _start(self, claim: Claim) -> None:
@@ -558,7 +482,7 @@ class Runner:
             return
         try:  # one last try, in one transaction: a failing store costs one call, not one per task
             with self.store.batch():
-                reports = [self._settle(attempt, outcome) for attempt, outcome in leftovers]
+                reports = [self.settler.settle(attempt, outcome) for attempt, outcome in leftovers]
         except OnwardError as e:
             # Safe to leave: an uncommitted outcome's task stays claimed, and its owner (this process) is
             # about to be gone, so the next worker reclaims it at once, as after a crash.
@@ -577,7 +501,7 @@ class Runner:
                         progress_age=started - e.last_progress(), note=e.note)
                   for e in self.running.values() if not e.fenced]
         try:
-            lost = self.store.renew(self.worker_id, leases, self.config.lease_seconds, self._completed)
+            lost = self.store.renew(self.worker_id, leases, self.config.lease_seconds, self.summary.done)
             # Measured from before the renewal was sent: the store may have stamped it any time after.
             self._lease_valid_until = started + self.config.lease_seconds
             self._renewal_failing = False
@@ -598,7 +522,7 @@ class Runner:
                     self.store.log_event("fenced", task_id=task_id, worker_id=self.worker_id,
                                          attempt=attempt.claim.attempt, detail="lease lost: taken over; stopped")
         try:
-            self._reclaim_abandoned(at_start=False)
+            self._reclaim_abandoned()
             counts = self.store.counts()
             self._update_keep_awake(counts)
         except StoreError as e:
@@ -621,40 +545,8 @@ class Runner:
                 attempt.cancel("lease ran out: could not reach the store to renew it")
                 self.log.warning(f"lease ran out task={quote(attempt.claim.name)}: stopped, not committing it")
 
-    def _reclaim_abandoned(self, at_start: bool) -> None:
-        """Take back tasks whose owner died (same host: at once) or whose lease expired (anywhere)."""
-        if at_start:
-            # Workers of this host that died without a word (kill -9, OOM) are marked so in the store.
-            for w in self.store.workers():
-                if w.worker_id != self.worker_id and owner_alive(w.owner) is False:
-                    self.store.worker_stopped(w.worker_id, f"died: worker {w.worker_id} pid {w.owner.pid} is gone")
-        for task in self.store.running():
-            if task.worker_id == self.worker_id and task.task_id in self.running:
-                continue  # ours, and running (a claim whose commit we never heard back about is not)
-            alive = owner_alive(task.owner) if task.owner is not None else False
-            if alive is False:
-                reason = "owner died"
-            elif task.lease_expired:
-                reason = "lease expired"
-            else:
-                continue
-            # Two attempts of one task must never overlap: the old command's process group goes first.
-            if task.child_pid and (alive is not None or task.owner is None) and process_alive(
-                    task.child_pid, task.child_start):
-                kill_group(task.child_pid)
-            elif task.child_pid and alive is False:
-                kill_group(task.child_pid)  # the leader is gone, but its group may live on
-            reclaimed = self.store.reclaim(task.task_id, task.fence, reason)
-            if reclaimed is None:
-                continue
-            if reclaimed.counted:
-                kind, detail = "reclaimed", f"{reason}; now {reclaimed.state}"
-            else:
-                # It got further than ever before it died: a crash of a progressing task is not poison.
-                kind, detail = "interrupted", f"{reason} after recording new steps; attempt not counted, now pending"
-            self.store.log_event(kind, task_id=task.task_id, worker_id=self.worker_id, attempt=task.attempt,
-                                 detail=detail)
-            self.log.warning(f"{kind} task={quote(task.name)} attempt={task.attempt}: {detail}")
+    def _reclaim_abandoned(self) -> None:
+        reclaim_abandoned(self.store, self.worker_id, self.running, self.log)
 
     def _nothing_left(self) -> bool:
         """Nothing pending and nothing running anywhere. Other workers' running tasks keep this one
@@ -682,10 +574,6 @@ class Runner:
                   and owner_alive(w.owner) is not False]
         if not work_left or not others:
             self.keep_awake.release()
-
-
-def _nothing_to_report() -> None:
-    pass
 
 
 def _resolve_later(future: Future[Any], fn: Callable[[Store], Any], store: Store) -> Callable[[], None]:

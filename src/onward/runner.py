@@ -11,7 +11,6 @@ one transaction (group commit): with one slot that is exactly one durable commit
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import selectors
@@ -27,13 +26,14 @@ from typing import Any, TypeVar
 from .attempt import Attempt, Handler, Outcome
 from .errors import Fenced, OnwardError, StoreError, WedgedTask
 from .keepawake import KeepAwake
+from .leases import Leases
 from .log import Log, Throttled, quote
 from .notify import Notifier
 from .outdir import OutDir
 from .proc import current_owner, owner_alive
 from .reclaim import mark_dead_workers, reclaim_abandoned
 from .settle import RunSummary, Settler
-from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Lease, Store
+from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SavedSignals = tuple[dict[signal.Signals, Any], "int | None"]  # handlers and wakeup fd to restore
@@ -102,8 +102,7 @@ class Runner:
         if store_fd is not None:
             # New work announced by the store (NOTIFY) ends an idle wait at once.
             self.selector.register(store_fd, selectors.EVENT_READ, store.drain_wakeups)
-        self._lease_valid_until = float("inf")  # monotonic time our leases are known to hold until
-        self._renewal_failing = False
+        self.leases = Leases(store, config.lease_seconds, log, self.store_errors)
         self._stop_requested: str | None = None
         self._stop_deadline: float | None = None
         self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
@@ -300,19 +299,12 @@ class Runner:
         period = self.config.heartbeat
         if self.config.stall_timeout:
             period = min(period, self.config.stall_timeout / 4)
-        if self._renewal_failing and any(not e.fenced for e in self.running.values()):
-            # Cannot renew: look again in time to stop our tasks before the leases run out, not a whole
-            # heartbeat later.
-            fence_at = self._lease_valid_until - self._fence_margin() - time.monotonic()
-            if fence_at > 0:
-                period = min(period, fence_at)
+        # Cannot renew: look again in time to stop our tasks before the leases run out, not a whole
+        # heartbeat later.
+        fence_at = self.leases.until_fence(self.running, time.monotonic())
+        if fence_at is not None and fence_at > 0:
+            period = min(period, fence_at)
         return max(period, 0.02)
-
-    def _fence_margin(self) -> float:
-        """How long before our leases run out we stop their tasks when we cannot renew them: longer than
-        one store call may keep this loop waiting (the PostgreSQL store bounds that at a quarter of the
-        lease), so that the stop is in time even if the loop was inside a call at that moment."""
-        return self.config.lease_seconds / 3
 
     def _wait(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout):
@@ -371,7 +363,7 @@ class Runner:
             self.store_errors.flush("store error, will retry")
         if claims:
             # A claim's lease runs from (at the latest) the moment we asked for it.
-            self._lease_valid_until = min(self._lease_valid_until, started + self.config.lease_seconds)
+            self.leases.claimed(started)
         for attempt, _ in finished:
             self.running.pop(attempt.claim.task_id, None)
         for report in after_commit:
@@ -496,31 +488,7 @@ class Runner:
     def _tick(self) -> None:
         # A store deleted or replaced under us raises StoreGone: stop rather than commit where nobody looks.
         self.store.check_still_there()
-        started = time.monotonic()
-        leases = [Lease(task_id=e.claim.task_id, fence=e.claim.fence,
-                        progress_age=started - e.last_progress(), note=e.note)
-                  for e in self.running.values() if not e.fenced]
-        try:
-            lost = self.store.renew(self.worker_id, leases, self.config.lease_seconds, self.summary.done)
-            # Measured from before the renewal was sent: the store may have stamped it any time after.
-            self._lease_valid_until = started + self.config.lease_seconds
-            self._renewal_failing = False
-            self.store_errors.flush("could not renew leases")
-        except StoreError as e:
-            self.store_errors.warning("could not renew leases", str(e))
-            self._renewal_failing = True
-            lost = []
-            self._fence_self_if_lease_ran_out()
-        for task_id in lost:
-            attempt = self.running.get(task_id)
-            if attempt is not None and not attempt.fenced:
-                attempt.fenced = True
-                attempt.cancel("lease lost: the task was taken over")
-                self.log.warning(f"fenced task={quote(attempt.claim.name)} attempt={attempt.claim.attempt}:"
-                                 " lease lost, it was taken over; stopping it, nothing of it will be committed")
-                with contextlib.suppress(StoreError):
-                    self.store.log_event("fenced", task_id=task_id, worker_id=self.worker_id,
-                                         attempt=attempt.claim.attempt, detail="lease lost: taken over; stopped")
+        self.leases.renew(self.worker_id, self.running, self.summary.done)
         try:
             self._reclaim_abandoned()
             counts = self.store.counts()
@@ -533,17 +501,6 @@ class Runner:
     def _notify_status(self, counts: dict[str, int]) -> None:
         self.notifier.status(f"{counts.get(DONE, 0)}/{sum(counts.values())} done, {counts.get(RUNNING, 0)} running,"
                              f" {counts.get(FAILED, 0)} failed")
-
-    def _fence_self_if_lease_ran_out(self) -> None:
-        """Cut off from the store past our lease: others may take our tasks over, so stop them now and
-        commit nothing about them (they run again elsewhere; two attempts must not overlap)."""
-        if time.monotonic() < self._lease_valid_until - self._fence_margin():
-            return
-        for attempt in self.running.values():
-            if not attempt.fenced:
-                attempt.fenced = True
-                attempt.cancel("lease ran out: could not reach the store to renew it")
-                self.log.warning(f"lease ran out task={quote(attempt.claim.name)}: stopped, not committing it")
 
     def _reclaim_abandoned(self) -> None:
         reclaim_abandoned(self.store, self.worker_id, self.running, self.log)

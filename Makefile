@@ -22,9 +22,10 @@ torture: $(STAMP)
 	$(PY) -m pytest -q -s -m torture tests
 
 check: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/mypy src/onward
+	$(VENV)/bin/ruff check src tests bench tools
+	$(VENV)/bin/mypy src/onward tools
 	$(VENV)/bin/mypy tests
+	$(PY) tools/check_imports.py
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'

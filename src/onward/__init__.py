@@ -25,16 +25,17 @@ from .errors import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
-    from .executions import AsyncTaskContext, Cancelled, TaskContext
+    from .attempt import Cancelled
+    from .context import AsyncTaskContext, TaskContext
     from .job import Job
-    from .runner import RunSummary
+    from .settle import RunSummary
     from .steps import StepError, current_step_key, step
 
 # The rest of the public surface loads on first use (PEP 562), so that `onward status` and friends do not
 # pay for the runner, asyncio and the step machinery they never touch.
 _LAZY = {
-    "Job": ".job", "RunSummary": ".runner", "TaskContext": ".executions", "AsyncTaskContext": ".executions",
-    "Cancelled": ".executions", "step": ".steps", "current_step_key": ".steps", "StepError": ".steps",
+    "Job": ".job", "RunSummary": ".settle", "TaskContext": ".context", "AsyncTaskContext": ".context",
+    "Cancelled": ".attempt", "step": ".steps", "current_step_key": ".steps", "StepError": ".steps",
 }
 
 

@@ -6,9 +6,9 @@ output folder are all checked before the store is created or a single task is ad
 
 from __future__ import annotations
 
+from .attempts import CommandHandler, check_command
 from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import StoreMissing, UsageError
-from .executions import CommandHandler, check_command
 from .keepawake import marker_path
 from .log import Log
 from .outdir import OutDir

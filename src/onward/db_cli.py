@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from . import store
-from .cli import db_option
+from .cli_types import db_option
 
 
 @click.group(name="db")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from onward import systemd
-from onward.cli import FINITE_FLOAT
+from onward.cli_types import FINITE_FLOAT
 from onward.supervise import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_DELAY, DEFAULT_WINDOW, Supervisor
 
 # Not required for click: an empty command is reported by the library as a UsageError, like other bad input.

@@ -17,13 +17,14 @@ from dataclasses import replace
 from typing import Any, TypeVar, overload
 
 from . import results
+from .attempts import PythonHandler
 from .config import RunConfig
+from .context import TaskContext
 from .errors import TaskNotDone, UsageError
-from .executions import PythonHandler, TaskContext
 from .keepawake import marker_path
 from .log import NORMAL, Log
 from .outdir import OutDir
-from .runner import RunSummary
+from .settle import RunSummary
 from .steps import REPLAY_POLICIES, STRICT
 from .store import open_store, store_url
 from .store.base import Stats, Store

@@ -11,7 +11,6 @@ one transaction (group commit): with one slot that is exactly one durable commit
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import selectors
@@ -21,20 +20,23 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .attempt import Attempt, Handler, Outcome
 from .config import RunConfig
 from .errors import Fenced, OnwardError, StoreError, WedgedTask
-from .executions import Execution, Handler, Outcome
 from .keepawake import KeepAwake
-from .log import NORMAL, Log, Throttled, quote
+from .leases import Leases
+from .log import Log, Throttled, quote
 from .notify import Notifier
-from .outdir import OutDir, file_name
-from .proc import current_owner, kill_group, owner_alive, process_alive
-from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Lease, Store
+from .outdir import OutDir
+from .proc import current_owner, owner_alive
+from .reclaim import mark_dead_workers, reclaim_abandoned
+from .settle import RunSummary, Settler
+from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SavedSignals = tuple[dict[signal.Signals, Any], "int | None"]  # handlers and wakeup fd to restore
 T = TypeVar("T")
 # After a failed commit (outcomes, claims, steps) the next try waits STORE_RETRY_FIRST seconds, doubling
 # while the store keeps failing, up to STORE_RETRY_MAX: a broken store costs a few calls a second at most.
@@ -51,22 +53,6 @@ WORKER_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, er
 RESOURCE_PAUSE = 1.0
 
 
-@dataclass
-class RunSummary:
-    done: int = 0  # tasks this run completed
-    failed: int = 0  # tasks this run failed for good
-    retried: int = 0  # failed attempts that will be retried
-    released: int = 0  # attempts given back on a graceful stop
-    fenced: int = 0  # completions refused because the task was taken over
-    stopped: bool = False  # a stop signal ended the run
-    counts: dict[str, int] = field(default_factory=dict)  # the store's counts at the end
-
-    @property
-    def exit_code(self) -> int:
-        """0: nothing left and no task failed (or stopped on request); 3: finished with failed tasks."""
-        if self.stopped:
-            return 0
-        return 3 if self.counts.get(FAILED, 0) else 0
 
 
 class Runner:
@@ -88,9 +74,10 @@ class Runner:
         self.concurrency = config.concurrency  # lowered for good when the worker runs out of resources
         self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
         self._resources_short = False  # a start ran out of resources (warned once)
-        self.running: dict[int, Execution] = {}  # task id -> execution
-        self.summary = RunSummary()
-        self._finished: deque[tuple[Execution, Outcome]] = deque()
+        self.running: dict[int, Attempt] = {}  # task id -> attempt
+        self.settler = Settler(store, log, out, config.retry_delay, config.max_retry_delay)
+        self.summary: RunSummary = self.settler.summary
+        self._finished: deque[tuple[Attempt, Outcome]] = deque()
         self._finished_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
@@ -99,12 +86,10 @@ class Runner:
         if store_fd is not None:
             # New work announced by the store (NOTIFY) ends an idle wait at once.
             self.selector.register(store_fd, selectors.EVENT_READ, store.drain_wakeups)
-        self._lease_valid_until = float("inf")  # monotonic time our leases are known to hold until
-        self._renewal_failing = False
+        self.leases = Leases(store, config.lease_seconds, log, self.store_errors)
         self._stop_requested: str | None = None
         self._stop_deadline: float | None = None
-        self._completed = 0
-        self._unsettled: list[tuple[Execution, Outcome]] = []  # outcomes whose commit failed, to retry
+        self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
         self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
         self._store_backoff = 0.0
         self._calls: deque[tuple[Callable[[Store], Any], Future[Any]]] = deque()
@@ -112,13 +97,13 @@ class Runner:
         self._pending_calls: list[tuple[Callable[[Store], Any], Future[Any]]] = []
 
     # --- called from other threads -------------------------------------------------------------------
-    def post(self, execution: Execution, outcome: Outcome) -> None:
+    def post(self, attempt: Attempt, outcome: Outcome) -> None:
         """Hand a finished attempt to the loop (thread-safe)."""
         with self._finished_lock:
-            self._finished.append((execution, outcome))
+            self._finished.append((attempt, outcome))
         self.wake()
 
-    def call_in_loop(self, fn: Callable[[Store], T]) -> T:
+    def store_call(self, fn: Callable[[Store], T]) -> T:
         """From a task's thread: run ``fn(store)`` on the loop's thread, inside its next group commit, and
         return its value once that commit is durable. This is how a task records steps: the loop owns the
         store connection, and steps of many tasks share one fsync."""
@@ -129,6 +114,13 @@ class Runner:
             self._calls.append((fn, future))
         self.wake()
         return future.result()
+
+    def register(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the loop's thread whenever ``fd`` is readable (an attempt's pipe or pidfd)."""
+        self.selector.register(fd, selectors.EVENT_READ, callback)
+
+    def unregister(self, fd: int) -> None:
+        self.selector.unregister(fd)
 
     def wake(self) -> None:
         try:
@@ -149,24 +141,13 @@ class Runner:
     # --- the loop ------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         cfg = self.config
-        old_handlers: dict[signal.Signals, Any] = {}
-        old_wakeup = None
-        if cfg.install_signal_handlers and threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                old_handlers[sig] = signal.signal(sig, self._on_signal)
-            old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        owner = current_owner()
-        self.worker_id = self.store.register_worker(owner, f"concurrency={cfg.concurrency}")
+        saved_signals = self._catch_stop_signals()
+        self.worker_id = self.store.register_worker(current_owner(), f"concurrency={cfg.concurrency}")
+        self.settler.worker_id = self.worker_id
         self.log.info(f"worker started: id={self.worker_id} store={self.store.url} concurrency={cfg.concurrency}")
         stop_reason = "finished"
         try:
-            self._reclaim_abandoned(at_start=True)
-            if self.out is not None:
-                self._export_missing()
-            counts = self.store.counts()
-            self._update_keep_awake(counts)
-            self.notifier.ready()
-            self._notify_status(counts)
+            self._start_up()
             self._loop()
             self.store.check_still_there()  # "finished" only if it was the store everyone else reads
             stop_reason = f"stopped by {self._stop_requested}" if self.stopping else "finished"
@@ -175,23 +156,10 @@ class Runner:
             raise
         finally:
             self.notifier.stopping()
-            with self._finished_lock:
-                self._closed = True
-                for _, future in [*self._calls, *self._pending_calls]:
-                    future.set_exception(Fenced("the worker stopped before this was recorded"))
-                self._calls.clear()
-                self._pending_calls = []
-            self._shutdown_executions()
-            try:
-                self.summary.counts = self.store.counts()
-                self.store.worker_stopped(self.worker_id, stop_reason)
-                self._release_keep_awake(self.summary.counts)
-            except OnwardError as e:
-                self.log.warning(f"could not record the stop: {e}")
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
-            if old_wakeup is not None:
-                signal.set_wakeup_fd(old_wakeup)
+            self._refuse_store_calls()
+            self._shutdown_attempts()
+            self._record_stop(stop_reason)
+            self._restore_signals(saved_signals)
             self.selector.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -203,13 +171,58 @@ class Runner:
         )
         return self.summary
 
+    def _catch_stop_signals(self) -> SavedSignals:
+        """SIGTERM/SIGINT request a graceful stop, and wake the loop (main thread only); returns what to restore."""
+        old_handlers: dict[signal.Signals, Any] = {}
+        old_wakeup = None
+        if self.config.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                old_handlers[sig] = signal.signal(sig, self._on_signal)
+            old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        return old_handlers, old_wakeup
+
+    def _restore_signals(self, saved: SavedSignals) -> None:
+        old_handlers, old_wakeup = saved
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        if old_wakeup is not None:
+            signal.set_wakeup_fd(old_wakeup)
+
+    def _start_up(self) -> None:
+        """Before the first claim: take back what dead workers left, export missing results, tell ready."""
+        mark_dead_workers(self.store, self.worker_id)
+        self._reclaim_abandoned()
+        self.settler.export_missing()
+        counts = self.store.counts()
+        self._update_keep_awake(counts)
+        self.notifier.ready()
+        self._notify_status(counts)
+
+    def _refuse_store_calls(self) -> None:
+        """On the way out: the tasks' writes still waiting fail (``Fenced``), and so does any later one."""
+        with self._finished_lock:
+            self._closed = True
+            for _, future in [*self._calls, *self._pending_calls]:
+                future.set_exception(Fenced("the worker stopped before this was recorded"))
+            self._calls.clear()
+            self._pending_calls = []
+
+    def _record_stop(self, stop_reason: str) -> None:
+        """The store's final counts, the worker's stop and the keep-awake marker (best effort on the way out)."""
+        try:
+            self.summary.counts = self.store.counts()
+            self.store.worker_stopped(self.worker_id, stop_reason)
+            self._release_keep_awake(self.summary.counts)
+        except OnwardError as e:
+            self.log.warning(f"could not record the stop: {e}")
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
         if self.stopping:
             return
         self.request_stop(name)
-        for execution in self.running.values():
-            execution.request_stop()
+        for attempt in self.running.values():
+            attempt.request_stop()
 
     def _loop(self) -> None:
         cfg = self.config
@@ -270,19 +283,12 @@ class Runner:
         period = self.config.heartbeat
         if self.config.stall_timeout:
             period = min(period, self.config.stall_timeout / 4)
-        if self._renewal_failing and any(not e.fenced for e in self.running.values()):
-            # Cannot renew: look again in time to stop our tasks before the leases run out, not a whole
-            # heartbeat later.
-            fence_at = self._lease_valid_until - self._fence_margin() - time.monotonic()
-            if fence_at > 0:
-                period = min(period, fence_at)
+        # Cannot renew: look again in time to stop our tasks before the leases run out, not a whole
+        # heartbeat later.
+        fence_at = self.leases.until_fence(self.running, time.monotonic())
+        if fence_at is not None and fence_at > 0:
+            period = min(period, fence_at)
         return max(period, 0.02)
-
-    def _fence_margin(self) -> float:
-        """How long before our leases run out we stop their tasks when we cannot renew them: longer than
-        one store call may keep this loop waiting (the PostgreSQL store bounds that at a quarter of the
-        lease), so that the stop is in time even if the loop was inside a call at that moment."""
-        return self.config.lease_seconds / 3
 
     def _wait(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout):
@@ -293,9 +299,9 @@ class Runner:
                 except BlockingIOError:
                     pass
             else:
-                key.data()  # a child's pipe or exit: its execution handles it
+                key.data()  # a child's pipe or exit: its attempt handles it
 
-    def _take_finished(self) -> list[tuple[Execution, Outcome]]:
+    def _take_finished(self) -> list[tuple[Attempt, Outcome]]:
         with self._finished_lock:
             finished = list(self._finished)
             self._finished.clear()
@@ -307,7 +313,7 @@ class Runner:
         return finished
 
     # --- committing ----------------------------------------------------------------------------------
-    def _settle_and_claim(self, finished: list[tuple[Execution, Outcome]], want: int) -> list[Claim]:
+    def _settle_and_claim(self, finished: list[tuple[Attempt, Outcome]], want: int) -> list[Claim]:
         """Commit every finished attempt, the tasks' requested writes (steps) and claims of up to ``want``
         new tasks, in one durable transaction."""
         calls, self._pending_calls = self._pending_calls, []
@@ -319,8 +325,8 @@ class Runner:
             with self.store.batch():
                 for fn, future in calls:
                     after_commit.append(_resolve_later(future, fn, self.store))
-                for execution, outcome in finished:
-                    after_commit.append(self._settle(execution, outcome))
+                for attempt, outcome in finished:
+                    after_commit.append(self.settler.settle(attempt, outcome))
                 claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
                                           self.config.max_attempts) if want > 0 else []
                 for claim in claims:
@@ -341,9 +347,9 @@ class Runner:
             self.store_errors.flush("store error, will retry")
         if claims:
             # A claim's lease runs from (at the latest) the moment we asked for it.
-            self._lease_valid_until = min(self._lease_valid_until, started + self.config.lease_seconds)
-        for execution, _ in finished:
-            self.running.pop(execution.claim.task_id, None)
+            self.leases.claimed(started)
+        for attempt, _ in finished:
+            self.running.pop(attempt.claim.task_id, None)
         for report in after_commit:
             report()
         if self.summary.done or self.summary.failed or self.summary.retried:
@@ -352,88 +358,6 @@ class Runner:
             self.log.debug(f"claimed task={quote(claim.name)} attempt={claim.attempt}")
         return claims
 
-    def _settle(self, execution: Execution, outcome: Outcome) -> Callable[[], None]:
-        """Write one outcome inside the open batch; return what to report once it is committed."""
-        claim = execution.claim
-        store = self.store
-        seconds = time.monotonic() - execution.started
-        if execution.fenced:
-            return _nothing_to_report  # already reported when the lease was lost
-        if outcome.kind == "done":
-            if store.complete(claim.task_id, claim.fence, outcome.result, outcome.result_kind):
-                store.log_event("done", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt)
-
-                def report_done() -> None:
-                    self.summary.done += 1
-                    self._completed += 1
-                    if self.log.level >= NORMAL:  # skip formatting a line nobody will see (hot path)
-                        self.log.info(f"done task={quote(claim.name)} attempt={claim.attempt} in {seconds:.2f}s")
-                    if self.out is not None:
-                        self._export(claim.name, outcome.result)
-                return report_done
-            return self._fenced(claim)
-        if outcome.kind == "released":
-            if store.release(claim.task_id, claim.fence, outcome.error):
-                store.log_event("released", task_id=claim.task_id, worker_id=self.worker_id,
-                                attempt=claim.attempt, detail=outcome.error)
-
-                def report_released() -> None:
-                    self.summary.released += 1
-                    self.log.info(f"released task={quote(claim.name)}: {outcome.error}")
-                return report_released
-            return self._fenced(claim)
-        delay = min(self.config.retry_delay * 2 ** (claim.attempt - 1), self.config.max_retry_delay)
-        state = store.fail(claim.task_id, claim.fence, outcome.error, delay)
-        if state is None:
-            return self._fenced(claim)
-        if state == PENDING:
-            store.log_event("retrying", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
-                            detail=outcome.error)
-
-            def report_retrying() -> None:
-                self.summary.retried += 1
-                self.log.warning(f"attempt failed task={quote(claim.name)} attempt={claim.attempt}/"
-                                 f"{claim.max_attempts}: {outcome.error_line}; retry in {delay:g}s")
-            return report_retrying
-        store.log_event("failed", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
-                        detail=outcome.error)
-
-        def report_failed() -> None:
-            self.summary.failed += 1
-            self.log.warning(f"failed task={quote(claim.name)} after {claim.attempt} attempts: {outcome.error_line}")
-        return report_failed
-
-    def _fenced(self, claim: Claim) -> Callable[[], None]:
-        self.store.log_event("fenced", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
-                             detail="outcome not committed: the task was taken over")
-
-        def report_fenced() -> None:
-            self.summary.fenced += 1
-            self.log.warning(f"fenced task={quote(claim.name)} attempt={claim.attempt}: it was taken over,"
-                             " outcome dropped")
-        return report_fenced
-
-    def _export(self, name: str, data: bytes) -> None:
-        assert self.out is not None
-        try:
-            self.out.write(name, data)
-        except OSError as e:
-            # The store holds the result; the next start exports what is missing.
-            self.log.warning(f"could not write output for task={quote(name)}: {e}")
-
-    def _export_missing(self) -> None:
-        assert self.out is not None
-        exported = 0
-        present = self.out.result_files()
-        for row in self.store.iter_tasks(DONE):
-            if file_name(row.name) not in present:
-                stored = self.store.result(row.name)
-                if stored is not None:
-                    self._export(row.name, stored.data)
-                    exported += 1
-        if exported:
-            self.log.info(f"exported {exported} missing result files")
-
     # --- running attempts ----------------------------------------------------------------------------
     def _start(self, claim: Claim) -> None:
         if len(self.running) >= self.concurrency:
@@ -441,7 +365,7 @@ class Runner:
             self._not_started(claim, Outcome.released(f"worker lowered its concurrency to {self.concurrency}"))
             return
         try:
-            execution = self.handler.start(claim, self)
+            attempt = self.handler.start(claim, self)
         except OSError as e:
             if e.errno in WORKER_RESOURCE_ERRORS:
                 self._lower_concurrency(claim, e)
@@ -452,17 +376,17 @@ class Runner:
             program = e.filename if e.filename is not None else "the command"
             self._not_started(claim, Outcome.failure(f"cannot run {program}: {e.strerror or e}"))
             return
-        self.running[claim.task_id] = execution
-        if execution.child_pid:
+        self.running[claim.task_id] = attempt
+        if attempt.child_pid:
             try:
-                self.store.note_child(claim.task_id, claim.fence, execution.child_pid, execution.child_start or 0)
+                self.store.note_child(claim.task_id, claim.fence, attempt.child_pid, attempt.child_start or 0)
             except StoreError as e:
                 self.store_errors.warning("could not record child pid", str(e))
 
     def _not_started(self, claim: Claim, outcome: Outcome) -> None:
-        execution = Execution(claim)
-        self.running[claim.task_id] = execution
-        self.post(execution, outcome)
+        attempt = Attempt(claim)
+        self.running[claim.task_id] = attempt
+        self.post(attempt, outcome)
 
     def _lower_concurrency(self, claim: Claim, e: OSError) -> None:
         """Run fewer tasks at once, for the rest of this worker's life (a restarted worker starts at
@@ -483,34 +407,34 @@ class Runner:
 
     def _enforce_deadlines(self, now: float) -> None:
         cfg = self.config
-        for execution in list(self.running.values()):
-            if execution.cancelled:
+        for attempt in list(self.running.values()):
+            if attempt.cancelled:
                 continue
-            if cfg.timeout is not None and now - execution.started > cfg.timeout:
-                execution.cancel(f"timed out after {cfg.timeout:g}s")
-            elif cfg.stall_timeout is not None and now - execution.last_progress() > cfg.stall_timeout:
-                execution.cancel(f"stalled: no progress for {cfg.stall_timeout:g}s")
+            if cfg.timeout is not None and now - attempt.started > cfg.timeout:
+                attempt.cancel(f"timed out after {cfg.timeout:g}s")
+            elif cfg.stall_timeout is not None and now - attempt.last_progress() > cfg.stall_timeout:
+                attempt.cancel(f"stalled: no progress for {cfg.stall_timeout:g}s")
         if self.stopping and self._stop_deadline is not None and now > self._stop_deadline:
-            for execution in list(self.running.values()):
-                execution.abandon(f"stopped by {self._stop_requested} after {cfg.grace:g}s grace")
-        for execution in list(self.running.values()):
-            if execution.unresponsive(now, cfg.grace):
+            for attempt in list(self.running.values()):
+                attempt.abandon(f"stopped by {self._stop_requested} after {cfg.grace:g}s grace")
+        for attempt in list(self.running.values()):
+            if attempt.unresponsive(now, cfg.grace):
                 # A Python task ignored its cancellation: a thread cannot be killed, so the worker exits
                 # with an error and its supervisor starts a clean one (the attempt is already counted).
-                raise WedgedTask(execution.claim.name, execution.cancel_reason or "cancelled")
+                raise WedgedTask(attempt.claim.name, attempt.cancel_reason or "cancelled")
 
     def _next_deadline(self, next_tick: float, now: float) -> float:
         """The next moment something is due. A deadline already acted upon (an attempt cancelled, the
         grace over) is not waited for again: while its outcome waits for the store it would spin the loop."""
         deadline = next_tick
         cfg = self.config
-        for execution in self.running.values():
-            if execution.cancelled:
+        for attempt in self.running.values():
+            if attempt.cancelled:
                 continue
             if cfg.timeout is not None:
-                deadline = min(deadline, execution.started + cfg.timeout)
+                deadline = min(deadline, attempt.started + cfg.timeout)
             if cfg.stall_timeout is not None:
-                deadline = min(deadline, execution.last_progress() + cfg.stall_timeout)
+                deadline = min(deadline, attempt.last_progress() + cfg.stall_timeout)
         if self._stop_deadline is not None:
             for at in (self._stop_deadline, self._stop_deadline + STOP_COMMIT_SECONDS):
                 if at > now:
@@ -518,23 +442,23 @@ class Runner:
                     break
         return deadline
 
-    def _shutdown_executions(self) -> None:
+    def _shutdown_attempts(self) -> None:
         """On the way out (also after an error): no child may outlive this worker."""
-        for execution in list(self.running.values()):
-            execution.abandon("worker exiting")
+        for attempt in list(self.running.values()):
+            attempt.abandon("worker exiting")
         # Give back what was still running, uncounted, when we leave on a graceful stop; after an error
         # the tasks stay claimed and are reclaimed as soon as any worker starts.
         leftovers = self._take_finished()
-        for execution, _ in leftovers:
-            self.running.pop(execution.claim.task_id, None)
+        for attempt, _ in leftovers:
+            self.running.pop(attempt.claim.task_id, None)
         if not self.stopping:
             return
-        leftovers += [(execution, Outcome.released("worker stopped")) for execution in self.running.values()]
+        leftovers += [(attempt, Outcome.released("worker stopped")) for attempt in self.running.values()]
         if not leftovers:
             return
         try:  # one last try, in one transaction: a failing store costs one call, not one per task
             with self.store.batch():
-                reports = [self._settle(execution, outcome) for execution, outcome in leftovers]
+                reports = [self.settler.settle(attempt, outcome) for attempt, outcome in leftovers]
         except OnwardError as e:
             # Safe to leave: an uncommitted outcome's task stays claimed, and its owner (this process) is
             # about to be gone, so the next worker reclaims it at once, as after a crash.
@@ -548,33 +472,9 @@ class Runner:
     def _tick(self) -> None:
         # A store deleted or replaced under us raises StoreGone: stop rather than commit where nobody looks.
         self.store.check_still_there()
-        started = time.monotonic()
-        leases = [Lease(task_id=e.claim.task_id, fence=e.claim.fence,
-                        progress_age=started - e.last_progress(), note=e.note)
-                  for e in self.running.values() if not e.fenced]
+        self.leases.renew(self.worker_id, self.running, self.summary.done)
         try:
-            lost = self.store.renew(self.worker_id, leases, self.config.lease_seconds, self._completed)
-            # Measured from before the renewal was sent: the store may have stamped it any time after.
-            self._lease_valid_until = started + self.config.lease_seconds
-            self._renewal_failing = False
-            self.store_errors.flush("could not renew leases")
-        except StoreError as e:
-            self.store_errors.warning("could not renew leases", str(e))
-            self._renewal_failing = True
-            lost = []
-            self._fence_self_if_lease_ran_out()
-        for task_id in lost:
-            execution = self.running.get(task_id)
-            if execution is not None and not execution.fenced:
-                execution.fenced = True
-                execution.cancel("lease lost: the task was taken over")
-                self.log.warning(f"fenced task={quote(execution.claim.name)} attempt={execution.claim.attempt}:"
-                                 " lease lost, it was taken over; stopping it, nothing of it will be committed")
-                with contextlib.suppress(StoreError):
-                    self.store.log_event("fenced", task_id=task_id, worker_id=self.worker_id,
-                                         attempt=execution.claim.attempt, detail="lease lost: taken over; stopped")
-        try:
-            self._reclaim_abandoned(at_start=False)
+            self._reclaim_abandoned()
             counts = self.store.counts()
             self._update_keep_awake(counts)
         except StoreError as e:
@@ -586,51 +486,8 @@ class Runner:
         self.notifier.status(f"{counts.get(DONE, 0)}/{sum(counts.values())} done, {counts.get(RUNNING, 0)} running,"
                              f" {counts.get(FAILED, 0)} failed")
 
-    def _fence_self_if_lease_ran_out(self) -> None:
-        """Cut off from the store past our lease: others may take our tasks over, so stop them now and
-        commit nothing about them (they run again elsewhere; two executions must not overlap)."""
-        if time.monotonic() < self._lease_valid_until - self._fence_margin():
-            return
-        for execution in self.running.values():
-            if not execution.fenced:
-                execution.fenced = True
-                execution.cancel("lease ran out: could not reach the store to renew it")
-                self.log.warning(f"lease ran out task={quote(execution.claim.name)}: stopped, not committing it")
-
-    def _reclaim_abandoned(self, at_start: bool) -> None:
-        """Take back tasks whose owner died (same host: at once) or whose lease expired (anywhere)."""
-        if at_start:
-            # Workers of this host that died without a word (kill -9, OOM) are marked so in the store.
-            for w in self.store.workers():
-                if w.worker_id != self.worker_id and owner_alive(w.owner) is False:
-                    self.store.worker_stopped(w.worker_id, f"died: worker {w.worker_id} pid {w.owner.pid} is gone")
-        for task in self.store.running():
-            if task.worker_id == self.worker_id and task.task_id in self.running:
-                continue  # ours, and running (a claim whose commit we never heard back about is not)
-            alive = owner_alive(task.owner) if task.owner is not None else False
-            if alive is False:
-                reason = "owner died"
-            elif task.lease_expired:
-                reason = "lease expired"
-            else:
-                continue
-            # Two executions of one task must never overlap: the old command's process group goes first.
-            if task.child_pid and (alive is not None or task.owner is None) and process_alive(
-                    task.child_pid, task.child_start):
-                kill_group(task.child_pid)
-            elif task.child_pid and alive is False:
-                kill_group(task.child_pid)  # the leader is gone, but its group may live on
-            reclaimed = self.store.reclaim(task.task_id, task.fence, reason)
-            if reclaimed is None:
-                continue
-            if reclaimed.counted:
-                kind, detail = "reclaimed", f"{reason}; now {reclaimed.state}"
-            else:
-                # It got further than ever before it died: a crash of a progressing task is not poison.
-                kind, detail = "interrupted", f"{reason} after recording new steps; attempt not counted, now pending"
-            self.store.log_event(kind, task_id=task.task_id, worker_id=self.worker_id, attempt=task.attempt,
-                                 detail=detail)
-            self.log.warning(f"{kind} task={quote(task.name)} attempt={task.attempt}: {detail}")
+    def _reclaim_abandoned(self) -> None:
+        reclaim_abandoned(self.store, self.worker_id, self.running, self.log)
 
     def _nothing_left(self) -> bool:
         """Nothing pending and nothing running anywhere. Other workers' running tasks keep this one
@@ -658,10 +515,6 @@ class Runner:
                   and owner_alive(w.owner) is not False]
         if not work_left or not others:
             self.keep_awake.release()
-
-
-def _nothing_to_report() -> None:
-    pass
 
 
 def _resolve_later(future: Future[Any], fn: Callable[[Store], Any], store: Store) -> Callable[[], None]:

@@ -72,7 +72,7 @@ def _eta(left: int, rate: float, workers_alive: int) -> int | None:
 def _steps_of(store: Store, task_id: int, fence: int) -> dict[str, Any] | None:
     """A running task's durable steps: recorded, replayed on this resume, and the time those took at first.
     None when the task records no steps. Reads only this task's rows (an index range)."""
-    from .steps import summarize
+    from .step_records import summarize
 
     try:
         records = store.steps(task_id)

@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
-from .cli import TASK_TEXT, db_option
+from .cli_types import TASK_TEXT, db_option
 from .errors import StoreError, UnknownTask
 from .log import iso_time
-from .steps import ordinals, unframe
+from .step_records import ordinals, unframe
 from .store.base import StepRecord, Store
 
 

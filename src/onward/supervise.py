@@ -50,22 +50,7 @@ own process group with ``PR_SET_PDEATHSIG=SIGKILL``, so it dies with the supervi
 is SIGKILLed. Being in its own group, it gets a terminal's ^C only through the supervisor, which forwards it;
 and it cannot read from the terminal (give ``--tasks`` a file, or a pipe, rather than a terminal's stdin).
 
-Watchdog. With ``watchdog=S``, a child that sends no ``WATCHDOG=1`` for S seconds, counted from its start,
-its ``READY=1`` or its last heartbeat, gets its process group SIGKILLed and is restarted (cause
-``watchdog: no heartbeat for S s``). The heartbeat must come from the worker's main loop, so a loop stuck in
-a deadlock or a C call holding the GIL stops it. ``onward run``'s loop wakes at least every quarter of
-``WATCHDOG_USEC`` (``Notifier.watchdog_every``), whatever its ``--heartbeat``, so a short watchdog is fed.
-
-Freeze safety. A sandbox pause (SIGSTOP of the whole tree, a cgroup freezer, a VM snapshot) stops the
-supervisor together with its child, while the clock runs on. After the thaw the child's last heartbeat looks
-old, but it was not the child's fault. The supervisor's loop wakes at least every ``tick`` seconds (a tenth
-of a second or less), and measures how much later than asked it woke up. A lateness above the pause
-threshold (one second, or half the watchdog period if that is shorter) means the supervisor itself was not
-running: it logs ``supervisor resumed after N s pause`` and re-arms the watchdog, giving the child a fresh
-full period to send its next heartbeat. A child that stopped alone (the supervisor kept running) shows no
-such gap and is killed as wedged. The check runs before the deadline is looked at, so the order in which the
-two processes thaw does not matter. All times are ``time.monotonic()``: it runs on through SIGSTOP and
-freezers (hence the check); where a VM suspend stops it too, there is no gap to see and none to forgive.
+Watchdog and freeze safety: see ``onward.child_watch``, where the watchdog is kept.
 
 Restarts are journaled in the store (event kind ``restart``, the cause in its detail) when a store is known,
 so ``onward status`` counts them like systemd's ``NRestarts``; without a store they are only logged. The
@@ -83,7 +68,6 @@ import select
 import shlex
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import time
@@ -91,6 +75,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 
 from onward.cgroups import sweep_dead_workers
+from onward.child_watch import Watchdog, exit_fd, exited, receive
 from onward.errors import UsageError
 from onward.log import Log
 from onward.notify import PROGRESS_FIELD
@@ -114,8 +99,6 @@ MAX_BACKOFF = 30.0  # the restart delay never grows beyond this (seconds)
 ORPHAN_KILL_WAIT = 2.0  # how long a dead worker's leftovers may take to die (frozen ones are left; seconds)
 NOT_RESTARTED = {0: "finished", 3: "finished, some tasks failed", 2: "usage or configuration error"}
 
-_NOTIFY_MAX = 4096  # systemd reads at most this much of one datagram (NOTIFY_BUFFER_MAX)
-_UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
 _log = Log(name="onward supervise")
@@ -325,53 +308,61 @@ class Supervisor:
     def _watch(self, child: subprocess.Popen[bytes], notify: socket.socket) -> tuple[int, str | None]:
         """Serve the child's notifications until it is gone. Returns its returncode, and the cause if the
         watchdog killed it."""
-        pidfd = _pidfd(child.pid)
+        pidfd = exit_fd(child.pid)
+        watchdog = Watchdog(self.watchdog, time.monotonic())
         ready = False
         try:
-            armed_at = time.monotonic()
-            deadline = armed_at + self.watchdog if self.watchdog else None
             while True:
-                timeout = self.tick if deadline is None else max(0.0, min(self.tick, deadline - time.monotonic()))
-                asleep_from = time.monotonic()
-                assert self._wake_r is not None
-                select.select([notify, self._wake_r] + ([pidfd] if pidfd is not None else []), [], [], timeout)
-                now = time.monotonic()
-                late = now - asleep_from - timeout
-                if late > self.pause_threshold:
-                    # We were not running either: a pause of the whole tree, not a wedged child.
-                    rearm = deadline is not None
-                    log(f"supervisor resumed after {late:.1f} s pause"
-                        + ("; watchdog re-armed" if rearm else ""))
-                    if rearm:
-                        armed_at, deadline = now, now + (self.watchdog or 0)
+                now = self._sleep(notify, pidfd, watchdog)
                 if self._forward_signals(child):
-                    deadline = None  # a stop has begun: like systemd, no watchdog while stopping
-                for message in _receive(notify, child.pid):
-                    if message.get("WATCHDOG") == "trigger" and deadline is not None:
-                        deadline = now
-                    elif deadline is not None and ("WATCHDOG" in message or "READY" in message):
-                        armed_at, deadline = now, now + (self.watchdog or 0)
-                    if message.get("READY") == "1":
-                        ready = True
-                        log(f"worker {child.pid} ready")
-                    if "STATUS" in message:
-                        self.last_status = (message["STATUS"], now)
-                    if message.get(PROGRESS_FIELD) == "1" and ready and not self.progressed:
-                        self.progressed = True
-                        log(f"worker {child.pid} made progress")
-                    if message.get("STOPPING") == "1":
-                        log(f"worker {child.pid} stopping")
-                        deadline = None
+                    watchdog.disarm()  # a stop has begun: like systemd, no watchdog while stopping
+                for message in receive(notify, child.pid):
+                    ready = self._heard(child, message, watchdog, now, ready)
                 reap_orphans(keep=self._not_orphans | {child.pid})
-                if _exited(child.pid):
+                if exited(child.pid):
                     return self._reap(child, pidfd), None
-                if deadline is not None and time.monotonic() >= deadline:
-                    cause = f"watchdog: no heartbeat for {time.monotonic() - armed_at:.1f} s"
+                if watchdog.expired(time.monotonic()):
+                    cause = watchdog.cause(time.monotonic())
                     log(f"worker {child.pid}: {cause}; killing its process group")
                     return self._reap(child, pidfd), cause
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+
+    def _sleep(self, notify: socket.socket, pidfd: int | None, watchdog: Watchdog) -> float:
+        """Wait for a datagram, a signal, the child's exit or the next tick; return when it woke. Waking
+        much later than asked means the supervisor was not running either (see the module docstring)."""
+        timeout = watchdog.wait(self.tick, time.monotonic())
+        asleep_from = time.monotonic()
+        assert self._wake_r is not None
+        select.select([notify, self._wake_r] + ([pidfd] if pidfd is not None else []), [], [], timeout)
+        now = time.monotonic()
+        late = now - asleep_from - timeout
+        if late > self.pause_threshold:
+            # We were not running either: a pause of the whole tree, not a wedged child.
+            log(f"supervisor resumed after {late:.1f} s pause" + ("; watchdog re-armed" if watchdog.armed else ""))
+            watchdog.rearm(now)
+        return now
+
+    def _heard(self, child: subprocess.Popen[bytes], message: dict[str, str], watchdog: Watchdog, now: float,
+               ready: bool) -> bool:
+        """Act on one sd_notify message of the child (received at ``now``); returns whether it is ready."""
+        if message.get("WATCHDOG") == "trigger":
+            watchdog.trigger(now)
+        elif "WATCHDOG" in message or "READY" in message:
+            watchdog.rearm(now)
+        if message.get("READY") == "1":
+            ready = True
+            log(f"worker {child.pid} ready")
+        if "STATUS" in message:
+            self.last_status = (message["STATUS"], now)
+        if message.get(PROGRESS_FIELD) == "1" and ready and not self.progressed:
+            self.progressed = True
+            log(f"worker {child.pid} made progress")
+        if message.get("STOPPING") == "1":
+            log(f"worker {child.pid} stopping")
+            watchdog.disarm()
+        return ready
 
     def _reap(self, child: subprocess.Popen[bytes], pidfd: int | None) -> int:
         """SIGKILL the child's process group (the child too, if still alive), wait for the child to be gone,
@@ -387,7 +378,7 @@ class Supervisor:
         assert self._wake_r is not None
         killed_at = time.monotonic()
         warned = False
-        while not _exited(child.pid):
+        while not exited(child.pid):
             select.select([self._wake_r] + ([pidfd] if pidfd is not None else []), [], [], self.tick)
             received = self._pending_stop_signals()
             if received:
@@ -496,42 +487,3 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - see the docstring
             log(f"could not record the restart in {redact_url(url)}: {scrub(str(exc), url_secrets(url))}")
 
-
-def _pidfd(pid: int) -> int | None:
-    """A descriptor that becomes readable when the child exits, so an exit is seen at once (recovery time
-    is the point of a supervisor); None where pidfds are missing, and then the loop's tick notices."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _exited(pid: int) -> bool:
-    """Whether the child has exited, without reaping it (its pid keeps pinning its process group id)."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    return info is not None
-
-
-def _receive(notify: socket.socket, child_pid: int) -> Iterator[dict[str, str]]:
-    """The pending sd_notify datagrams from the child's own pid, each as a dict of its ``KEY=VALUE`` lines.
-    Datagrams from other processes, and truncated ones, are dropped (systemd drops them too)."""
-    while True:
-        try:
-            data, ancdata, flags, _ = notify.recvmsg(_NOTIFY_MAX, socket.CMSG_SPACE(_UCRED.size))
-        except BlockingIOError:
-            return
-        sender = None
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                sender = _UCRED.unpack(payload[:_UCRED.size])[0]
-        if sender != child_pid or flags & socket.MSG_TRUNC:
-            continue
-        message: dict[str, str] = {}
-        for line in data.decode("utf-8", "replace").splitlines():
-            key, sep, value = line.partition("=")
-            if sep:
-                message[key] = value
-        yield message

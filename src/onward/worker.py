@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .attempt import Handler
 from .config import RunConfig
-from .executions import Handler
 from .keepawake import KeepAwake
 from .log import Log
 from .notify import Notifier
 from .outdir import OutDir
-from .runner import Runner, RunSummary
+from .runner import Runner
 from .secrets import url_secrets
+from .settle import RunSummary
 from .store.base import Store
 
 

@@ -24,7 +24,8 @@ import pytest
 
 from onward import AsyncTaskContext, Job, StepDrift, TaskContext, UsageError, current_step_key, step
 from onward.log import QUIET
-from onward.steps import PICKLE, idempotency_key, unframe
+from onward.step_records import unframe
+from onward.steps import PICKLE, idempotency_key
 from onward.store import is_postgres_url, open_store
 from tests.conftest import run_onward, wait_for
 

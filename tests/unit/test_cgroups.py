@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from onward import cgroups
+from onward.attempts import _spawn
 from onward.cgroups import (
     AttemptCgroup,
     WorkerCgroups,
@@ -19,7 +20,6 @@ from onward.cgroups import (
     populated,
     remove,
 )
-from onward.executions import _spawn
 from tests.conftest import wait_for
 
 OWN = own_cgroup()

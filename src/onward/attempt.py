@@ -1,0 +1,144 @@
+"""What one attempt of a task is, whatever runs it: its ``Outcome``, the ``Attempt`` record the worker loop
+keeps while it runs, the ``Handler`` that starts attempts, and ``Loop``, the little an attempt needs of the
+loop (report its outcome, watch a descriptor, have a store call run in the next group commit).
+
+This is the layer between the runner (which drives attempts through these types) and the code that runs
+them (``onward.attempts``); neither imports the other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from .errors import OnwardError
+from .log import one_line
+from .secrets import scrub
+from .store.base import Claim, Store
+
+T = TypeVar("T")
+ERROR_TAIL_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # "done", "failed" or "released" (given back uncounted on a graceful stop)
+    result: bytes = b""
+    result_kind: str = "bytes"
+    error: str = ""
+
+    @classmethod
+    def done(cls, data: bytes, kind: str) -> Outcome:
+        return cls("done", data, kind)
+
+    @classmethod
+    def failure(cls, error: str) -> Outcome:
+        return cls("failed", error=error)
+
+    @classmethod
+    def released(cls, reason: str) -> Outcome:
+        return cls("released", error=reason)
+
+    @property
+    def error_line(self) -> str:
+        """The error squeezed onto one line for a log."""
+        return one_line(self.error) or "(no message)"
+
+
+def error_tail(text: str, cut: bool, secrets: Sequence[str]) -> str:
+    """The end of a task's error output (its stderr, a traceback), as kept in the store and shown: the last
+    ERROR_TAIL_BYTES of ``text`` (``cut``: ``text`` is such an end already), without the store's password.
+    A cut can fall inside the password and leave its second half at the start, which no longer matches it:
+    that part goes too."""
+    if len(text) > ERROR_TAIL_BYTES:
+        text, cut = text[-ERROR_TAIL_BYTES:], True
+    if cut:
+        text = text.lstrip("\ufffd")  # a character cut in two by a byte cut
+        for secret in secrets:  # longest first
+            part = next((k for k in range(len(secret) - 1, 0, -1) if text.startswith(secret[-k:])), 0)
+            if part:
+                text = text[part:]
+                break
+    return scrub(text, secrets)
+
+
+class Cancelled(OnwardError):
+    """Raised by ``ctx.check()`` in a task that was asked to stop (timeout, stall, lease lost, SIGTERM)."""
+
+
+class Attempt:
+    """One attempt of one task. Subclasses run it; the base is also the record of an attempt that could
+    not start."""
+
+    child_pid: int | None = None
+    child_start: int | None = None
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+        self.started = time.monotonic()
+        self._progress = self.started
+        self.note: str | None = None
+        self.cancel_reason: str | None = None
+        self.cancelled_at: float | None = None
+        self.fenced = False  # the lease was lost: whatever happens, commit nothing
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_reason is not None
+
+    def last_progress(self) -> float:
+        return self._progress
+
+    def beat(self, note: str | None = None) -> None:
+        self._progress = time.monotonic()
+        if note is not None:
+            self.note = note[:200]
+
+    def request_stop(self) -> None:
+        """The worker is stopping gracefully: finish soon if you can."""
+
+    def cancel(self, reason: str) -> None:
+        """Stop this attempt now; it counts as failed with ``reason``."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+            self.cancelled_at = time.monotonic()
+
+    def abandon(self, reason: str) -> None:
+        """The worker is leaving: end the attempt at once and report it released."""
+
+    def unresponsive(self, now: float, grace: float) -> bool:
+        """True when the attempt was cancelled more than ``grace`` seconds ago and still runs."""
+        return False
+
+
+class Loop(Protocol):
+    """What an attempt needs of the worker loop that runs it (``Runner`` is the one there is)."""
+
+    @property
+    def worker_id(self) -> int:
+        """The worker's id in the store, written into the journal lines an attempt adds."""
+
+    @property
+    def secrets(self) -> Sequence[str]:
+        """The store's password in every form it may take: kept out of every error an attempt reports."""
+
+    def post(self, attempt: Attempt, outcome: Outcome) -> None:
+        """Report the attempt's outcome (exactly once; from any thread)."""
+
+    def register(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the loop's thread whenever ``fd`` is readable (a child's pipe or pidfd)."""
+
+    def unregister(self, fd: int) -> None:
+        """Stop watching ``fd`` (before it is closed)."""
+
+    def store_call(self, fn: Callable[[Store], T]) -> T:
+        """From a task's thread: run ``fn(store)`` inside the loop's next group commit; its value once durable."""
+
+
+class Handler(Protocol):
+    def start(self, claim: Claim, loop: Loop) -> Attempt:
+        """Start one attempt; it must report its outcome with ``loop.post`` exactly once."""
+
+

@@ -1,0 +1,108 @@
+"""Watching one supervised child: its exit (a pidfd, and ``waitid`` without reaping), the sd_notify
+datagrams it sends (from its own pid only), and its watchdog, kept as systemd keeps it. ``onward.supervise``
+drives these; the protocol is described there.
+
+Watchdog. With ``watchdog=S``, a child that sends no ``WATCHDOG=1`` for S seconds, counted from its start,
+its ``READY=1`` or its last heartbeat, gets its process group SIGKILLed and is restarted (cause
+``watchdog: no heartbeat for S s``). The heartbeat must come from the worker's main loop, so a loop stuck in
+a deadlock or a C call holding the GIL stops it. ``onward run``'s loop wakes at least every quarter of
+``WATCHDOG_USEC`` (``Notifier.watchdog_every``), whatever its ``--heartbeat``, so a short watchdog is fed.
+
+Freeze safety. A sandbox pause (SIGSTOP of the whole tree, a cgroup freezer, a VM snapshot) stops the
+supervisor together with its child, while the clock runs on. After the thaw the child's last heartbeat looks
+old, but it was not the child's fault. The supervisor's loop wakes at least every ``tick`` seconds (a tenth
+of a second or less), and measures how much later than asked it woke up. A lateness above the pause
+threshold (one second, or half the watchdog period if that is shorter) means the supervisor itself was not
+running: it logs ``supervisor resumed after N s pause`` and re-arms the watchdog, giving the child a fresh
+full period to send its next heartbeat. A child that stopped alone (the supervisor kept running) shows no
+such gap and is killed as wedged. The check runs before the deadline is looked at, so the order in which the
+two processes thaw does not matter. All times are ``time.monotonic()``: it runs on through SIGSTOP and
+freezers (hence the check); where a VM suspend stops it too, there is no gap to see and none to forgive.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Iterator
+
+_NOTIFY_MAX = 4096  # systemd reads at most this much of one datagram (NOTIFY_BUFFER_MAX)
+_UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+
+
+class Watchdog:
+    """The watchdog of one child (``period`` seconds, or None for none): armed at the child's start,
+    re-armed by its ``READY=1`` and each ``WATCHDOG=1`` (and after a pause of the supervisor itself), fired
+    at once by ``WATCHDOG=trigger``, disarmed for good once a stop begins, as systemd does."""
+
+    def __init__(self, period: float | None, now: float) -> None:
+        self.period = period
+        self.armed_at = now
+        self.deadline = now + period if period else None
+
+    @property
+    def armed(self) -> bool:
+        return self.deadline is not None
+
+    def rearm(self, now: float) -> None:
+        if self.deadline is not None:
+            self.armed_at, self.deadline = now, now + (self.period or 0)
+
+    def trigger(self, now: float) -> None:
+        if self.deadline is not None:
+            self.deadline = now
+
+    def disarm(self) -> None:
+        self.deadline = None
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+    def wait(self, tick: float, now: float) -> float:
+        """How long the supervisor may sleep: a tick, or less when the deadline comes first."""
+        return tick if self.deadline is None else max(0.0, min(tick, self.deadline - now))
+
+    def cause(self, now: float) -> str:
+        return f"watchdog: no heartbeat for {now - self.armed_at:.1f} s"
+
+
+
+def exit_fd(pid: int) -> int | None:
+    """A descriptor that becomes readable when the child exits, so an exit is seen at once (recovery time
+    is the point of a supervisor); None where pidfds are missing, and then the loop's tick notices."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def exited(pid: int) -> bool:
+    """Whether the child has exited, without reaping it (its pid keeps pinning its process group id)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def receive(notify: socket.socket, child_pid: int) -> Iterator[dict[str, str]]:
+    """The pending sd_notify datagrams from the child's own pid, each as a dict of its ``KEY=VALUE`` lines.
+    Datagrams from other processes, and truncated ones, are dropped (systemd drops them too)."""
+    while True:
+        try:
+            data, ancdata, flags, _ = notify.recvmsg(_NOTIFY_MAX, socket.CMSG_SPACE(_UCRED.size))
+        except BlockingIOError:
+            return
+        sender = None
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                sender = _UCRED.unpack(payload[:_UCRED.size])[0]
+        if sender != child_pid or flags & socket.MSG_TRUNC:
+            continue
+        message: dict[str, str] = {}
+        for line in data.decode("utf-8", "replace").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                message[key] = value
+        yield message

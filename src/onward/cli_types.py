@@ -1,0 +1,52 @@
+"""The click parameter types and options shared by ``onward.cli`` and the command modules it loads lazily
+(``deploy_cli``, ``steps_cli``, ``db_cli``): here rather than in ``cli`` so that those modules need not
+import the module that imports them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+db_option = click.option("--db", "db", metavar="URL", default=None,
+                         help="Store: a file path, sqlite:///path or postgresql://… (env ONWARD_DB;"
+                              " default .onward/onward.db).")
+
+
+class TaskText(click.ParamType):
+    """A task's text as given on the command line. A name that is not UTF-8 (``$'bad\\xff'``) reaches
+    Python as lone surrogates, which no store can hold: refused here as bad input, not a traceback later.
+    Only the encoding is checked here: a name breaking another rule (empty, too long) names no task, and
+    ``onward add`` checks every rule."""
+
+    name = "task"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from .tasksfile import NOT_UTF8, task_name_problem
+
+        text = str(value)
+        if task_name_problem(text) == NOT_UTF8:
+            shown = text.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+            self.fail(f"\"{shown}\" {NOT_UTF8}", param, ctx)
+        return text
+
+
+TASK_TEXT = TaskText()
+
+
+class FiniteFloat(click.ParamType):
+    """A number of seconds. Python's float() takes "nan" and "inf", which no duration means: a NaN retry
+    delay cannot be stored and an infinite heartbeat overflows a timer, so both are refused up front."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number: float = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        return number
+
+
+FINITE_FLOAT = FiniteFloat()

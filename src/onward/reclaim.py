@@ -1,0 +1,58 @@
+"""Taking back the tasks of workers that are gone: a worker of this host that died without a word is marked
+so in the store, and a running task whose owner died (same host: known at once) or whose lease expired
+(any host) goes back to pending, after whatever its old attempt left running is killed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+from .log import Log, quote
+from .proc import kill_group, owner_alive, process_alive
+from .store.base import RunningTask, Store
+
+
+def mark_dead_workers(store: Store, worker_id: int) -> None:
+    """Workers of this host that died without a word (kill -9, OOM) are marked so in the store."""
+    for w in store.workers():
+        if w.worker_id != worker_id and owner_alive(w.owner) is False:
+            store.worker_stopped(w.worker_id, f"died: worker {w.worker_id} pid {w.owner.pid} is gone")
+
+
+def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: Log) -> None:
+    """Take back tasks whose owner died or whose lease expired; ``ours``: the task ids this worker runs
+    (a claim of ours whose commit we never heard back about is not among them, and is taken back too)."""
+    for task in store.running():
+        if task.worker_id == worker_id and task.task_id in ours:
+            continue
+        alive = owner_alive(task.owner) if task.owner is not None else False
+        if alive is False:
+            reason = "owner died"
+        elif task.lease_expired:
+            reason = "lease expired"
+        else:
+            continue
+        _end_old_attempt(task, alive)
+        _reclaim(store, worker_id, task, reason, log)
+
+
+def _end_old_attempt(task: RunningTask, alive: bool | None) -> None:
+    """Two attempts of one task must never overlap: the old command's process group goes first."""
+    if task.child_pid and (alive is not None or task.owner is None) and process_alive(
+            task.child_pid, task.child_start):
+        kill_group(task.child_pid)
+    elif task.child_pid and alive is False:
+        kill_group(task.child_pid)  # the leader is gone, but its group may live on
+
+
+def _reclaim(store: Store, worker_id: int, task: RunningTask, reason: str, log: Log) -> None:
+    reclaimed = store.reclaim(task.task_id, task.fence, reason)
+    if reclaimed is None:
+        return
+    if reclaimed.counted:
+        kind, detail = "reclaimed", f"{reason}; now {reclaimed.state}"
+    else:
+        # It got further than ever before it died: a crash of a progressing task is not poison.
+        kind, detail = "interrupted", f"{reason} after recording new steps; attempt not counted, now pending"
+    store.log_event(kind, task_id=task.task_id, worker_id=worker_id, attempt=task.attempt, detail=detail)
+    log.warning(f"{kind} task={quote(task.name)} attempt={task.attempt}: {detail}")

@@ -1,0 +1,141 @@
+"""What becomes of a finished attempt: its outcome written inside the worker's open batch (done, given back,
+retried or failed for good), and what the worker tells about it once that batch is committed: nothing
+(log line, output file, tally) reports a completion before its commit returned. Also the run's tally.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .attempt import Attempt, Outcome
+from .log import NORMAL, Log, quote
+from .outdir import OutDir, file_name
+from .store.base import DONE, FAILED, PENDING, Claim, Store
+
+Report = Callable[[], None]  # what to tell once the batch holding the outcome is committed
+
+
+@dataclass
+class RunSummary:
+    done: int = 0  # tasks this run completed
+    failed: int = 0  # tasks this run failed for good
+    retried: int = 0  # failed attempts that will be retried
+    released: int = 0  # attempts given back on a graceful stop
+    fenced: int = 0  # completions refused because the task was taken over
+    stopped: bool = False  # a stop signal ended the run
+    counts: dict[str, int] = field(default_factory=dict)  # the store's counts at the end
+
+    @property
+    def exit_code(self) -> int:
+        """0: nothing left and no task failed (or stopped on request); 3: finished with failed tasks."""
+        if self.stopped:
+            return 0
+        return 3 if self.counts.get(FAILED, 0) else 0
+
+
+class Settler:
+    """Writes the outcomes of one worker's attempts and keeps its tally (``summary``)."""
+
+    def __init__(self, store: Store, log: Log, out: OutDir | None, retry_delay: float,
+                 max_retry_delay: float) -> None:
+        self.store = store
+        self.log = log
+        self.out = out
+        self.retry_delay = retry_delay  # first backoff; doubles with every further attempt
+        self.max_retry_delay = max_retry_delay
+        self.worker_id = 0  # set once the worker is registered
+        self.summary = RunSummary()
+
+    def settle(self, attempt: Attempt, outcome: Outcome) -> Report:
+        """Write one outcome inside the open batch; return what to report once it is committed."""
+        if attempt.fenced:
+            return _nothing_to_report  # already reported when the lease was lost
+        seconds = time.monotonic() - attempt.started
+        if outcome.kind == "done":
+            return self._done(attempt.claim, outcome, seconds)
+        if outcome.kind == "released":
+            return self._released(attempt.claim, outcome)
+        return self._failed(attempt.claim, outcome)
+
+    def _done(self, claim: Claim, outcome: Outcome, seconds: float) -> Report:
+        if not self.store.complete(claim.task_id, claim.fence, outcome.result, outcome.result_kind):
+            return self._fenced(claim)
+        self.store.log_event("done", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt)
+
+        def report_done() -> None:
+            self.summary.done += 1
+            if self.log.level >= NORMAL:  # skip formatting a line nobody will see (hot path)
+                self.log.info(f"done task={quote(claim.name)} attempt={claim.attempt} in {seconds:.2f}s")
+            if self.out is not None:
+                self._export(claim.name, outcome.result)
+        return report_done
+
+    def _released(self, claim: Claim, outcome: Outcome) -> Report:
+        if not self.store.release(claim.task_id, claim.fence, outcome.error):
+            return self._fenced(claim)
+        self.store.log_event("released", task_id=claim.task_id, worker_id=self.worker_id,
+                             attempt=claim.attempt, detail=outcome.error)
+
+        def report_released() -> None:
+            self.summary.released += 1
+            self.log.info(f"released task={quote(claim.name)}: {outcome.error}")
+        return report_released
+
+    def _failed(self, claim: Claim, outcome: Outcome) -> Report:
+        delay = min(self.retry_delay * 2 ** (claim.attempt - 1), self.max_retry_delay)
+        state = self.store.fail(claim.task_id, claim.fence, outcome.error, delay)
+        if state is None:
+            return self._fenced(claim)
+        kind = "retrying" if state == PENDING else "failed"
+        self.store.log_event(kind, task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
+                             detail=outcome.error)
+        if state == PENDING:
+            def report_retrying() -> None:
+                self.summary.retried += 1
+                self.log.warning(f"attempt failed task={quote(claim.name)} attempt={claim.attempt}/"
+                                 f"{claim.max_attempts}: {outcome.error_line}; retry in {delay:g}s")
+            return report_retrying
+
+        def report_failed() -> None:
+            self.summary.failed += 1
+            self.log.warning(f"failed task={quote(claim.name)} after {claim.attempt} attempts: {outcome.error_line}")
+        return report_failed
+
+    def _fenced(self, claim: Claim) -> Report:
+        self.store.log_event("fenced", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
+                             detail="outcome not committed: the task was taken over")
+
+        def report_fenced() -> None:
+            self.summary.fenced += 1
+            self.log.warning(f"fenced task={quote(claim.name)} attempt={claim.attempt}: it was taken over,"
+                             " outcome dropped")
+        return report_fenced
+
+    def _export(self, name: str, data: bytes) -> None:
+        assert self.out is not None
+        try:
+            self.out.write(name, data)
+        except OSError as e:
+            # The store holds the result; the next start exports what is missing.
+            self.log.warning(f"could not write output for task={quote(name)}: {e}")
+
+    def export_missing(self) -> None:
+        """Write the result file of every done task that has none (a write failed, or the folder is new)."""
+        if self.out is None:
+            return
+        exported = 0
+        present = self.out.result_files()
+        for row in self.store.iter_tasks(DONE):
+            if file_name(row.name) not in present:
+                stored = self.store.result(row.name)
+                if stored is not None:
+                    self._export(row.name, stored.data)
+                    exported += 1
+        if exported:
+            self.log.info(f"exported {exported} missing result files")
+
+
+def _nothing_to_report() -> None:
+    pass

@@ -1,0 +1,226 @@
+"""The step journal of one attempt (``StepLog``): the task's recorded steps loaded once, replayed from
+memory in call order, extended durably as steps run for real. It reaches the store only through a store
+call run in the worker loop's next group commit (``Loop.store_call``), and knows nothing else of the loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .errors import Fenced, OnwardError, StepDrift
+from .step_records import CHECKPOINT, ERROR, VALUE, Frame, frame, ordinals, unframe
+from .store.base import Claim, StepRecord, Store
+
+# Replay policies (``@job.task(replay=...)``).
+STRICT, PREFIX = "strict", "prefix"
+REPLAY_POLICIES = (STRICT, PREFIX)
+
+T = TypeVar("T")
+
+# A store call run in the worker loop's next group commit (``Loop.store_call``): how steps reach the store.
+StoreCall = Callable[[Callable[[Store], Any]], Any]
+
+
+class StepLog:
+    """The recorded steps of one task as one attempt sees them: loaded once, replayed from memory in call
+    order, extended durably as steps run for real. Thread-safe: a task may call steps from several
+    threads (each needs the task's context, e.g. through ``contextvars.copy_context().run``)."""
+
+    def __init__(self, claim: Claim, worker_id: int, policy: str, store_call: StoreCall,
+                 beat: Callable[[], None]) -> None:
+        self._store_call = store_call
+        self._beat = beat  # a step replayed or recorded is progress
+        self.worker_id = worker_id
+        self.policy = policy
+        self.task = claim.name
+        self.task_id = claim.task_id
+        self.fence = claim.fence
+        self.attempt = claim.attempt
+        self._lock = threading.Lock()
+        self.loaded = False
+        self._history: list[StepRecord] = []  # every record loaded, then those this attempt wrote
+        self._pending: dict[int, StepRecord] = {}  # index -> a loaded record not yet reached
+        self._position = 0  # the index of the last call handed out
+        self._names: dict[str, int] = {}  # calls of each name so far, for ``name#n``
+        self._checkpoint: tuple[int, bytes] | None = None  # the latest checkpoint: index, payload
+        self._clock_offset = 0.0  # store clock minus local clock, for durable sleeps
+        self.replayed = 0
+        self.saved = 0.0
+        self.recorded = 0
+        self._replay_told = False
+        self.failure: OnwardError | None = None  # drift or fencing: every later step call fails the same way
+
+    # -- talking to the store (always through the worker loop) --
+    def _call(self, fn: Callable[[Store], T | None], refused: str) -> T:
+        """Run ``fn`` in the worker loop's next group commit. ``fn`` returns None when the store refused
+        the write (the fence moved on): then this attempt is over, ``Fenced`` from here on. (``fn`` itself
+        never raises: it runs on the loop's thread, inside the batch of every task's writes.)"""
+        try:
+            value = self._store_call(fn)
+        except Fenced as e:
+            self.failure = e
+            raise
+        if value is None:
+            self.failure = Fenced(f"task {self.task!r} was taken over: {refused}")
+            raise Fenced(str(self.failure))
+        return value
+
+    def load(self) -> None:
+        """Read the task's records (once per attempt). Blocks for one round trip through the loop."""
+        with self._lock:
+            if self.loaded:
+                return
+            task_id, fence = self.task_id, self.fence
+
+            def read(store: Store) -> tuple[list[StepRecord], float] | None:
+                records = store.steps(task_id)
+                if records and records[-1].kind == ERROR:
+                    # The previous attempt most likely ended because of this error: run that step again.
+                    if not store.drop_steps(task_id, fence, records[-1].index):
+                        return None
+                    records.pop()
+                return records, store.now()
+
+            records, now = self._call(read, "its steps were not read")
+            self._clock_offset = now - time.time()
+            self._history = records
+            self._pending = {r.index: r for r in records}
+            for r in records:
+                if r.kind == CHECKPOINT:
+                    self._checkpoint = (r.index, unframe(r.data).payload)
+            self.loaded = True
+
+    def store_now(self) -> float:
+        return time.time() + self._clock_offset
+
+    def begin(self, name: str, kind: str) -> tuple[int, StepRecord | None]:
+        """Hand out the next call index; return it with the record to replay there, if any."""
+        if self.failure is not None:
+            raise type(self.failure)(str(self.failure))
+        with self._lock:
+            self._position += 1
+            index = self._position
+            self._names[name] = count = self._names.get(name, 0) + 1
+            record = self._pending.pop(index, None)
+            if record is None or (record.name == name and (
+                    record.kind == kind or (kind == VALUE and record.kind == ERROR))):
+                return index, record
+        self._drift(index, f"{name}#{count}", record)
+        return index, None
+
+    def _drift(self, index: int, called: str, record: StepRecord) -> None:
+        history = sorted(self._history, key=lambda r: r.index)
+        recorded = next(label for r, label in zip(history, ordinals(history), strict=True) if r.index == record.index)
+        message = (f"task {self.task!r}: call {index} is {called}, but the recorded history has {recorded} there"
+                   " (the code changed, or the task does not call its steps in a fixed order)")
+        if self.policy != PREFIX:
+            self.failure = StepDrift(message + '; fix the code and `onward retry` it, or register the task with'
+                                     ' replay="prefix" to drop the recorded steps from there on')
+            raise type(self.failure)(str(self.failure))
+        dropped = sum(1 for i in self._pending if i >= index) + 1
+        task_id, fence, attempt, worker = self.task_id, self.fence, self.attempt, self.worker_id
+
+        def drop(store: Store) -> bool | None:
+            # Blocks an asyncio task's event loop for one commit: drift is rare enough not to matter.
+            if not store.drop_steps(task_id, fence, index):
+                return None
+            store.log_event("replay", task_id=task_id, worker_id=worker, attempt=attempt,
+                            detail=f"replay=prefix: dropped {dropped} recorded steps from call {index} on: {message}")
+            return True
+
+        self._call(drop, "its recorded steps were not dropped")
+        with self._lock:
+            self._pending = {i: r for i, r in self._pending.items() if i < index}
+            self._history = [r for r in self._history if r.index < index]
+            if self._checkpoint is not None and self._checkpoint[0] >= index:
+                self._checkpoint = next(((r.index, unframe(r.data).payload) for r in reversed(self._history)
+                                         if r.kind == CHECKPOINT), None)
+
+    def replayed_one(self, record: StepRecord) -> Frame:
+        f = unframe(record.data)
+        with self._lock:
+            self.replayed += 1
+            if record.kind == VALUE:
+                self.saved += f.seconds
+        self._beat()
+        return f
+
+    def record(self, index: int, name: str, kind: str, serializer: str, seconds: float,
+               payload: bytes | Callable[[float], bytes]) -> bytes:
+        """Commit one record (durable when this returns). ``payload`` may be a function of the store's
+        clock, evaluated inside the commit (durable sleeps record their deadline that way). Returns the
+        payload written."""
+        task_id, fence, attempt, worker = self.task_id, self.fence, self.attempt, self.worker_id
+        note = self._replay_note()
+
+        def write(store: Store) -> bytes | None:
+            now = store.now()
+            body = payload(now) if callable(payload) else payload
+            record = StepRecord(index, name, kind, frame(serializer, seconds, attempt, fence, body), now)
+            if not store.record_step(task_id, fence, record):
+                return None
+            if note:
+                store.log_event("replayed", task_id=task_id, worker_id=worker, attempt=attempt, detail=note)
+            return body
+
+        written = self._call(write, f"step {name} was not recorded")
+        with self._lock:
+            self.recorded += 1
+            self._history.append(StepRecord(index, name, kind, frame(serializer, seconds, attempt, fence, written),
+                                            0.0))
+            if kind == CHECKPOINT:
+                self._checkpoint = (index, written)
+        self._beat()
+        return written
+
+    def _replay_note(self) -> str | None:
+        """Once per attempt, when the first step runs for real after replayed ones: a journal line."""
+        with self._lock:
+            if self._replay_told or not self.replayed:
+                return None
+            self._replay_told = True
+            return f"replayed {_steps(self.replayed)} (saved {self.saved:.1f} s)"
+
+    def restore(self) -> bytes | None:
+        """The latest checkpoint's payload; replay moves on to the call after it."""
+        with self._lock:
+            if self._checkpoint is None:
+                return None
+            index, payload = self._checkpoint
+            if index > self._position:
+                # Steps recorded before the checkpoint are covered by it: skip them.
+                for i in [i for i in self._pending if i <= index]:
+                    r = self._pending.pop(i)
+                    self.replayed += 1
+                    if r.kind == VALUE:
+                        self.saved += unframe(r.data).seconds
+                self._position = index
+            return payload
+
+    def finish(self) -> None:
+        """At the end of an attempt that resumed (replayed steps): one journal line with what it recorded and
+        replayed. Attempts that replayed nothing write none: that line would cost every task a commit."""
+        if not self.loaded or not self.replayed or self.failure is not None:
+            return
+        note = self._replay_note()
+        task_id, attempt, worker = self.task_id, self.attempt, self.worker_id
+        total = len(self._history)
+        detail = (f"steps: {self.recorded} recorded by this attempt, {self.replayed} replayed"
+                  f" (saved {self.saved:.1f} s), {total} in all")
+
+        def log(store: Store) -> None:
+            if note:
+                store.log_event("replayed", task_id=task_id, worker_id=worker, attempt=attempt, detail=note)
+            store.log_event("steps", task_id=task_id, worker_id=worker, attempt=attempt, detail=detail)
+
+        try:
+            self._store_call(log)
+        except OnwardError:
+            pass  # the worker stopped: the journal line is a nicety, the records are what matter
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"

@@ -1,0 +1,149 @@
+"""The format of a durable step's record: its kinds, the serializers of its values, the frame around the
+payload, how an exception is kept, and the names and keys derived from a task's records. Pure functions
+of bytes and records: no store, no runner.
+
+A record's ``data`` is ``b"<serializer> <seconds> <attempt> <fence>\\n"`` followed by the payload: the
+serializer's name (checked on replay), the seconds the body took (the time a replay saves), and the attempt
+and fence that recorded it (``onward status`` counts records of earlier claims as replayed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .errors import OnwardError, StoreError, UsageError
+from .store.base import StepRecord
+
+# Record kinds (StepRecord.kind).
+VALUE, ERROR, CHECKPOINT, SLEEP = "value", "error", "checkpoint", "sleep"
+
+
+class StepError(OnwardError):
+    """A recorded step error replayed when its original exception could not be rebuilt: carries its type
+    name and message."""
+
+
+# --- serializers ------------------------------------------------------------------------------------------
+class Serializer(Protocol):
+    """Turns step values into bytes and back. ``name`` is written with every record and checked on replay."""
+
+    name: str
+
+    def dumps(self, value: Any) -> bytes: ...
+
+    def loads(self, data: bytes) -> Any: ...
+
+
+class JsonSerializer:
+    name = "json"
+
+    def dumps(self, value: Any) -> bytes:
+        try:
+            return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"a step returned a value that is not JSON ({e}); pass serializer=onward.steps.PICKLE"
+                             " or your own to @step") from None
+
+    def loads(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
+class PickleSerializer:
+    """Any picklable value. Only load stores you trust: unpickling runs code named by the data."""
+
+    name = "pickle"
+
+    def dumps(self, value: Any) -> bytes:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def loads(self, data: bytes) -> Any:
+        return pickle.loads(data)
+
+
+JSON: Serializer = JsonSerializer()
+PICKLE: Serializer = PickleSerializer()
+
+
+# --- records ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Frame:
+    """A record's data, unpacked."""
+
+    serializer: str
+    seconds: float
+    attempt: int
+    fence: int
+    payload: bytes
+
+
+def frame(serializer: str, seconds: float, attempt: int, fence: int, payload: bytes) -> bytes:
+    return b"%s %.6f %d %d\n" % (serializer.encode(), seconds, attempt, fence) + payload
+
+
+def unframe(data: bytes) -> Frame:
+    head, sep, payload = data.partition(b"\n")
+    parts = head.split(b" ")
+    if not sep or len(parts) != 4:
+        raise StoreError("a step record is not in onward's format (written by something else?)")
+    return Frame(parts[0].decode(), float(parts[1]), int(parts[2]), int(parts[3]), payload)
+
+
+def ordinals(records: Sequence[StepRecord]) -> list[str]:
+    """``name#n`` for each record: the n-th call of that name."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in records:
+        seen[r.name] = seen.get(r.name, 0) + 1
+        out.append(f"{r.name}#{seen[r.name]}")
+    return out
+
+
+def summarize(records: Sequence[StepRecord], fence: int | None) -> dict[str, Any]:
+    """For status: how many steps a task has recorded, how many of them came from earlier claims than
+    ``fence`` (replayed, or about to be, by the current attempt), and the time those took originally."""
+    replayed, saved = 0, 0.0
+    for r in records:
+        try:
+            f = unframe(r.data)
+        except (StoreError, ValueError):
+            continue
+        if fence is not None and f.fence < fence:
+            replayed += 1
+            if r.kind == VALUE:
+                saved += f.seconds
+    return {"recorded": len(records), "replayed": replayed, "saved_seconds": round(saved, 3)}
+
+
+def idempotency_key(task: str, name: str, index: int) -> str:
+    """Stable for (task, step name, call index); different for any other step."""
+    digest = hashlib.sha256(f"{task}\0{name}\0{index}".encode("utf-8", "surrogatepass")).hexdigest()
+    return "onward-" + digest[:32]
+
+
+def encode_error(e: BaseException) -> tuple[str, bytes]:
+    try:
+        data = pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(data)  # some exceptions pickle but cannot be rebuilt (their __init__ wants other args)
+        return "pickle", data
+    except Exception:
+        return "json", json.dumps({"type": f"{type(e).__module__}.{type(e).__qualname__}",
+                                   "message": str(e)}).encode()
+
+
+def decode_error(f: Frame) -> BaseException:
+    if f.serializer == "pickle":
+        try:
+            e = pickle.loads(f.payload)
+            if isinstance(e, BaseException):
+                return e
+        except Exception:
+            pass
+        return StepError("a recorded step error could not be rebuilt")
+    info = json.loads(f.payload)
+    return StepError(f"{info['type']}: {info['message']}")
+

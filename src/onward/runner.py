@@ -12,19 +12,18 @@ one transaction (group commit): with one slot that is exactly one durable commit
 from __future__ import annotations
 
 import errno
-import os
 import selectors
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from .attempt import Attempt, Handler, Outcome
 from .config import RunConfig
-from .errors import Fenced, OnwardError, StoreError, WedgedTask
+from .errors import OnwardError, StoreError, WedgedTask
+from .inbox import LoopInbox
 from .keepawake import KeepAwake
 from .leases import Leases
 from .log import Log, Throttled, quote
@@ -53,8 +52,6 @@ WORKER_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, er
 RESOURCE_PAUSE = 1.0
 
 
-
-
 class Runner:
     def __init__(self, store: Store, handler: Handler, config: RunConfig, log: Log, *,
                  notifier: Notifier | None = None, keep_awake: KeepAwake | None = None,
@@ -77,11 +74,10 @@ class Runner:
         self.running: dict[int, Attempt] = {}  # task id -> attempt
         self.settler = Settler(store, log, out, config.retry_delay, config.max_retry_delay)
         self.summary: RunSummary = self.settler.summary
-        self._finished: deque[tuple[Attempt, Outcome]] = deque()
-        self._finished_lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Outcomes from attempts' threads and store calls from tasks' threads, waiting for the loop.
+        self.inbox = LoopInbox()
         self.selector = selectors.DefaultSelector()
-        self.selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self.selector.register(self.inbox.wake_r, selectors.EVENT_READ, self.inbox.drain_wakeups)
         store_fd = store.wakeup_fd()
         if store_fd is not None:
             # New work announced by the store (NOTIFY) ends an idle wait at once.
@@ -92,28 +88,17 @@ class Runner:
         self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
         self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
         self._store_backoff = 0.0
-        self._calls: deque[tuple[Callable[[Store], Any], Future[Any]]] = deque()
-        self._closed = False
-        self._pending_calls: list[tuple[Callable[[Store], Any], Future[Any]]] = []
 
     # --- called from other threads -------------------------------------------------------------------
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
         """Hand a finished attempt to the loop (thread-safe)."""
-        with self._finished_lock:
-            self._finished.append((attempt, outcome))
-        self.wake()
+        self.inbox.post(attempt, outcome)
 
     def store_call(self, fn: Callable[[Store], T]) -> T:
         """From a task's thread: run ``fn(store)`` on the loop's thread, inside its next group commit, and
         return its value once that commit is durable. This is how a task records steps: the loop owns the
         store connection, and steps of many tasks share one fsync."""
-        future: Future[T] = Future()
-        with self._finished_lock:
-            if self._closed:
-                raise Fenced("the worker has stopped; nothing more can be recorded for this attempt")
-            self._calls.append((fn, future))
-        self.wake()
-        return future.result()
+        return self.inbox.store_call(fn)
 
     def register(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop's thread whenever ``fd`` is readable (an attempt's pipe or pidfd)."""
@@ -123,10 +108,7 @@ class Runner:
         self.selector.unregister(fd)
 
     def wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full: the loop is already due to wake up
+        self.inbox.wake()
 
     def request_stop(self, reason: str) -> None:
         if self._stop_requested is None:
@@ -156,13 +138,12 @@ class Runner:
             raise
         finally:
             self.notifier.stopping()
-            self._refuse_store_calls()
+            self.inbox.refuse_calls()
             self._shutdown_attempts()
             self._record_stop(stop_reason)
             self._restore_signals(saved_signals)
             self.selector.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self.inbox.close()
         self.store_errors.flush()
         self.summary.stopped = self.stopping
         self.log.info(
@@ -178,7 +159,7 @@ class Runner:
         if self.config.install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
-            old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+            old_wakeup = signal.set_wakeup_fd(self.inbox.wake_w, warn_on_full_buffer=False)
         return old_handlers, old_wakeup
 
     def _restore_signals(self, saved: SavedSignals) -> None:
@@ -197,15 +178,6 @@ class Runner:
         self._update_keep_awake(counts)
         self.notifier.ready()
         self._notify_status(counts)
-
-    def _refuse_store_calls(self) -> None:
-        """On the way out: the tasks' writes still waiting fail (``Fenced``), and so does any later one."""
-        with self._finished_lock:
-            self._closed = True
-            for _, future in [*self._calls, *self._pending_calls]:
-                future.set_exception(Fenced("the worker stopped before this was recorded"))
-            self._calls.clear()
-            self._pending_calls = []
 
     def _record_stop(self, stop_reason: str) -> None:
         """The store's final counts, the worker's stop and the keep-awake marker (best effort on the way out)."""
@@ -292,21 +264,10 @@ class Runner:
 
     def _wait(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout):
-            if key.data is None:
-                try:
-                    while os.read(self._wake_r, 4096):
-                        pass
-                except BlockingIOError:
-                    pass
-            else:
-                key.data()  # a child's pipe or exit: its attempt handles it
+            key.data()  # the inbox's wake-up, new work in the store, or a child's pipe or exit
 
     def _take_finished(self) -> list[tuple[Attempt, Outcome]]:
-        with self._finished_lock:
-            finished = list(self._finished)
-            self._finished.clear()
-            self._pending_calls = list(self._calls)
-            self._calls.clear()
+        finished = self.inbox.take_finished()
         if self._unsettled:
             finished = self._unsettled + finished
             self._unsettled = []
@@ -316,7 +277,7 @@ class Runner:
     def _settle_and_claim(self, finished: list[tuple[Attempt, Outcome]], want: int) -> list[Claim]:
         """Commit every finished attempt, the tasks' requested writes (steps) and claims of up to ``want``
         new tasks, in one durable transaction."""
-        calls, self._pending_calls = self._pending_calls, []
+        calls = self.inbox.take_calls()
         if not finished and want <= 0 and not calls:
             return []
         after_commit: list[Callable[[], None]] = []

@@ -71,7 +71,7 @@ class Runner:
         self.concurrency = config.concurrency  # lowered for good when the worker runs out of resources
         self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
         self._resources_short = False  # a start ran out of resources (warned once)
-        self.running: dict[int, Attempt] = {}  # task id -> attempt
+        self.attempts: dict[int, Attempt] = {}  # task id -> its attempt, while it runs here
         self.settler = Settler(store, log, out, config.retry_delay, config.max_retry_delay)
         self.summary: RunSummary = self.settler.summary
         # Outcomes from attempts' threads and store calls from tasks' threads, waiting for the loop.
@@ -193,7 +193,7 @@ class Runner:
         if self.stopping:
             return
         self.request_stop(name)
-        for attempt in self.running.values():
+        for attempt in self.attempts.values():
             attempt.request_stop()
 
     def _loop(self) -> None:
@@ -226,20 +226,20 @@ class Runner:
             if now >= self._store_retry_at:
                 finished = self._take_finished()
                 paused = self.stopping or now < self._claim_paused_until
-                want = 0 if paused else self.concurrency - len(self.running) + len(finished)
+                want = 0 if paused else self.concurrency - len(self.attempts) + len(finished)
                 claims = self._settle_and_claim(finished, want)
             for claim in claims:
                 self._start(claim)
-            if self.stopping and not self.running:
+            if self.stopping and not self.attempts:
                 return
             if claims:
                 idle_wait = 0.01
             else:
-                if not self.running and now >= self._store_retry_at and self._nothing_left():
+                if not self.attempts and now >= self._store_retry_at and self._nothing_left():
                     return
                 idle_wait = min(idle_wait * 2, 1.0, cfg.heartbeat)
             timeout = self._next_deadline(next_tick, now) - time.monotonic()
-            if len(self.running) < self.concurrency and not self.stopping:
+            if len(self.attempts) < self.concurrency and not self.stopping:
                 # Free slots: look again soon for new work, or for a retry whose backoff ran out (a store
                 # that can announce new work wakes the wait at once).
                 timeout = min(timeout, idle_wait)
@@ -257,7 +257,7 @@ class Runner:
             period = min(period, self.config.stall_timeout / 4)
         # Cannot renew: look again in time to stop our tasks before the leases run out, not a whole
         # heartbeat later.
-        fence_at = self.leases.until_fence(self.running, time.monotonic())
+        fence_at = self.leases.until_fence(self.attempts, time.monotonic())
         if fence_at is not None and fence_at > 0:
             period = min(period, fence_at)
         return max(period, 0.02)
@@ -310,7 +310,7 @@ class Runner:
             # A claim's lease runs from (at the latest) the moment we asked for it.
             self.leases.claimed(started)
         for attempt, _ in finished:
-            self.running.pop(attempt.claim.task_id, None)
+            self.attempts.pop(attempt.claim.task_id, None)
         for report in after_commit:
             report()
         if self.summary.done or self.summary.failed or self.summary.retried:
@@ -321,7 +321,7 @@ class Runner:
 
     # --- running attempts ----------------------------------------------------------------------------
     def _start(self, claim: Claim) -> None:
-        if len(self.running) >= self.concurrency:
+        if len(self.attempts) >= self.concurrency:
             # Claimed along with an attempt that ran out of resources: given back without trying.
             self._not_started(claim, Outcome.released(f"worker lowered its concurrency to {self.concurrency}"))
             return
@@ -337,7 +337,7 @@ class Runner:
             program = e.filename if e.filename is not None else "the command"
             self._not_started(claim, Outcome.failure(f"cannot run {program}: {e.strerror or e}"))
             return
-        self.running[claim.task_id] = attempt
+        self.attempts[claim.task_id] = attempt
         if attempt.child_pid:
             try:
                 self.store.note_child(claim.task_id, claim.fence, attempt.child_pid, attempt.child_start or 0)
@@ -346,14 +346,14 @@ class Runner:
 
     def _not_started(self, claim: Claim, outcome: Outcome) -> None:
         attempt = Attempt(claim)
-        self.running[claim.task_id] = attempt
+        self.attempts[claim.task_id] = attempt
         self.post(attempt, outcome)
 
     def _lower_concurrency(self, claim: Claim, e: OSError) -> None:
         """Run fewer tasks at once, for the rest of this worker's life (a restarted worker starts at
         --concurrency again): three quarters of those running now, since a shortage can strike midway
         through starting a command, and a start that failed may leave a descriptor or two open."""
-        lowered = min(self.concurrency, max(1, 3 * len(self.running) // 4))
+        lowered = min(self.concurrency, max(1, 3 * len(self.attempts) // 4))
         self._claim_paused_until = time.monotonic() + RESOURCE_PAUSE
         change = (f"lowering concurrency from {self.concurrency} to {lowered}" if lowered < self.concurrency
                   else f"concurrency stays {lowered}")
@@ -368,7 +368,7 @@ class Runner:
 
     def _enforce_deadlines(self, now: float) -> None:
         cfg = self.config
-        for attempt in list(self.running.values()):
+        for attempt in list(self.attempts.values()):
             if attempt.cancelled:
                 continue
             if cfg.timeout is not None and now - attempt.started > cfg.timeout:
@@ -376,9 +376,9 @@ class Runner:
             elif cfg.stall_timeout is not None and now - attempt.last_progress() > cfg.stall_timeout:
                 attempt.cancel(f"stalled: no progress for {cfg.stall_timeout:g}s")
         if self.stopping and self._stop_deadline is not None and now > self._stop_deadline:
-            for attempt in list(self.running.values()):
+            for attempt in list(self.attempts.values()):
                 attempt.abandon(f"stopped by {self._stop_requested} after {cfg.grace:g}s grace")
-        for attempt in list(self.running.values()):
+        for attempt in list(self.attempts.values()):
             if attempt.unresponsive(now, cfg.grace):
                 # A Python task ignored its cancellation: a thread cannot be killed, so the worker exits
                 # with an error and its supervisor starts a clean one (the attempt is already counted).
@@ -389,7 +389,7 @@ class Runner:
         grace over) is not waited for again: while its outcome waits for the store it would spin the loop."""
         deadline = next_tick
         cfg = self.config
-        for attempt in self.running.values():
+        for attempt in self.attempts.values():
             if attempt.cancelled:
                 continue
             if cfg.timeout is not None:
@@ -405,16 +405,16 @@ class Runner:
 
     def _shutdown_attempts(self) -> None:
         """On the way out (also after an error): no child may outlive this worker."""
-        for attempt in list(self.running.values()):
+        for attempt in list(self.attempts.values()):
             attempt.abandon("worker exiting")
         # Give back what was still running, uncounted, when we leave on a graceful stop; after an error
         # the tasks stay claimed and are reclaimed as soon as any worker starts.
         leftovers = self._take_finished()
         for attempt, _ in leftovers:
-            self.running.pop(attempt.claim.task_id, None)
+            self.attempts.pop(attempt.claim.task_id, None)
         if not self.stopping:
             return
-        leftovers += [(attempt, Outcome.released("worker stopped")) for attempt in self.running.values()]
+        leftovers += [(attempt, Outcome.released("worker stopped")) for attempt in self.attempts.values()]
         if not leftovers:
             return
         try:  # one last try, in one transaction: a failing store costs one call, not one per task
@@ -433,7 +433,7 @@ class Runner:
     def _tick(self) -> None:
         # A store deleted or replaced under us raises StoreGone: stop rather than commit where nobody looks.
         self.store.check_still_there()
-        self.leases.renew(self.worker_id, self.running, self.summary.done)
+        self.leases.renew(self.worker_id, self.attempts, self.summary.done)
         try:
             self._reclaim_abandoned()
             counts = self.store.counts()
@@ -448,7 +448,7 @@ class Runner:
                              f" {counts.get(FAILED, 0)} failed")
 
     def _reclaim_abandoned(self) -> None:
-        reclaim_abandoned(self.store, self.worker_id, self.running, self.log)
+        reclaim_abandoned(self.store, self.worker_id, self.attempts, self.log)
 
     def _nothing_left(self) -> bool:
         """Nothing pending and nothing running anywhere. Other workers' running tasks keep this one

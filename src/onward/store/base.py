@@ -113,7 +113,7 @@ class WorkerRow:
     stopped_at: float | None
     stop_reason: str | None
     done: int  # tasks this worker completed
-    running: int
+    running_count: int  # its tasks in state running now
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class Event:
 @dataclass(frozen=True)
 class Stats:
     counts: dict[str, int]  # state -> number of tasks
-    running: list[RunningTask]
+    running_tasks: list[RunningTask]
     workers: list[WorkerRow]  # workers that have not stopped, newest first
     errors: list[Event]  # the latest failures, newest first
     done_last_minute: int  # tasks done within the rate window

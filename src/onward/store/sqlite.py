@@ -311,7 +311,7 @@ class SqliteStore(SqlStore):
             restarts = self._exec("count_restarts").fetchone()[0]
         finally:
             self._db.execute("COMMIT")
-        return Stats(counts=counts, running=running, workers=workers, errors=errors,
+        return Stats(counts=counts, running_tasks=running, workers=workers, errors=errors,
                      done_last_minute=done_last_minute, restarts=restarts, rate_window=window)
 
     def _first_event_at_or_after(self, at: float, last_id: int) -> int:

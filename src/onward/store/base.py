@@ -244,7 +244,7 @@ class WorkQueue(Protocol):
         """Give a claimed task back without counting the attempt (graceful stop). False if fenced out.
         Bounded."""
 
-    def running(self) -> list[RunningTask]:
+    def running_tasks(self) -> list[RunningTask]:
         """Every task in state running, with its owner and whether its lease has expired. Bounded."""
 
     def reclaim(self, task_id: int, fence: int, reason: str) -> Reclaimed | None:

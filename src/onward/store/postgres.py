@@ -362,7 +362,7 @@ class PostgresStore(SqlStore):
         conn = self._live()
         with _snapshot(conn, self._batch_depth > 0):
             counts = self.counts()
-            running = self.running()
+            running = self.running_tasks()
             workers = self.workers()
             done_last_minute, window = conn.execute(Q["done_last_minute"]).fetchone()  # type: ignore[misc]
             errors = [event_of(r) for r in conn.execute(Q["recent_errors"], {"limit": 5})]

@@ -299,7 +299,7 @@ class SqliteStore(SqlStore):
         try:
             now = self.now()
             counts = self.counts()
-            running = self.running()
+            running = self.running_tasks()
             workers = self.workers()
             last_id = self._exec("last_event_id").fetchone()[0]
             since = self._first_event_at_or_after(now - 60.0, last_id)

@@ -338,7 +338,7 @@ def _rate(values: list[float]) -> str:
 
 
 def redact(url: str) -> str:
-    from onward.secrets import redact_url
+    from onward.redact import redact_url
 
     return redact_url(url)
 

@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 
 from .errors import OnwardError
 from .log import one_line
-from .secrets import scrub
+from .redact import scrub
 from .store.base import Claim, Store
 
 T = TypeVar("T")

@@ -163,7 +163,7 @@ class WorkerCgroups:
 
     def attempt(self) -> AttemptCgroup:
         """An empty leaf for one attempt. Dead workers' directories beside ours are killed first: the
-        task may be one of theirs, reclaimed, and two executions of a task must never overlap (this costs
+        task may be one of theirs, reclaimed, and two attempts of a task must never overlap (this costs
         a listing of our own cgroup, little next to a fork)."""
         sweep_dead_workers(os.path.dirname(self.path))
         if self._leftovers:

@@ -282,7 +282,7 @@ def _hide_passwords_from_ps(argv: list[str]) -> None:
     """A store URL with a password on the command line (``--db postgresql://u:secret@…`` or
     ``--db=postgresql://…``, also in the command given to ``onward supervise``) is visible to every user
     through ``ps``: blank it out at once."""
-    from .secrets import hide_secrets_in_argv, url_secrets
+    from .redact import hide_secrets_in_argv, url_secrets
 
     # In "--db=URL" (or "NAME=URL" for env) the URL starts after the "=": as a whole the word is no URL.
     urls = [arg.partition("=")[2] if "=" in arg.partition("://")[0] else arg for arg in argv if "://" in arg]
@@ -295,7 +295,7 @@ def _say_error(message: str) -> None:
     """The one line every error ends as. Any URL in it loses its password here, whatever the password holds
     and even in a URL that no backend could parse (``mysql://u:pw@…``, ``sqlite://u:my pw@…``): each path
     that quotes what the user typed need not remember to."""
-    from .secrets import redact_url
+    from .redact import redact_url
 
     click.echo(f"onward: error: {redact_url(message)}", err=True)
 

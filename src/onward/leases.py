@@ -35,19 +35,19 @@ class Leases:
         """New claims were committed: their leases run from (at the latest) the moment we asked for them."""
         self.valid_until = min(self.valid_until, asked_at + self.length)
 
-    def until_fence(self, running: Mapping[int, Attempt], now: float) -> float | None:
+    def until_fence(self, attempts: Mapping[int, Attempt], now: float) -> float | None:
         """While renewals fail and tasks of ours still run: the seconds until they must be stopped."""
-        if self.renewal_failing and any(not a.fenced for a in running.values()):
+        if self.renewal_failing and any(not a.fenced for a in attempts.values()):
             return self.valid_until - self.fence_margin - now
         return None
 
-    def renew(self, worker_id: int, running: Mapping[int, Attempt], completed: int) -> None:
+    def renew(self, worker_id: int, attempts: Mapping[int, Attempt], completed: int) -> None:
         """Renew the leases of our running attempts; stop those the store says were taken over, and all of
         them when the store cannot be reached and our leases are about to run out."""
         started = time.monotonic()
         leases = [Lease(task_id=a.claim.task_id, fence=a.claim.fence,
                         progress_age=started - a.last_progress(), note=a.note)
-                  for a in running.values() if not a.fenced]
+                  for a in attempts.values() if not a.fenced]
         try:
             lost = self.store.renew(worker_id, leases, self.length, completed)
             # Measured from before the renewal was sent: the store may have stamped it any time after.
@@ -58,9 +58,9 @@ class Leases:
             self.store_errors.warning("could not renew leases", str(e))
             self.renewal_failing = True
             lost = []
-            self._fence_if_ran_out(running)
+            self._fence_if_ran_out(attempts)
         for task_id in lost:
-            attempt = running.get(task_id)
+            attempt = attempts.get(task_id)
             if attempt is not None and not attempt.fenced:
                 self._fence_taken_over(worker_id, attempt)
 
@@ -73,12 +73,12 @@ class Leases:
             self.store.log_event("fenced", task_id=attempt.claim.task_id, worker_id=worker_id,
                                  attempt=attempt.claim.attempt, detail="lease lost: taken over; stopped")
 
-    def _fence_if_ran_out(self, running: Mapping[int, Attempt]) -> None:
+    def _fence_if_ran_out(self, attempts: Mapping[int, Attempt]) -> None:
         """Cut off from the store past our lease: others may take our tasks over, so stop them now and
         commit nothing about them (they run again elsewhere; two attempts must not overlap)."""
         if time.monotonic() < self.valid_until - self.fence_margin:
             return
-        for attempt in running.values():
+        for attempt in attempts.values():
             if not attempt.fenced:
                 attempt.fenced = True
                 attempt.cancel("lease ran out: could not reach the store to renew it")

@@ -22,7 +22,7 @@ def mark_dead_workers(store: Store, worker_id: int) -> None:
 def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: Log) -> None:
     """Take back tasks whose owner died or whose lease expired; ``ours``: the task ids this worker runs
     (a claim of ours whose commit we never heard back about is not among them, and is taken back too)."""
-    for task in store.running():
+    for task in store.running_tasks():
         if task.worker_id == worker_id and task.task_id in ours:
             continue
         alive = owner_alive(task.owner) if task.owner is not None else False

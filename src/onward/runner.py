@@ -12,19 +12,18 @@ one transaction (group commit): with one slot that is exactly one durable commit
 from __future__ import annotations
 
 import errno
-import os
 import selectors
 import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from .attempt import Attempt, Handler, Outcome
 from .config import RunConfig
-from .errors import Fenced, OnwardError, StoreError, WedgedTask
+from .errors import OnwardError, StoreError, WedgedTask
+from .inbox import LoopInbox
 from .keepawake import KeepAwake
 from .leases import Leases
 from .log import Log, Throttled, quote
@@ -53,8 +52,6 @@ WORKER_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, er
 RESOURCE_PAUSE = 1.0
 
 
-
-
 class Runner:
     def __init__(self, store: Store, handler: Handler, config: RunConfig, log: Log, *,
                  notifier: Notifier | None = None, keep_awake: KeepAwake | None = None,
@@ -74,14 +71,13 @@ class Runner:
         self.concurrency = config.concurrency  # lowered for good when the worker runs out of resources
         self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
         self._resources_short = False  # a start ran out of resources (warned once)
-        self.running: dict[int, Attempt] = {}  # task id -> attempt
+        self.attempts: dict[int, Attempt] = {}  # task id -> its attempt, while it runs here
         self.settler = Settler(store, log, out, config.retry_delay, config.max_retry_delay)
         self.summary: RunSummary = self.settler.summary
-        self._finished: deque[tuple[Attempt, Outcome]] = deque()
-        self._finished_lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Outcomes from attempts' threads and store calls from tasks' threads, waiting for the loop.
+        self.inbox = LoopInbox()
         self.selector = selectors.DefaultSelector()
-        self.selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self.selector.register(self.inbox.wake_r, selectors.EVENT_READ, self.inbox.drain_wakeups)
         store_fd = store.wakeup_fd()
         if store_fd is not None:
             # New work announced by the store (NOTIFY) ends an idle wait at once.
@@ -92,28 +88,17 @@ class Runner:
         self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
         self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
         self._store_backoff = 0.0
-        self._calls: deque[tuple[Callable[[Store], Any], Future[Any]]] = deque()
-        self._closed = False
-        self._pending_calls: list[tuple[Callable[[Store], Any], Future[Any]]] = []
 
     # --- called from other threads -------------------------------------------------------------------
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
         """Hand a finished attempt to the loop (thread-safe)."""
-        with self._finished_lock:
-            self._finished.append((attempt, outcome))
-        self.wake()
+        self.inbox.post(attempt, outcome)
 
     def store_call(self, fn: Callable[[Store], T]) -> T:
         """From a task's thread: run ``fn(store)`` on the loop's thread, inside its next group commit, and
         return its value once that commit is durable. This is how a task records steps: the loop owns the
         store connection, and steps of many tasks share one fsync."""
-        future: Future[T] = Future()
-        with self._finished_lock:
-            if self._closed:
-                raise Fenced("the worker has stopped; nothing more can be recorded for this attempt")
-            self._calls.append((fn, future))
-        self.wake()
-        return future.result()
+        return self.inbox.store_call(fn)
 
     def register(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop's thread whenever ``fd`` is readable (an attempt's pipe or pidfd)."""
@@ -123,10 +108,7 @@ class Runner:
         self.selector.unregister(fd)
 
     def wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full: the loop is already due to wake up
+        self.inbox.wake()
 
     def request_stop(self, reason: str) -> None:
         if self._stop_requested is None:
@@ -156,13 +138,12 @@ class Runner:
             raise
         finally:
             self.notifier.stopping()
-            self._refuse_store_calls()
+            self.inbox.refuse_calls()
             self._shutdown_attempts()
             self._record_stop(stop_reason)
             self._restore_signals(saved_signals)
             self.selector.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            self.inbox.close()
         self.store_errors.flush()
         self.summary.stopped = self.stopping
         self.log.info(
@@ -178,7 +159,7 @@ class Runner:
         if self.config.install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
-            old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+            old_wakeup = signal.set_wakeup_fd(self.inbox.wake_w, warn_on_full_buffer=False)
         return old_handlers, old_wakeup
 
     def _restore_signals(self, saved: SavedSignals) -> None:
@@ -198,15 +179,6 @@ class Runner:
         self.notifier.ready()
         self._notify_status(counts)
 
-    def _refuse_store_calls(self) -> None:
-        """On the way out: the tasks' writes still waiting fail (``Fenced``), and so does any later one."""
-        with self._finished_lock:
-            self._closed = True
-            for _, future in [*self._calls, *self._pending_calls]:
-                future.set_exception(Fenced("the worker stopped before this was recorded"))
-            self._calls.clear()
-            self._pending_calls = []
-
     def _record_stop(self, stop_reason: str) -> None:
         """The store's final counts, the worker's stop and the keep-awake marker (best effort on the way out)."""
         try:
@@ -221,7 +193,7 @@ class Runner:
         if self.stopping:
             return
         self.request_stop(name)
-        for attempt in self.running.values():
+        for attempt in self.attempts.values():
             attempt.request_stop()
 
     def _loop(self) -> None:
@@ -254,20 +226,20 @@ class Runner:
             if now >= self._store_retry_at:
                 finished = self._take_finished()
                 paused = self.stopping or now < self._claim_paused_until
-                want = 0 if paused else self.concurrency - len(self.running) + len(finished)
+                want = 0 if paused else self.concurrency - len(self.attempts) + len(finished)
                 claims = self._settle_and_claim(finished, want)
             for claim in claims:
                 self._start(claim)
-            if self.stopping and not self.running:
+            if self.stopping and not self.attempts:
                 return
             if claims:
                 idle_wait = 0.01
             else:
-                if not self.running and now >= self._store_retry_at and self._nothing_left():
+                if not self.attempts and now >= self._store_retry_at and self._nothing_left():
                     return
                 idle_wait = min(idle_wait * 2, 1.0, cfg.heartbeat)
             timeout = self._next_deadline(next_tick, now) - time.monotonic()
-            if len(self.running) < self.concurrency and not self.stopping:
+            if len(self.attempts) < self.concurrency and not self.stopping:
                 # Free slots: look again soon for new work, or for a retry whose backoff ran out (a store
                 # that can announce new work wakes the wait at once).
                 timeout = min(timeout, idle_wait)
@@ -285,28 +257,17 @@ class Runner:
             period = min(period, self.config.stall_timeout / 4)
         # Cannot renew: look again in time to stop our tasks before the leases run out, not a whole
         # heartbeat later.
-        fence_at = self.leases.until_fence(self.running, time.monotonic())
+        fence_at = self.leases.until_fence(self.attempts, time.monotonic())
         if fence_at is not None and fence_at > 0:
             period = min(period, fence_at)
         return max(period, 0.02)
 
     def _wait(self, timeout: float) -> None:
         for key, _ in self.selector.select(timeout):
-            if key.data is None:
-                try:
-                    while os.read(self._wake_r, 4096):
-                        pass
-                except BlockingIOError:
-                    pass
-            else:
-                key.data()  # a child's pipe or exit: its attempt handles it
+            key.data()  # the inbox's wake-up, new work in the store, or a child's pipe or exit
 
     def _take_finished(self) -> list[tuple[Attempt, Outcome]]:
-        with self._finished_lock:
-            finished = list(self._finished)
-            self._finished.clear()
-            self._pending_calls = list(self._calls)
-            self._calls.clear()
+        finished = self.inbox.take_finished()
         if self._unsettled:
             finished = self._unsettled + finished
             self._unsettled = []
@@ -316,7 +277,7 @@ class Runner:
     def _settle_and_claim(self, finished: list[tuple[Attempt, Outcome]], want: int) -> list[Claim]:
         """Commit every finished attempt, the tasks' requested writes (steps) and claims of up to ``want``
         new tasks, in one durable transaction."""
-        calls, self._pending_calls = self._pending_calls, []
+        calls = self.inbox.take_calls()
         if not finished and want <= 0 and not calls:
             return []
         after_commit: list[Callable[[], None]] = []
@@ -349,7 +310,7 @@ class Runner:
             # A claim's lease runs from (at the latest) the moment we asked for it.
             self.leases.claimed(started)
         for attempt, _ in finished:
-            self.running.pop(attempt.claim.task_id, None)
+            self.attempts.pop(attempt.claim.task_id, None)
         for report in after_commit:
             report()
         if self.summary.done or self.summary.failed or self.summary.retried:
@@ -360,7 +321,7 @@ class Runner:
 
     # --- running attempts ----------------------------------------------------------------------------
     def _start(self, claim: Claim) -> None:
-        if len(self.running) >= self.concurrency:
+        if len(self.attempts) >= self.concurrency:
             # Claimed along with an attempt that ran out of resources: given back without trying.
             self._not_started(claim, Outcome.released(f"worker lowered its concurrency to {self.concurrency}"))
             return
@@ -376,7 +337,7 @@ class Runner:
             program = e.filename if e.filename is not None else "the command"
             self._not_started(claim, Outcome.failure(f"cannot run {program}: {e.strerror or e}"))
             return
-        self.running[claim.task_id] = attempt
+        self.attempts[claim.task_id] = attempt
         if attempt.child_pid:
             try:
                 self.store.note_child(claim.task_id, claim.fence, attempt.child_pid, attempt.child_start or 0)
@@ -385,14 +346,14 @@ class Runner:
 
     def _not_started(self, claim: Claim, outcome: Outcome) -> None:
         attempt = Attempt(claim)
-        self.running[claim.task_id] = attempt
+        self.attempts[claim.task_id] = attempt
         self.post(attempt, outcome)
 
     def _lower_concurrency(self, claim: Claim, e: OSError) -> None:
         """Run fewer tasks at once, for the rest of this worker's life (a restarted worker starts at
         --concurrency again): three quarters of those running now, since a shortage can strike midway
         through starting a command, and a start that failed may leave a descriptor or two open."""
-        lowered = min(self.concurrency, max(1, 3 * len(self.running) // 4))
+        lowered = min(self.concurrency, max(1, 3 * len(self.attempts) // 4))
         self._claim_paused_until = time.monotonic() + RESOURCE_PAUSE
         change = (f"lowering concurrency from {self.concurrency} to {lowered}" if lowered < self.concurrency
                   else f"concurrency stays {lowered}")
@@ -407,7 +368,7 @@ class Runner:
 
     def _enforce_deadlines(self, now: float) -> None:
         cfg = self.config
-        for attempt in list(self.running.values()):
+        for attempt in list(self.attempts.values()):
             if attempt.cancelled:
                 continue
             if cfg.timeout is not None and now - attempt.started > cfg.timeout:
@@ -415,9 +376,9 @@ class Runner:
             elif cfg.stall_timeout is not None and now - attempt.last_progress() > cfg.stall_timeout:
                 attempt.cancel(f"stalled: no progress for {cfg.stall_timeout:g}s")
         if self.stopping and self._stop_deadline is not None and now > self._stop_deadline:
-            for attempt in list(self.running.values()):
+            for attempt in list(self.attempts.values()):
                 attempt.abandon(f"stopped by {self._stop_requested} after {cfg.grace:g}s grace")
-        for attempt in list(self.running.values()):
+        for attempt in list(self.attempts.values()):
             if attempt.unresponsive(now, cfg.grace):
                 # A Python task ignored its cancellation: a thread cannot be killed, so the worker exits
                 # with an error and its supervisor starts a clean one (the attempt is already counted).
@@ -428,7 +389,7 @@ class Runner:
         grace over) is not waited for again: while its outcome waits for the store it would spin the loop."""
         deadline = next_tick
         cfg = self.config
-        for attempt in self.running.values():
+        for attempt in self.attempts.values():
             if attempt.cancelled:
                 continue
             if cfg.timeout is not None:
@@ -444,16 +405,16 @@ class Runner:
 
     def _shutdown_attempts(self) -> None:
         """On the way out (also after an error): no child may outlive this worker."""
-        for attempt in list(self.running.values()):
+        for attempt in list(self.attempts.values()):
             attempt.abandon("worker exiting")
         # Give back what was still running, uncounted, when we leave on a graceful stop; after an error
         # the tasks stay claimed and are reclaimed as soon as any worker starts.
         leftovers = self._take_finished()
         for attempt, _ in leftovers:
-            self.running.pop(attempt.claim.task_id, None)
+            self.attempts.pop(attempt.claim.task_id, None)
         if not self.stopping:
             return
-        leftovers += [(attempt, Outcome.released("worker stopped")) for attempt in self.running.values()]
+        leftovers += [(attempt, Outcome.released("worker stopped")) for attempt in self.attempts.values()]
         if not leftovers:
             return
         try:  # one last try, in one transaction: a failing store costs one call, not one per task
@@ -472,7 +433,7 @@ class Runner:
     def _tick(self) -> None:
         # A store deleted or replaced under us raises StoreGone: stop rather than commit where nobody looks.
         self.store.check_still_there()
-        self.leases.renew(self.worker_id, self.running, self.summary.done)
+        self.leases.renew(self.worker_id, self.attempts, self.summary.done)
         try:
             self._reclaim_abandoned()
             counts = self.store.counts()
@@ -487,7 +448,7 @@ class Runner:
                              f" {counts.get(FAILED, 0)} failed")
 
     def _reclaim_abandoned(self) -> None:
-        reclaim_abandoned(self.store, self.worker_id, self.running, self.log)
+        reclaim_abandoned(self.store, self.worker_id, self.attempts, self.log)
 
     def _nothing_left(self) -> bool:
         """Nothing pending and nothing running anywhere. Other workers' running tasks keep this one

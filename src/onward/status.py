@@ -30,7 +30,7 @@ def status_dict(store: Store) -> dict[str, Any]:
         working += _working(w, alive)
         workers.append({
             "id": w.worker_id, "host": w.owner.host, "pid": w.owner.pid,
-            "heartbeat_age": round(w.heartbeat_age, 1), "done": w.done, "running": w.running,
+            "heartbeat_age": round(w.heartbeat_age, 1), "done": w.done, "running": w.running_count,
             "started_at": iso_time(w.started_at), "alive": alive,
         })
     return {
@@ -43,7 +43,7 @@ def status_dict(store: Store) -> dict[str, Any]:
              "host": t.owner.host if t.owner else None,
              "heartbeat_age": round(t.heartbeat_age, 1) if t.heartbeat_age is not None else None,
              "note": t.note, "steps": _steps_of(store, t.task_id, t.fence)}
-            for t in stats.running
+            for t in stats.running_tasks
         ],
         "errors": [{"at": iso_time(e.at), "kind": e.kind, "task": e.task, "attempt": e.attempt,
                     "error": one_line(e.detail, 200)} for e in stats.errors],

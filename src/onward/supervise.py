@@ -87,7 +87,7 @@ from onward.proc import (
     reap_orphans,
     set_child_subreaper,
 )
-from onward.secrets import redact_url, scrub, url_secrets
+from onward.redact import redact_url, scrub, url_secrets
 from onward.store import DEFAULT_DB, open_store
 
 DEFAULT_RESTART_DELAY = 0.2

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from onward.config import RunConfig
 from onward.errors import OnwardError, UsageError
-from onward.secrets import redact_url
+from onward.redact import redact_url
 from onward.supervise import DEFAULT_MAX_RESTARTS, DEFAULT_WINDOW, find_run_option, onward_run_span
 
 UNIT_DIR = "/etc/systemd/system"

@@ -11,8 +11,8 @@ from .keepawake import KeepAwake
 from .log import Log
 from .notify import Notifier
 from .outdir import OutDir
+from .redact import url_secrets
 from .runner import Runner
-from .secrets import url_secrets
 from .settle import RunSummary
 from .store.base import Store
 

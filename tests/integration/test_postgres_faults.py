@@ -218,7 +218,7 @@ def test_a_late_completion_is_rejected(pg_url: str) -> None:
         wb = b.register_worker(current_owner(), "b")
         (ca,) = a.claim(wa, 1, 0.3, 3)
         assert a.record_step(ca.task_id, ca.fence, StepRecord(1, "early", "value", b"1", time.time()))
-        wait_for(lambda: b.running()[0].lease_expired, 5, "the lease to expire on the server's clock")
+        wait_for(lambda: b.running_tasks()[0].lease_expired, 5, "the lease to expire on the server's clock")
         # Given back uncounted (attempt 1 again): it had recorded a new step.
         assert b.reclaim(ca.task_id, ca.fence, "lease expired") == Reclaimed(PENDING, counted=False)
         (cb,) = b.claim(wb, 1, 30, 3)
@@ -231,7 +231,7 @@ def test_a_late_completion_is_rejected(pg_url: str) -> None:
         assert not a.record_step(ca.task_id, ca.fence, StepRecord(2, "late", "value", b"2", time.time()))
         assert not a.drop_steps(ca.task_id, ca.fence, 1)
         a.note_child(ca.task_id, ca.fence, 12345, 1)
-        assert b.running()[0].child_pid is None
+        assert b.running_tasks()[0].child_pid is None
 
         assert b.complete(cb.task_id, cb.fence, b"on time", "str")
         assert not a.complete(ca.task_id, ca.fence, b"later still", "str")

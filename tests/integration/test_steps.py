@@ -668,7 +668,7 @@ def test_a_step_finishing_after_its_task_was_taken_over_is_not_recorded(sqlite_u
     worker.start()
     assert started.wait(10)
     other = open_store(sqlite_url)  # another worker takes the task over (as if our lease had expired)
-    [running] = other.running()
+    [running] = other.running_tasks()
     reclaimed = other.reclaim(running.task_id, running.fence, "lease expired")
     assert reclaimed is not None and reclaimed.state == "pending" and reclaimed.counted  # nothing new recorded
     other.close()

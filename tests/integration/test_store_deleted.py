@@ -44,7 +44,7 @@ def wait_until_running(db: str, worker: subprocess.Popen[bytes]) -> None:
         except StoreError:
             return False  # not created yet
         try:
-            return bool(store.running())
+            return bool(store.running_tasks())
         finally:
             store.close()
     wait_for(running, 30, "the worker to run a task")

@@ -187,14 +187,14 @@ def test_lease_expiry_is_seen_on_the_store_clock(store: Store) -> None:
     store.add(["a"])
     w = worker(store)
     (c,) = store.claim(w, 1, 0.3, 3)
-    (running,) = store.running()
+    (running,) = store.running_tasks()
     assert running.task_id == c.task_id and not running.lease_expired
     assert running.owner is not None and running.owner.pid == current_owner().pid
     time.sleep(0.5)
-    (running,) = store.running()
+    (running,) = store.running_tasks()
     assert running.lease_expired
     assert store.renew(w, [Lease(c.task_id, c.fence, progress_age=0.0, note="half way")], 30, 0) == []
-    (running,) = store.running()
+    (running,) = store.running_tasks()
     assert not running.lease_expired and running.note == "half way"
 
 

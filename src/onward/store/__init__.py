@@ -12,7 +12,7 @@ import os
 import re
 
 from ..errors import StoreError
-from ..secrets import redact_url
+from ..redact import redact_url
 from .base import Store
 
 DEFAULT_DB = ".onward/onward.db"

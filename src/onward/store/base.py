@@ -113,7 +113,7 @@ class WorkerRow:
     stopped_at: float | None
     stop_reason: str | None
     done: int  # tasks this worker completed
-    running: int
+    running_count: int  # its tasks in state running now
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class Event:
 @dataclass(frozen=True)
 class Stats:
     counts: dict[str, int]  # state -> number of tasks
-    running: list[RunningTask]
+    running_tasks: list[RunningTask]
     workers: list[WorkerRow]  # workers that have not stopped, newest first
     errors: list[Event]  # the latest failures, newest first
     done_last_minute: int  # tasks done within the rate window
@@ -244,7 +244,7 @@ class WorkQueue(Protocol):
         """Give a claimed task back without counting the attempt (graceful stop). False if fenced out.
         Bounded."""
 
-    def running(self) -> list[RunningTask]:
+    def running_tasks(self) -> list[RunningTask]:
         """Every task in state running, with its owner and whether its lease has expired. Bounded."""
 
     def reclaim(self, task_id: int, fence: int, reason: str) -> Reclaimed | None:

@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from ..errors import StoreError
-from ..secrets import hide_secrets_in_argv, redact_url, scrub, url_secrets
+from ..redact import hide_secrets_in_argv, redact_url, scrub, url_secrets
 
 APP_NAME = "onward"  # application_name of every connection (see events_bound in postgres.sql)
 RECONNECT_BACKOFF = (0.05, 1.0)  # first and longest wait between reconnection attempts (s)

@@ -362,12 +362,12 @@ class PostgresStore(SqlStore):
         conn = self._live()
         with _snapshot(conn, self._batch_depth > 0):
             counts = self.counts()
-            running = self.running()
+            running = self.running_tasks()
             workers = self.workers()
             done_last_minute, window = conn.execute(Q["done_last_minute"]).fetchone()  # type: ignore[misc]
             errors = [event_of(r) for r in conn.execute(Q["recent_errors"], {"limit": 5})]
             restarts = conn.execute(Q["count_restarts"]).fetchone()[0]  # type: ignore[index]
-        return Stats(counts=counts, running=running, workers=workers, errors=errors,
+        return Stats(counts=counts, running_tasks=running, workers=workers, errors=errors,
                      done_last_minute=int(done_last_minute), restarts=int(restarts), rate_window=float(window))
 
     def events(self, after_id: int = 0, task: str | None = None, limit: int = 1000,

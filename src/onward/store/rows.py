@@ -23,7 +23,7 @@ def worker_of(r: Sequence[Any]) -> WorkerRow:
     """worker id, host, host key, pid, pid start, started at, heartbeat age, stopped at, stop reason,
     done, running."""
     return WorkerRow(worker_id=r[0], owner=Owner(r[1], r[2], r[3], r[4]), started_at=r[5], heartbeat_age=r[6],
-                     stopped_at=r[7], stop_reason=r[8], done=r[9], running=r[10])
+                     stopped_at=r[7], stop_reason=r[8], done=r[9], running_count=r[10])
 
 
 def event_of(r: Sequence[Any]) -> Event:

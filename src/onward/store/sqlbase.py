@@ -223,7 +223,7 @@ class SqlStore:
                 self._work_ready()
         return Reclaimed(state=row[0], counted=bool(row[1])) if row else None
 
-    def running(self) -> list[RunningTask]:
+    def running_tasks(self) -> list[RunningTask]:
         rows = self._exec("running", self._clock()).fetchall()
         return sorted((running_task_of(r) for r in rows), key=lambda t: t.task_id)
 

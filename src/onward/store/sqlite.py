@@ -299,7 +299,7 @@ class SqliteStore(SqlStore):
         try:
             now = self.now()
             counts = self.counts()
-            running = self.running()
+            running = self.running_tasks()
             workers = self.workers()
             last_id = self._exec("last_event_id").fetchone()[0]
             since = self._first_event_at_or_after(now - 60.0, last_id)
@@ -311,7 +311,7 @@ class SqliteStore(SqlStore):
             restarts = self._exec("count_restarts").fetchone()[0]
         finally:
             self._db.execute("COMMIT")
-        return Stats(counts=counts, running=running, workers=workers, errors=errors,
+        return Stats(counts=counts, running_tasks=running, workers=workers, errors=errors,
                      done_last_minute=done_last_minute, restarts=restarts, rate_window=window)
 
     def _first_event_at_or_after(self, at: float, last_id: int) -> int:

@@ -1,4 +1,4 @@
-"""Passwords out of sight (secrets.py): finding a URL's password in every form it takes, and redacting it from
+"""Passwords out of sight (redact.py): finding a URL's password in every form it takes, and redacting it from
 any text, however the URL is written (unencoded ``#``, ``?``, ``@``, ``/``, a space: users and libpq do not
 always percent-encode)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from onward.secrets import redact_url, scrub, url_secrets
+from onward.redact import redact_url, scrub, url_secrets
 
 HOST = "@127.0.0.1:5432/jobs"
 

@@ -34,7 +34,6 @@ EXIT_CODES: list[tuple[type[BaseException], int]] = [
 ]
 
 
-
 def _log_level(quiet: bool, verbose: bool) -> int:
     return QUIET if quiet else VERBOSE if verbose else NORMAL
 
@@ -256,8 +255,6 @@ def logs(db: str | None, task: str | None, last: int | None, follow: bool) -> No
         store.close()
 
 
-
-
 def _open_when_there(db: str | None) -> Store:
     """The store, waiting for it to be created (`onward logs -f` started before the first `onward run`)."""
     from .store import open_store
@@ -284,11 +281,8 @@ def _hide_passwords_from_ps(argv: list[str]) -> None:
     through ``ps``: blank it out at once."""
     from .redact import hide_secrets_in_argv, url_secrets
 
-    # In "--db=URL" (or "NAME=URL" for env) the URL starts after the "=": as a whole the word is no URL.
-    urls = [arg.partition("=")[2] if "=" in arg.partition("://")[0] else arg for arg in argv if "://" in arg]
-    hide_secrets_in_argv([secret for url in urls for secret in url_secrets(url)])
-
-
+    # url_secrets finds a URL inside a longer word too ("--db=URL", "ONWARD_DB=URL").
+    hide_secrets_in_argv([secret for arg in argv if "://" in arg for secret in url_secrets(arg)])
 
 
 def _say_error(message: str) -> None:

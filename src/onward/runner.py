@@ -57,7 +57,7 @@ class Runner:
                  notifier: Notifier | None = None, keep_awake: KeepAwake | None = None,
                  out: OutDir | None = None, secrets: Sequence[str] = ()) -> None:
         self.store = store
-        # The store's password in every form it may take (secrets.url_secrets): kept out of every error a
+        # The store's password in every form it may take (redact.url_secrets): kept out of every error a
         # task reports, since a command gets the store's URL (ONWARD_DB) and may well print it.
         self.secrets = tuple(secrets)
         self.handler = handler

@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from .errors import StoreError
+from .proc import stat_fields
 from .status import render_status, status_dict
 from .store import open_store
 
@@ -35,13 +36,9 @@ def _descendants(root: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        fields = stat_fields(entry)
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
     order, queue = [], [root]
     while queue:
         pid = queue.pop(0)

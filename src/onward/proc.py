@@ -20,18 +20,26 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
+def stat_fields(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/PID/stat from field 3 (the state) on, so ``fields[0]`` is field 3 of proc(5),
+    ``fields[1]`` the parent pid; None if there is no such process (or it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):  # gone, or not ours to read
+        return None
+    # The command name (field 2) is in parentheses and may itself hold spaces and parentheses.
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
 def pid_start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot, or None if there is no such process.
 
     With the pid it identifies a process for good: a pid can be reused, a (pid, start time) pair cannot.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+    fields = stat_fields(pid)
+    if fields is None:
         return None
-    # The command name (field 2) is in parentheses and may itself hold spaces and parentheses.
-    fields = stat[stat.rindex(b")") + 2 :].split()
     if fields[0] == b"Z":  # a zombie has finished; only its exit status remains
         return None
     return int(fields[19])
@@ -132,16 +140,12 @@ def children() -> list[int]:
         return pids
     except FileNotFoundError:
         pass
-    me = os.getpid()
+    me = str(os.getpid()).encode()
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == me:
+            fields = stat_fields(name)
+            if fields is not None and fields[1] == me:
                 found.append(int(name))
     return found
 

@@ -55,6 +55,16 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
+def _started(executions: Path, task: dict) -> bool:
+    """Whether the running ``task``'s command has begun (written its line): a task shows as running from its
+    claim on, a moment before its command starts, and a worker killed in that moment runs it only once."""
+    line = f"{task['task']} {task['attempt']}\n"
+    try:
+        return line in executions.read_text()
+    except FileNotFoundError:
+        return False
+
+
 def _snapshot(db: str) -> dict:
     store = open_store(db, create=False)
     try:
@@ -103,7 +113,7 @@ def run_demo(keep: bool = False) -> int:
                     continue
                 progress.update(bar, completed=snap["done"])
                 running = snap["tasks_running"]
-                if killed is None and snap["done"] >= N_TASKS // 4 and running:
+                if killed is None and snap["done"] >= N_TASKS // 4 and running and _started(executions, running[0]):
                     victim = running[0]
                     pid = victim["worker_pid"]
                     os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,295 @@
+"""Power cuts: the store and ``--out`` live on a loop-mounted ext4 that is shut down mid-run with
+EXT4_IOC_SHUTDOWN and NOLOGFLUSH (every write not yet fsynced is dropped, as when the power goes), then
+unmounted, mounted again (the ext4 journal is replayed) and the job resumed.
+
+After every cut the test checks what a user could have seen before it:
+- every task a worker reported done (its "done task=…" line, written to a log outside the cut disk) is
+  done in the store, with the right result;
+- every result file present in ``--out`` is whole and right (never torn), and belongs to a done task;
+- the store passes ``PRAGMA integrity_check``;
+- no task that the store holds as done after a cut is ever executed again by a later run (executions are
+  logged outside the cut disk, one file per run).
+At the end the job finishes: nothing lost, every result file present and right, no temporary files left.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sqlite3
+import struct
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from onward.outdir import file_name
+from tests.conftest import onward_argv, wait_for
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+EXT4_IOC_SHUTDOWN = (2 << 30) | (4 << 16) | (ord("X") << 8) | 125  # _IOR('X', 125, __u32) = 0x8004587D
+EXT4_GOING_FLAGS_NOLOGFLUSH = 2  # drop what the journal has not committed: a power cut
+DONE_LINE = re.compile(rb'done task=("[^"]*") attempt=')  # task names here need no escapes
+
+
+@dataclass
+class LoopDisk:
+    image: Path
+    device: str
+    mount: Path
+
+    def shut_down(self) -> None:
+        """Cut the power: the file system stops accepting I/O, and nothing unsynced reaches the disk."""
+        fd = os.open(self.mount, os.O_RDONLY)
+        try:
+            fcntl.ioctl(fd, EXT4_IOC_SHUTDOWN, struct.pack("I", EXT4_GOING_FLAGS_NOLOGFLUSH))
+        finally:
+            os.close(fd)
+
+    def remount(self) -> None:
+        # The killed worker's commands die with it (PDEATHSIG) a moment later; until then the disk is busy.
+        try:
+            wait_for(lambda: subprocess.run(["umount", str(self.mount)], capture_output=True).returncode == 0,
+                     30, f"{self.mount} to be unmounted", interval=0.05)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; still using it: {users_of(self.mount)}") from None
+        subprocess.run(["mount", "-t", "ext4", self.device, str(self.mount)], check=True)
+
+
+def users_of(mount: Path) -> str:
+    if shutil.which("fuser") is None:
+        return "unknown (no fuser)"
+    found = subprocess.run(["fuser", "-vm", str(mount)], capture_output=True, text=True)
+    return (found.stdout + found.stderr).strip()[-500:]
+
+
+def loop_ext4_usable() -> str | None:
+    """Why a loop-mounted ext4 cannot be made here, or None when it can."""
+    if os.geteuid() != 0:
+        return "needs root to mount a loop device"
+    for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
+        if shutil.which(tool) is None:
+            return f"needs {tool}"
+    return None
+
+
+@contextmanager
+def loop_ext4(tmp_path: Path, size_mb: int, options: str = "defaults") -> Iterator[LoopDisk]:
+    """A fresh ext4 on a loop device, mounted under ``tmp_path``; unmounted and detached afterwards."""
+    reason = loop_ext4_usable()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"this test {reason}")
+        pytest.skip(reason)
+    image = tmp_path / f"disk-{uuid.uuid4().hex[:6]}.img"
+    with open(image, "wb") as f:
+        f.truncate(size_mb << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    device = subprocess.run(["losetup", "-f", "--show", str(image)], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    mount = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "ext4", "-o", options, device, str(mount)], check=True)
+        yield LoopDisk(image, device, mount)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
+        subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
+
+
+@pytest.fixture
+def loop_disk(tmp_path: Path) -> Iterator[LoopDisk]:
+    with loop_ext4(tmp_path, 64) as disk:
+        yield disk
+
+
+def expected_result(name: str) -> bytes:
+    return f"result of {name}\n".encode() * 50  # 1.5 KB: more than one write per result file
+
+
+def test_power_cuts_lose_no_reported_completion_and_redo_no_committed_task(
+        loop_disk: LoopDisk, tmp_path: Path, seed: int) -> None:
+    power_cut_cycles(loop_disk, tmp_path, seed, cycles=int(os.environ.get("ONWARD_POWER_CUTS", "5")),
+                     n_tasks=400)
+
+
+@pytest.mark.torture
+def test_torture_fifty_power_cuts(loop_disk: LoopDisk, tmp_path: Path, seed: int) -> None:
+    power_cut_cycles(loop_disk, tmp_path, seed, cycles=50, n_tasks=3000)
+
+
+def power_cut_cycles(disk: LoopDisk, tmp_path: Path, seed: int, *, cycles: int, n_tasks: int) -> None:
+    rng = random.Random(seed)
+    names = [f"t{i:05d}" for i in range(n_tasks)]
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(n + "\n" for n in names))
+    db = disk.mount / "store" / "onward.db"
+    out = disk.mount / "out"
+    reported: set[str] = set()  # tasks some worker said were done
+    committed_by_run: list[set[str]] = []  # done in the store after each cut
+
+    for run in range(cycles + 1):
+        final = run == cycles
+        executions = tmp_path / f"executions-{run}.log"
+        log = tmp_path / f"worker-{run}.log"
+        concurrency = rng.choice([1, 4])
+        # The command logs its execution outside the cut disk, then prints its result.
+        script = (f"import sys; open({str(executions)!r}, 'a').write(sys.argv[1] + '\\n'); "
+                  f"sys.stdout.write(('result of ' + sys.argv[1] + '\\n') * 50)")
+        with open(log, "wb") as log_file:
+            worker = subprocess.Popen(
+                onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--out", str(out),
+                            "--concurrency", str(concurrency), "--heartbeat", "0.5", "--",
+                            sys.executable, "-c", script, "{task}"),
+                env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL, stderr=log_file)
+            try:
+                if final:
+                    assert worker.wait(timeout=600) == 0, log.read_text(errors="replace")[-2000:]
+                else:
+                    # Cut after a seeded number of completions of this run (some runs are cut at once).
+                    target = rng.randrange(0, max(2, (n_tasks - len(reported)) // (cycles - run + 1)))
+                    wait_for(lambda: worker.poll() is not None or done_lines(log) >= target, 120,
+                             f"{target} completions in run {run}")
+                    disk.shut_down()
+                    worker.kill()  # whatever it does with its I/O errors, the machine is off now
+                    worker.wait(timeout=60)
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+        reported |= reported_done(log)
+        print(f"run {run}: concurrency {concurrency}, {len(reported)} reported done so far, "
+              f"{'finished' if final else 'power cut'}")
+        if not final:
+            disk.remount()
+        store = read_store(db)
+        assert store.integrity == "ok", f"store damaged after run {run} (seed {seed})"
+        lost = {n for n in reported if store.states.get(n) != "done"}
+        assert not lost, f"reported done but not done in the store after run {run}: {sorted(lost)[:5]} (seed {seed})"
+        for name, data in store.results.items():
+            assert data == expected_result(name), f"wrong result for {name} (seed {seed})"
+        check_out_files(out, store.states, seed)
+        for earlier, committed in enumerate(committed_by_run):
+            again = committed & executed(tmp_path / f"executions-{run}.log")
+            assert not again, (f"tasks done in the store after cut {earlier} ran again in run {run}: "
+                               f"{sorted(again)[:5]} (seed {seed})")
+        committed_by_run.append({n for n, s in store.states.items() if s == "done"})
+
+    final_store = read_store(db)
+    assert all(final_store.states.get(n) == "done" for n in names), "not every task finished"
+    present = {p.name for p in out.iterdir()}
+    assert present == {file_name(n) for n in names}, f"stray or missing files in --out: {sorted(present ^ {file_name(n) for n in names})[:5]}"
+
+
+def done_lines(log: Path) -> int:
+    try:
+        return len(DONE_LINE.findall(log.read_bytes()))
+    except FileNotFoundError:
+        return 0
+
+
+def reported_done(log: Path) -> set[str]:
+    return {json.loads(m) for m in DONE_LINE.findall(log.read_bytes())}
+
+
+def executed(log: Path) -> set[str]:
+    try:
+        return set(log.read_text().split())
+    except FileNotFoundError:
+        return set()
+
+
+@dataclass
+class StoreView:
+    integrity: str
+    states: dict[str, str]
+    results: dict[str, bytes]
+
+
+def read_store(db: Path) -> StoreView:
+    """Read the store as a plain SQLite file, the way a user's own tooling could (read-only)."""
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        integrity = str(c.execute("PRAGMA integrity_check").fetchone()[0])
+        states = dict(c.execute("SELECT name, state FROM tasks").fetchall())
+        results = {n: bytes(r) for n, r in c.execute("SELECT name, result FROM tasks WHERE state = 'done'")}
+    finally:
+        c.close()
+    return StoreView(integrity, states, results)
+
+
+def check_out_files(out: Path, states: dict[str, str], seed: int) -> None:
+    """Every result file is whole and right, and belongs to a done task. Temporary files from a write the
+    cut interrupted may be present until the next start cleans them; none may carry a result's name."""
+    if not out.exists():
+        return
+    by_file = {file_name(n): n for n in states}
+    for path in out.iterdir():
+        name = by_file.get(path.name)
+        if name is None:
+            continue  # a temporary file of an interrupted write: checked at the end (none may be left)
+        assert states[name] == "done", f"{path.name} exists but task {name} is {states[name]} (seed {seed})"
+        assert path.read_bytes() == expected_result(name), f"{path.name} is torn (seed {seed})"
+
+
+
+def test_store_disk_turning_read_only_under_a_worker_stalls_it_and_loses_nothing(
+        tmp_path: Path, seed: int) -> None:
+    """ext4 with errors=remount-ro and an error triggered under a running worker: the store's disk turns
+    read-only at once. The worker says so in throttled lines, stays up without committing anything it
+    cannot (a supervisor would only restart it into the same fault), stops cleanly on SIGTERM; after the
+    disk is mounted again every reported completion is there and the job finishes."""
+    rng = random.Random(seed)
+    names = [f"t{i:05d}" for i in range(400)]
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(n + "\n" for n in names))
+    log = tmp_path / "worker.log"
+    script = "import sys; sys.stdout.write(('result of ' + sys.argv[1] + '\\n') * 50)"
+    env = dict(os.environ, PYTHONPATH=SRC)
+    with loop_ext4(tmp_path, 32, "errors=remount-ro") as disk:
+        db, out = disk.mount / "store" / "onward.db", disk.mount / "out"
+        argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--out", str(out), "--heartbeat",
+                           "0.5", "--", sys.executable, "-c", script, "{task}")
+        with open(log, "wb") as log_file:
+            worker = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
+        try:
+            target = rng.randrange(1, 100)
+            wait_for(lambda: done_lines(log) >= target, 120, f"{target} completions")
+            Path(f"/sys/fs/ext4/{Path(disk.device).name}/trigger_fs_error").write_text("1")
+            wait_for(lambda: b"disk I/O error" in log.read_bytes() or b"read-only" in log.read_bytes(), 60,
+                     "the worker to report the read-only store")
+            reported_at_fault = done_lines(log)
+            # Heartbeats later it is still up, and says so in a few lines, not one per retry.
+            wait_for(lambda: log.read_bytes().count(b"more in the last") >= 1, 60, "a throttled repeat line")
+            assert worker.poll() is None, "a read-only store must not crash the worker"
+            assert done_lines(log) == reported_at_fault, "nothing can be reported done on a read-only store"
+            error_lines = [line for line in log.read_bytes().splitlines()
+                           if b"disk I/O error" in line or b"read-only" in line]
+            assert len(error_lines) < 20, f"error lines are not throttled: {len(error_lines)}"
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=60) == 0
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        assert b"Traceback" not in log.read_bytes()
+        disk.remount()
+        store = read_store(db)
+        assert store.integrity == "ok"
+        lost = {n for n in reported_done(log) if store.states.get(n) != "done"}
+        assert not lost, f"reported done but lost: {sorted(lost)[:5]} (seed {seed})"
+        finish = subprocess.run(argv, env=env, capture_output=True, timeout=300)
+        assert finish.returncode == 0, finish.stderr.decode(errors="replace")[-2000:]
+        final = read_store(db)
+        assert all(final.states.get(n) == "done" for n in names)
+        assert {p.name for p in out.iterdir()} == {file_name(n) for n in names}

@@ -2,7 +2,8 @@
 
 Exit statuses (one table, here): 0 success; 1 a task asked for is not done or unknown; 2 bad input or
 configuration (one line on stderr, nothing changed); 3 the job finished but some tasks failed for good;
-4 a Python task ignored cancellation and the worker quit so that a supervisor restarts it.
+4 a Python task ignored cancellation and the worker quit so that a supervisor restarts it; 75 the store or
+the output folder is unavailable right now (a disk fault, a database server down): restart later.
 """
 
 from __future__ import annotations
@@ -18,13 +19,23 @@ import click
 from . import __version__
 from .cli_types import FINITE_FLOAT, TASK_TEXT, db_option
 from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
-from .errors import OnwardError, StoreError, StoreMissing, TaskNotDone, UnknownTask, UsageError, WedgedTask
+from .errors import (
+    OnwardError,
+    StoreError,
+    StoreMissing,
+    TaskNotDone,
+    Unavailable,
+    UnknownTask,
+    UsageError,
+    WedgedTask,
+)
 from .log import NORMAL, QUIET, VERBOSE, Log, iso_time
 
 if TYPE_CHECKING:
     from .store.base import Store
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (Unavailable, 75),  # before StoreError: a store that is down is not a configuration error
     (TaskNotDone, 1),
     (UnknownTask, 1),
     (WedgedTask, 4),

@@ -5,6 +5,12 @@ The CLI maps these types to exit codes in one place (``onward.cli.EXIT_CODES``);
 
 from __future__ import annotations
 
+import errno
+
+# Errors of the machine rather than of the input: the disk failed, filled up, turned read-only (ext4's
+# errors=remount-ro) or ran out of quota. An operation that met one may succeed once it is fixed.
+TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EROFS, errno.EDQUOT})
+
 
 class OnwardError(Exception):
     """Base class of every error onward raises on purpose."""
@@ -16,6 +22,22 @@ class UsageError(OnwardError):
 
 class StoreError(OnwardError):
     """The store cannot be opened or used as asked. Exit status 2: nothing was changed."""
+
+
+class Unavailable(OnwardError):
+    """A fault of the machine, not of the input: a disk that fails, is full or turned read-only, a database
+    server that does not answer. Exit status 75 (EX_TEMPFAIL): unlike status 2, supervisors and systemd
+    restart the worker, and the job resumes once the fault is gone."""
+
+
+class StoreUnavailable(StoreError, Unavailable):
+    """The store cannot be read or written right now (an I/O error, a full disk, a database server down).
+    Nothing was changed. Exit status 75."""
+
+
+class OutputUnavailable(Unavailable):
+    """The output folder cannot be written right now (an I/O error, a full or read-only disk). Exit
+    status 75."""
 
 
 class StoreMissing(StoreError):

@@ -33,7 +33,7 @@ import secrets
 import stat
 from types import TracebackType
 
-from onward.errors import UsageError
+from onward.errors import TRANSIENT_ERRNOS, OutputUnavailable, UsageError
 from onward.proc import pid_exists
 
 # The longest stem (file name without '.txt') of any form; with the suffix, 204 bytes, within the 255
@@ -156,7 +156,9 @@ class OutDir:
         except OSError as exc:
             self.close()
             reason = exc.strerror or str(exc)
-            raise UsageError(f"cannot write to output folder {path!r}: {reason}") from exc
+            # A failing, full or read-only disk is no mistake of the user's: exit 75, restarted later.
+            kind = OutputUnavailable if exc.errno in TRANSIENT_ERRNOS else UsageError
+            raise kind(f"cannot write to output folder {path!r}: {reason}") from exc
 
     def _remove_stale_temp_files(self) -> None:
         """Remove temp files whose writer's process is gone: they are what a crash mid-write leaves.

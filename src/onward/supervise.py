@@ -20,6 +20,8 @@ Restart rules (exit statuses are those of ``onward run``):
 
 - exit 0 (finished) or 3 (finished, some tasks failed): the supervisor exits with the same status;
 - exit 2 (usage or configuration error): exit 2, no restart, since a restart would fail the same way;
+- exit 75 (the store or the output folder unavailable: a disk fault, the database server down): restart
+  with the backoff below, for as long as it takes; these restarts never count toward ``max_restarts``;
 - any other exit status, death by a signal, or a watchdog kill: restart after a delay. The delay is
   ``restart_delay * 2 ** (streak - 1)``, at most ``MAX_BACKOFF`` seconds, where ``streak`` counts the
   consecutive runs that lasted less than ``FAST_CRASH`` seconds and made no progress (a run that lasted
@@ -98,6 +100,9 @@ FAST_CRASH = 2.0  # a run shorter than this (seconds) counts as crashing fast, f
 MAX_BACKOFF = 30.0  # the restart delay never grows beyond this (seconds)
 ORPHAN_KILL_WAIT = 2.0  # how long a dead worker's leftovers may take to die (frozen ones are left; seconds)
 NOT_RESTARTED = {0: "finished", 3: "finished, some tasks failed", 2: "usage or configuration error"}
+# The store or the output folder is down (a disk fault, a database server away): restarted with the
+# backoff, however long it takes, and never counted as a crash loop: the worker is not what is broken.
+UNAVAILABLE = 75
 
 
 
@@ -259,6 +264,8 @@ class Supervisor:
                 # Not a crash loop: the restarts before this progress do not count against it either.
                 restarts.clear()
                 counted = "it made progress, not counted toward --max-restarts"
+            elif returncode == UNAVAILABLE and watchdog_cause is None:
+                counted = "store or output unavailable, not counted toward --max-restarts"
             elif len(restarts) >= self.max_restarts:
                 log(f"giving up after {len(restarts)} restarts within {self.window:g} s "
                     f"(--max-restarts {self.max_restarts}): the worker keeps dying, last by {cause}")

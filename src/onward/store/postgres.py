@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NotAStore, StoreError, StoreGone, StoreMissing
+from ..errors import NotAStore, StoreError, StoreGone, StoreMissing, StoreUnavailable
 from ..proc import hostname
 from .base import Event, Lease, Stats, StepRecord
 from .pgconn import RECONNECT_BACKOFF, STALL_CEILING_MS, Listener, Target, application_name, in_transaction
@@ -63,6 +63,35 @@ Q = load_queries("postgres.sql")
 def task_key(name: str) -> bytes:
     """The unique key of a task name (names may be up to 4 KiB, more than a btree index entry holds)."""
     return hashlib.sha256(name.encode("utf-8", "surrogatepass")).digest()
+
+
+# What libpq says when a server cannot be reached or cannot serve anyone for now; any other failed
+# connection (a bad option, a database or role that does not exist, a refused password) is configuration.
+_AWAY_OR_BUSY = (
+    "connection refused", "could not connect", "timeout expired", "timed out", "no route to host",
+    "network is unreachable", "could not translate host name", "temporary failure in name resolution",
+    "server closed the connection", "connection reset", "terminating connection", "broken pipe",
+    "no such file or directory",  # a Unix socket that is not there while the server is down
+    "starting up", "shutting down", "in recovery mode", "not yet accepting", "too many",
+)
+
+
+def _server_unavailable(e: BaseException) -> bool:
+    """Whether a psycopg error means the server cannot serve us right now (exit 75, restarted) rather than
+    that the store is misconfigured (exit 2). A failed connection carries no SQLSTATE, so its text decides
+    (``_AWAY_OR_BUSY``): no answer (refused, unreachable, timed out, a host name that does not resolve yet)
+    or a server starting, stopping or full. After connecting: a connection exception (class 08), an
+    administrator or crash shutdown (57P01-57P03), or the server out of resources (class 53: disk full,
+    too many connections)."""
+    import psycopg
+
+    if not isinstance(e, psycopg.OperationalError):
+        return False
+    sqlstate = getattr(e, "sqlstate", None)
+    if sqlstate is not None:
+        return sqlstate[:2] in ("08", "53") or sqlstate in ("57P01", "57P02", "57P03")
+    text = str(e).lower()
+    return any(phrase in text for phrase in _AWAY_OR_BUSY)
 
 
 class PostgresStore(SqlStore):
@@ -130,7 +159,7 @@ class PostgresStore(SqlStore):
                 self._tune(conn)
             return conn
         if self._batch_depth:
-            raise StoreError(f"store {self.url}: connection lost in a transaction; nothing was committed")
+            raise StoreUnavailable(f"store {self.url}: connection lost in a transaction; nothing was committed")
         with self._lock:
             fresh, self._fresh = self._fresh, None
         if fresh is not None:
@@ -139,8 +168,8 @@ class PostgresStore(SqlStore):
                 conn.close()
             return self._live()
         self._drop_connection()
-        raise StoreError(f"store {self.url}: not connected ({self._last_error or 'connection lost'});"
-                         " reconnecting")
+        raise StoreUnavailable(f"store {self.url}: not connected ({self._last_error or 'connection lost'});"
+                               " reconnecting")
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
@@ -179,7 +208,8 @@ class PostgresStore(SqlStore):
         conn = self._conn
         if conn is not None and (conn.broken or conn.closed) and not self._batch_depth:
             self._drop_connection()
-        return StoreError(f"store {self.url}: {text}")
+        kind = StoreUnavailable if _server_unavailable(e) else StoreError
+        return kind(f"store {self.url}: {text}")
 
     def close(self) -> None:
         self._closing.set()

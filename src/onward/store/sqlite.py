@@ -24,7 +24,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptStore, NotAStore, StoreError, StoreGone, StoreMissing
+from ..errors import (
+    TRANSIENT_ERRNOS,
+    CorruptStore,
+    NotAStore,
+    StoreError,
+    StoreGone,
+    StoreMissing,
+    StoreUnavailable,
+)
 from .base import Event, Lease, Stats, StepRecord
 from .rows import event_of
 from .sql import load_queries, migration
@@ -51,7 +59,7 @@ def _check_regular_file(path: str) -> bool:
     except FileNotFoundError:
         return False
     except OSError as e:
-        raise StoreError(f"cannot read store {path}: {e.strerror}") from None
+        raise _os_error(f"cannot read store {path}", e) from None
     if stat.S_ISDIR(st.st_mode):
         raise NotAStore(f"not an onward store: {path} is a directory")
     if not stat.S_ISREG(st.st_mode):
@@ -67,10 +75,16 @@ def _check_header(path: str) -> None:
     except IsADirectoryError:
         raise NotAStore(f"not an onward store: {path} is a directory") from None
     except OSError as e:
-        raise StoreError(f"cannot read store {path}: {e.strerror}") from None
+        raise _os_error(f"cannot read store {path}", e) from None
     # An empty file holds nothing to lose (e.g. a store whose creation was interrupted): it is initialised.
     if head and head != SQLITE_MAGIC:
         raise NotAStore(f"not an onward store: {path} is not an SQLite database")
+
+
+def _os_error(what: str, e: OSError) -> StoreError:
+    """``what`` failed: unavailable (exit 75, restarted) for a fault of the disk, else a plain store error."""
+    kind = StoreUnavailable if e.errno in TRANSIENT_ERRNOS else StoreError
+    return kind(f"{what}: {e.strerror}")
 
 
 def _translate(e: sqlite3.Error, path: str) -> StoreError:
@@ -78,9 +92,11 @@ def _translate(e: sqlite3.Error, path: str) -> StoreError:
     if "malformed" in text or "not a database" in text or "corrupt" in text:
         return CorruptStore(f"store {path} is corrupt ({text}); it was left untouched")
     if "readonly" in text or "read-only" in text:
+        # SQLITE_READONLY: the file or its folder may not be written (permissions, a read-only open):
+        # configuration. A disk turning read-only under a writer shows as a disk I/O error instead.
         return StoreError(f"store {path} is read-only ({text})")
     if "disk is full" in text or "disk I/O" in text:
-        return StoreError(f"store {path}: {text}")
+        return StoreUnavailable(f"store {path}: {text}")
     return StoreError(f"store {path}: {text}")
 
 
@@ -125,7 +141,7 @@ class SqliteStore(SqlStore):
             try:
                 os.makedirs(parent, mode=0o700, exist_ok=True)
             except OSError as e:
-                raise StoreError(f"cannot create folder {parent}: {e.strerror}") from None
+                raise _os_error(f"cannot create folder {parent}", e) from None
         try:
             # Create it ourselves, private from the first byte; SQLite gives the -wal and -shm files the
             # same mode as the database file.
@@ -134,7 +150,7 @@ class SqliteStore(SqlStore):
         except FileExistsError:
             _check_header(self.path)  # another worker created it first
         except OSError as e:
-            raise StoreError(f"cannot create store {self.path}: {e.strerror}") from None
+            raise _os_error(f"cannot create store {self.path}", e) from None
 
     def _configure(self) -> None:
         mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]

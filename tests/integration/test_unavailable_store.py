@@ -1,0 +1,82 @@
+"""A store that is down when a worker starts is a fault of the machine, not a usage error.
+
+Before, onward exited 2 when its PostgreSQL server did not answer at start-up, or when the disk under its
+SQLite file failed: the status of a usage error, which `onward supervise` and the systemd unit
+(`RestartPreventExitStatus=2`) never restart. A worker started during a database outage so stayed down
+after the database came back. It now exits 75 (EX_TEMPFAIL), which both restart, and the supervisor does
+not count those restarts as a crash loop. A server that refuses the database or the role is still 2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from onward.store import open_store
+from onward.store.base import DONE
+from tests import pgutil
+from tests.conftest import onward_argv, require_tool, run_onward, wait_for
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.mark.postgres
+def test_a_postgres_server_down_at_start_exits_75_and_supervise_resumes_when_it_is_back(tmp_path: Path) -> None:
+    with pgutil.private_cluster() as cluster:
+        url = cluster.url(cluster.create_database("onward"))
+        store = open_store(url)
+        store.add([f"t{i}" for i in range(20)])
+        store.close()
+        cluster.ctl("stop")
+
+        alone = run_onward("run", "--db", url, "--", "true")
+        assert alone.returncode == 75, alone.stderr
+        lines = alone.stderr.decode().strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("onward: error: ") and "Connection refused" in lines[0]
+
+        log = tmp_path / "supervise.log"
+        with open(log, "wb") as out:
+            supervisor = subprocess.Popen(
+                onward_argv("supervise", "--restart-delay", "0.1", "--max-restarts", "2", "--", *onward_argv(
+                    "run", "--db", url, "--", "true")),
+                env=dict(os.environ, PYTHONPATH=SRC), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            # More restarts than --max-restarts allows for a crash loop: an outage is not one.
+            wait_for(lambda: log.read_text().count("store or output unavailable") >= 4, 120,
+                     "the supervisor to restart the worker through the outage")
+            assert supervisor.poll() is None, log.read_text()
+            cluster.ctl("start")
+            assert supervisor.wait(timeout=120) == 0, log.read_text()
+        finally:
+            if supervisor.poll() is None:
+                supervisor.kill()
+                supervisor.wait()
+        store = open_store(url, create=False)
+        assert store.counts()[DONE] == 20
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_database_that_does_not_exist_is_still_a_configuration_error() -> None:
+    with pgutil.private_cluster() as cluster:
+        done = run_onward("status", "--db", cluster.url("no_such_database"))
+    assert done.returncode == 2, done.stderr
+    assert b"does not exist" in done.stderr
+
+
+def test_a_store_folder_that_cannot_be_created_for_an_io_error_exits_75(tmp_path: Path) -> None:
+    strace = require_tool("strace")
+    store_dir = tmp_path / "store"
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\nb\n")
+    done = subprocess.run(
+        [strace, "-f", "-qq", "-o", "/dev/null", "-P", str(store_dir), "-e", "inject=mkdir:error=EIO",
+         *onward_argv("run", "--db", str(store_dir / "onward.db"), "--tasks", str(tasks), "--", "true")],
+        env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=60)
+    assert done.returncode == 75, done.stderr
+    assert done.stderr.decode().strip().splitlines() == [
+        f"onward: error: cannot create folder {store_dir}: Input/output error"]
+    assert not store_dir.exists()

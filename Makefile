@@ -20,6 +20,7 @@ test: $(STAMP)
 
 torture: $(STAMP)
 	$(PY) -m pytest -q -s -m torture tests
+	ONWARD_HYPOTHESIS_EXAMPLES=300 $(PY) -m pytest -q tests/hostile
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench tools

@@ -302,7 +302,9 @@ def _say_error(message: str) -> None:
     that quotes what the user typed need not remember to."""
     from .redact import redact_url
 
-    click.echo(f"onward: error: {redact_url(message)}", err=True)
+    # One line, whatever the message quotes (SQLite's text for a damaged schema holds the schema's SQL).
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    click.echo(f"onward: error: {redact_url(text)}", err=True)
 
 
 def entry(argv: list[str] | None = None) -> int:

@@ -15,6 +15,13 @@ from .errors import UsageError
 DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024
 
 
+# The longest duration any setting may name (about 11.5 days). The kernel's timers take at most 2**31 - 1
+# milliseconds (24.8 days): a heartbeat or timeout beyond that overflows poll() and select().
+MAX_SECONDS = 1_000_000
+MAX_CONCURRENCY = 4096  # tasks at once in one worker, each a thread or a child process
+MAX_ATTEMPTS = 1_000_000  # stored as an SQL integer; beyond any real retry policy
+
+
 @dataclass
 class RunConfig:
     concurrency: int = 1
@@ -44,10 +51,16 @@ class RunConfig:
             # durations.
             if value is not None and not math.isfinite(value):
                 raise UsageError(f"{name.replace('_', ' ')} must be a finite number of seconds (got {value})")
+            if value is not None and value > MAX_SECONDS:
+                raise UsageError(f"{name.replace('_', ' ')} must be at most {MAX_SECONDS:,} seconds (got {value})")
         if self.concurrency < 1:
             raise UsageError(f"concurrency must be at least 1 (got {self.concurrency})")
+        if self.concurrency > MAX_CONCURRENCY:
+            raise UsageError(f"concurrency must be at most {MAX_CONCURRENCY} (got {self.concurrency})")
         if self.max_attempts < 1:
             raise UsageError(f"max attempts must be at least 1 (got {self.max_attempts})")
+        if self.max_attempts > MAX_ATTEMPTS:
+            raise UsageError(f"max attempts must be at most {MAX_ATTEMPTS:,} (got {self.max_attempts})")
         if self.retry_delay < 0:
             raise UsageError(f"retry delay cannot be negative (got {self.retry_delay})")
         if self.grace < 0:

@@ -107,8 +107,8 @@ class SqlStore:
         _translate_public_methods(cls)
 
     # --- what a backend supplies ---------------------------------------------------------------------
-    def _driver_error(self) -> type[BaseException]:
-        """The base class of the driver's errors."""
+    def _driver_error(self) -> type[BaseException] | tuple[type[BaseException], ...]:
+        """The base class (or classes) of the errors the driver raises."""
         raise NotImplementedError
 
     def _translate_error(self, e: BaseException) -> StoreError:

@@ -33,6 +33,7 @@ from ..errors import (
     StoreMissing,
     StoreUnavailable,
 )
+from ..log import one_line
 from .base import Event, Lease, Stats, StepRecord
 from .rows import event_of
 from .sql import load_queries, migration
@@ -87,8 +88,10 @@ def _os_error(what: str, e: OSError) -> StoreError:
     return kind(f"{what}: {e.strerror}")
 
 
-def _translate(e: sqlite3.Error, path: str) -> StoreError:
-    text = str(e)
+def _translate(e: BaseException, path: str) -> StoreError:
+    if isinstance(e, UnicodeDecodeError):
+        return CorruptStore(f"store {path} is corrupt (a text value is not valid UTF-8); it was left untouched")
+    text = one_line(str(e), 200)  # a damaged schema's message quotes its SQL, many lines long
     if "malformed" in text or "not a database" in text or "corrupt" in text:
         return CorruptStore(f"store {path} is corrupt ({text}); it was left untouched")
     if "readonly" in text or "read-only" in text:
@@ -124,7 +127,7 @@ class SqliteStore(SqlStore):
             self._schema_version()
             self._configure()
             self._ensure_schema(upgrade)
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
             self._db.close()
             raise _translate(e, self.path) from None
         except StoreError:
@@ -226,11 +229,12 @@ class SqliteStore(SqlStore):
         pass
 
     # --- what the shared SQL layer asks of a backend -------------------------------------------------
-    def _driver_error(self) -> type[BaseException]:
-        return sqlite3.Error
+    def _driver_error(self) -> tuple[type[BaseException], ...]:
+        # A TEXT value that is not UTF-8 (a damaged page) fails in Python's decoding, not in SQLite.
+        return sqlite3.Error, UnicodeDecodeError
 
     def _translate_error(self, e: BaseException) -> StoreError:
-        return _translate(e, self.path)  # type: ignore[arg-type]
+        return _translate(e, self.path)
 
     def _exec(self, name: str, params: dict[str, Any] | None = None) -> sqlite3.Cursor:
         return self._db.execute(Q[name], params or {})

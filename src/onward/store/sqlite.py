@@ -89,7 +89,7 @@ def _os_error(what: str, e: OSError) -> StoreError:
 
 
 def _translate(e: BaseException, path: str) -> StoreError:
-    if isinstance(e, UnicodeDecodeError):
+    if isinstance(e, UnicodeDecodeError) or "Could not decode to UTF-8" in str(e):
         return CorruptStore(f"store {path} is corrupt (a text value is not valid UTF-8); it was left untouched")
     text = one_line(str(e), 200)  # a damaged schema's message quotes its SQL, many lines long
     if "malformed" in text or "not a database" in text or "corrupt" in text:

@@ -1,0 +1,61 @@
+"""Regression tests for what the hostile-input properties found, one per bug, each named after it."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_onward
+
+
+def _store_with_tasks(tmp_path: Path) -> Path:
+    db = tmp_path / "s.db"
+    done = run_onward("add", "--db", str(db), "alpha", "beta")
+    assert done.returncode == 0, done.stderr
+    c = sqlite3.connect(db)
+    c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    c.close()
+    return db
+
+
+def _one_line_exit_2(done: object) -> str:
+    assert done.returncode == 2, done
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onward: error: "), lines
+    return str(lines[0])
+
+
+def test_a_damaged_schema_is_reported_in_one_line_not_the_schema_sql_over_many(tmp_path: Path) -> None:
+    db = _store_with_tasks(tmp_path)
+    data = bytearray(db.read_bytes())
+    at = data.index(b"CREATE TABLE tasks")
+    data[at + 20: at + 24] = b"(((("  # the tasks table's SQL no longer parses
+    db.write_bytes(bytes(data))
+    line = _one_line_exit_2(run_onward("status", "--db", str(db)))
+    assert "corrupt" in line or "malformed" in line
+
+
+def test_a_text_value_that_is_not_utf8_in_a_damaged_store_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    db = _store_with_tasks(tmp_path)
+    # An invalid UTF-8 sequence inside the stored name, in the table and in its index alike.
+    db.write_bytes(db.read_bytes().replace(b"alpha", b"a\xcepha"))
+    line = _one_line_exit_2(run_onward("list", "--db", str(db)))
+    assert "not valid UTF-8" in line
+
+
+@pytest.mark.parametrize(("flag", "value", "words"), [
+    ("--heartbeat", "2147484", "heartbeat must be at most"),  # overflowed epoll's timeout
+    ("--timeout", "1e7", "timeout must be at most"),
+    ("--concurrency", "9" * 40, "concurrency must be at most"),  # overflowed an SQL integer
+    ("--max-attempts", "9" * 40, "max attempts must be at most"),
+])
+def test_a_number_beyond_what_timers_or_sql_integers_hold_is_refused_not_a_traceback(
+        tmp_path: Path, flag: str, value: str, words: str) -> None:
+    db = tmp_path / "store" / "s.db"
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\n")
+    line = _one_line_exit_2(run_onward("run", "--db", str(db), "--tasks", str(tasks), flag, value, "--", "true"))
+    assert words in line
+    assert not db.parent.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ def _store_with_tasks(tmp_path: Path) -> Path:
     return db
 
 
-def _one_line_exit_2(done: object) -> str:
+def _one_line_exit_2(done: subprocess.CompletedProcess[bytes]) -> str:
     assert done.returncode == 2, done
     lines = done.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("onward: error: "), lines

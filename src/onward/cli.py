@@ -48,6 +48,7 @@ class LazyGroup(click.Group):
         "steps": ("onward.steps_cli", "steps_command"),
         "db": ("onward.db_cli", "db_group"),
         "demo": ("onward.demo", "demo_command"),
+        "dashboard": ("onward.dashboard.command", "dashboard_command"),
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -80,7 +80,7 @@ def test_task_pages_search_and_filter(finished: Job, dashboard: Any) -> None:
 
     failed = served.get("/api/tasks?state=failed").json()["tasks"]
     assert [t["task"] for t in failed] == ["flaky-1", "flaky-2", XSS_NAME]
-    assert failed[0]["error"].startswith("broken: flaky-1")
+    assert "broken: flaky-1" in failed[0]["error"]
     # Case-insensitive substring; % and _ are plain characters, not patterns.
     assert [t["task"] for t in served.get("/api/tasks?q=FLAKY").json()["tasks"]] == ["flaky-1", "flaky-2"]
     assert [t["task"] for t in served.get(f"/api/tasks?q={quote('<img')}").json()["tasks"]] == [XSS_NAME]

@@ -13,10 +13,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import StoreError
 from ..log import iso_time
 from ..status import status_dict
-from ..store.base import FAILED, STATES, Event, Store, TaskRow
+from ..store.base import CANCELLED, FAILED, STATES, Event, Store, TaskRow
 from ..tasksfile import task_name_problem
 
 DEFAULT_PAGE = 50
@@ -28,6 +27,7 @@ EVENTS_SHOWN = 200  # a task's latest journal events in its detail
 ERROR_CHARS = 200  # of a task's error in the task table (the detail has all of it)
 
 # The journal kinds that end an attempt (see onward.settle and onward.reclaim); "claimed" starts one.
+_RETRYABLE = frozenset({FAILED, CANCELLED})  # what a retry of named tasks brings back
 _ATTEMPT_ENDS = frozenset({"done", "retrying", "failed", "released", "reclaimed", "interrupted", "fenced",
                            "cancelled"})
 
@@ -139,15 +139,6 @@ def pause(store: Store, body: object, paused: bool) -> dict[str, Any]:
 
 
 # --- helpers --------------------------------------------------------------------------------------------
-def _retryable() -> frozenset[str]:
-    from ..store import base
-
-    return frozenset({FAILED, getattr(base, "CANCELLED", FAILED)})
-
-
-_RETRYABLE = _retryable()
-
-
 def _whole_number(query: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
     raw = query.get(key, "")
     if raw == "":
@@ -236,4 +227,4 @@ def _seconds(start: float | None, end: float | None) -> float | None:
     return round(max(end - start, 0.0), 3)
 
 
-__all__ = ["ApiError", "StoreError", "activity", "cancel", "pause", "retry", "status", "task_detail", "tasks"]
+__all__ = ["ApiError", "activity", "cancel", "pause", "retry", "status", "task_detail", "tasks"]

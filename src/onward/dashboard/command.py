@@ -8,7 +8,7 @@ from types import FrameType
 
 import click
 
-from ..cli_types import db_option
+from ..cli_types import db_option, job_option
 from ..errors import UsageError
 
 DEFAULT_PORT = 8765
@@ -17,13 +17,14 @@ MAX_TOKEN = 512
 
 @click.command(name="dashboard")
 @db_option
+@job_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; any but a loopback one needs --token.")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
               help="Port to listen on (0: any free port; the URL printed says which).")
 @click.option("--token", envvar="ONWARD_DASHBOARD_TOKEN", default=None, metavar="TOKEN",
               help="Every request must carry 'Authorization: Bearer TOKEN' (env ONWARD_DASHBOARD_TOKEN).")
-def dashboard_command(db: str | None, host: str, port: int, token: str | None) -> None:
+def dashboard_command(db: str | None, job: str, host: str, port: int, token: str | None) -> None:
     """Serve a live page of the job (and its JSON API) on http://127.0.0.1:8765/ until Ctrl-C."""
     from ..redact import hide_secrets_in_argv
     from ..store import open_store
@@ -36,7 +37,7 @@ def dashboard_command(db: str | None, host: str, port: int, token: str | None) -
     if not loopback and token is None:
         raise UsageError(f"listening on {host} (not a loopback address) needs a token: give --token or"
                          " ONWARD_DASHBOARD_TOKEN")
-    store = open_store(db, create=False)
+    store = open_store(db, create=False, job=job)
     try:
         board = Dashboard(store, token, host, loopback)
         try:

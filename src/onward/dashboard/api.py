@@ -196,23 +196,21 @@ def _result_preview(store: Store, name: str) -> dict[str, Any] | None:
 
 def _attempts(events: list[Event]) -> list[dict[str, Any]]:
     """Each attempt found in the journal: when it was claimed, how it ended and how long it took. An
-    attempt whose claim is older than the events kept starts unknown."""
+    attempt whose claim is older than the events kept is left out."""
     attempts: list[dict[str, Any]] = []
-    open_ones: dict[int, dict[str, Any]] = {}
+    open_ones: dict[int, tuple[float, dict[str, Any]]] = {}  # attempt -> (claimed at, its entry)
     for e in events:
         if e.attempt is None:
             continue
         if e.kind == "claimed":
-            entry = {"attempt": e.attempt, "started_at": iso_time(e.at, precise=True), "ended_at": None,
-                     "seconds": None, "outcome": "running", "detail": None, "_start": e.at}
+            entry: dict[str, Any] = {"attempt": e.attempt, "started_at": iso_time(e.at, precise=True),
+                                     "ended_at": None, "seconds": None, "outcome": "running", "detail": None}
             attempts.append(entry)
-            open_ones[e.attempt] = entry
+            open_ones[e.attempt] = (e.at, entry)
         elif e.kind in _ATTEMPT_ENDS and e.attempt in open_ones:
-            entry = open_ones.pop(e.attempt)
-            entry.update(ended_at=iso_time(e.at, precise=True), seconds=_seconds(entry["_start"], e.at),
-                         outcome=e.kind, detail=e.detail)
-    for entry in attempts:
-        del entry["_start"]
+            started, entry = open_ones.pop(e.attempt)
+            entry.update(ended_at=iso_time(e.at, precise=True), seconds=_seconds(started, e.at), outcome=e.kind,
+                         detail=e.detail)
     return attempts
 
 

@@ -242,7 +242,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, _json_bytes(answer), "application/json")
 
     def _static(self, filename: str, content_type: str) -> None:
-        data = resources.files(__package__).joinpath("static", filename).read_bytes()
+        data = resources.files(__package__).joinpath("static").joinpath(filename).read_bytes()
         self._send(HTTPStatus.OK, data, content_type)
 
     def _metrics(self) -> None:

@@ -87,6 +87,7 @@
     const node = $("message");
     node.textContent = text;
     node.className = isError ? "error" : "";
+    node.parentElement.hidden = !text;
   }
 
   function duration(seconds) {
@@ -206,15 +207,21 @@
   // --- what follows a change of status: the chart, the visible task page, the open detail ------------------
   let lastFinished = -1;
   let chartAt = 0;
+  let chartGap = 5000; // ms before the chart is read again: 5 s, or 20 times its last read (a big job's scan)
+  let chartTimer = null;
   let refreshTimer = null;
 
   function onStatusChange() {
     const s = lastStatus;
     const finished = (s.done || 0) + (s.failed || 0) + (s.cancelled || 0);
     const now = Date.now();
-    if (finished !== lastFinished && now - chartAt > 5000) {
-      chartAt = now;
-      loadChart();
+    if (finished !== lastFinished && chartTimer === null) {
+      // read the chart again once its gap since the last read has passed (at once the first time)
+      chartTimer = setTimeout(() => {
+        chartTimer = null;
+        chartAt = Date.now();
+        loadChart();
+      }, Math.max(0, chartAt + chartGap - now));
     }
     lastFinished = finished;
     if (refreshTimer === null) {
@@ -229,6 +236,7 @@
 
   // --- the chart: completions (up) and failed attempts (down) per minute, drawn as SVG --------------------
   const SVG = "http://www.w3.org/2000/svg";
+  const MIN_SLOTS = 10;
 
   function svg(tag, attrs, text) {
     const node = document.createElementNS(SVG, tag);
@@ -239,7 +247,9 @@
 
   async function loadChart() {
     let data;
+    const started = performance.now();
     try { data = await getJSON("/api/activity?bucket=60"); } catch (e) { return; }
+    chartGap = Math.max(5000, 20 * (performance.now() - started));
     drawChart(data.buckets, data.bucket_seconds);
   }
 
@@ -253,9 +263,10 @@
       $("chart-span").textContent = "";
       return;
     }
-    const first = buckets[0][0];
-    const last = Math.max(buckets[buckets.length - 1][0], Date.now() / 1000 - width);
-    const slots = Math.max(1, Math.round((last - first) / width) + 1);
+    // At least the last ten minutes, so that a young job's minutes are bars, not a wall.
+    const last = Math.max(buckets[buckets.length - 1][0], Math.floor(Date.now() / 1000 / width) * width);
+    const first = Math.min(buckets[0][0], last - (MIN_SLOTS - 1) * width);
+    const slots = Math.round((last - first) / width) + 1;
     const maxUp = Math.max(1, ...buckets.map((b) => b[1]));
     const maxDown = Math.max(1, ...buckets.map((b) => b[2]));
     const step = (W - left - right) / slots;
@@ -281,10 +292,11 @@
       }
     }
     const label = (t) => new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ");
+    const busy = buckets.length + " busy minute" + (buckets.length === 1 ? "" : "s");
     nodes.push(svg("text", { x: left, y: H - 2, class: "tick" }, label(first)));
     nodes.push(svg("text", { x: W - right, y: H - 2, "text-anchor": "end", class: "tick" }, label(last) + " UTC"));
     chart.replaceChildren(...nodes);
-    $("chart-span").textContent = "· " + buckets.length + " busy minutes";
+    $("chart-span").textContent = "· " + busy;
   }
 
   // --- the task table: searched, filtered and paged on the server ------------------------------------------
@@ -423,10 +435,11 @@
     start();
   });
 
+  // The chart is first read once the first status is in (see onStatusChange): on a big job its read is the
+  // slowest call, and the counts come first.
   function start() {
     stream();
     loadTasks(true);
-    loadChart();
   }
 
   start();

@@ -296,3 +296,20 @@ def test_a_non_loopback_bind_with_a_token_serves_and_sigint_stops_it(finished: J
     served.process.send_signal(signal.SIGINT)
     assert served.process.wait(timeout=30) == 0
     wait_for(lambda: served.process.poll() is not None, 30, "the dashboard to exit")
+
+
+def test_the_api_on_each_backend(store_url: str, dashboard: Any) -> None:
+    names = ["alpha", "Beta/1", "beta_2", XSS_NAME]
+    assert run_onward("add", "--db", store_url, *names).returncode == 0
+    served: Served = dashboard(store_url)
+    assert served.get("/api/status").json()["pending"] == 4
+    assert [t["task"] for t in served.get("/api/tasks?q=BETA").json()["tasks"]] == ["Beta/1", "beta_2"]
+    assert [t["task"] for t in served.get("/api/tasks?q=a_").json()["tasks"]] == ["beta_2"]
+    assert served.get("/api/tasks/" + quote("Beta/1", safe="")).json()["state"] == "pending"
+    assert served.post("/api/cancel", {"tasks": [XSS_NAME]}).json() == {"tasks": {XSS_NAME: "cancelled"}}
+    assert [t["task"] for t in served.get("/api/tasks?state=cancelled").json()["tasks"]] == [XSS_NAME]
+    assert served.post("/api/retry", {"tasks": [XSS_NAME]}).json()["retried"] == 1
+    assert served.post("/api/pause", {}).json()["changed"] is True
+    assert status_of(store_url)["paused"] is True
+    assert served.post("/api/resume", {}).json()["changed"] is True
+    assert served.get("/api/status").json()["paused"] is False

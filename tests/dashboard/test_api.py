@@ -173,8 +173,14 @@ def test_with_a_token_every_data_request_needs_it_and_nothing_changes_without(fi
     assert page.status == 200 and b"s3cret" not in page.body and b"ok-1" not in page.body
     assert served.get("/api/status").status == 200
     assert served.post("/api/pause", {}).status == 200 and counts(finished.db)["paused"] is True
+    # A malformed request line is logged by the server, but not the token in it.
+    host, port = served.url.split("//")[1].rstrip("/").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"GET /?token=s3cret-token HTTP/1.1 extra\r\n\r\n")
+        assert b" 400 " in conn.recv(65536).split(b"\r\n")[0]
     served.stop()
-    assert b"s3cret" not in served.process.communicate()[1]
+    log = served.process.communicate()[1]
+    assert b"Bad request" in log and b"s3cret" not in log
 
 
 def test_cross_site_posts_are_refused_and_change_nothing(finished: Job, dashboard: Any) -> None:

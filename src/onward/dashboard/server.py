@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
 import socket
 import sys
 import threading
@@ -63,6 +64,7 @@ SECURITY_HEADERS = {
 }
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s'\"]*", re.IGNORECASE)
 
 
 class Dashboard:
@@ -151,7 +153,7 @@ class Handler(BaseHTTPRequestHandler):
     def _not_allowed(self) -> None:
         self._error(HTTPStatus.METHOD_NOT_ALLOWED, "only GET and POST")
 
-    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815 (HEAD: the stdlib's 501)
 
     # --- checks ----------------------------------------------------------------------------------------
     def _target(self) -> tuple[str | None, str]:
@@ -227,19 +229,23 @@ class Handler(BaseHTTPRequestHandler):
         if any(a is None for a in args):
             self._error(HTTPStatus.BAD_REQUEST, "bad query string (not UTF-8, or a parameter given twice)")
             return
+        answered, answer = self._call(fn, *args)
+        if answered:
+            self._send(HTTPStatus.OK, _json_bytes(answer), "application/json")
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        """``fn(store, *args)`` under the store's lock: (True, its value), or (False, None) once the error
+        was answered: the API's refusals as they are, a store that cannot be used as 503, a bug as 500."""
         try:
-            answer = self.dashboard.call(fn, *args)
+            return True, self.dashboard.call(fn, *args)
         except api.ApiError as e:
             self._error(e.status, str(e))
-            return
         except StoreError as e:
             self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(e))
-            return
-        except Exception:  # a bug: said in one line to the page, in full to the server's stderr
+        except Exception:  # a bug: said in one line to the client, in full on the server's stderr
             self.log_error("%s %s failed:\n%s", self.command, urlsplit(self.path).path, traceback.format_exc())
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error (see the dashboard's stderr)")
-            return
-        self._send(HTTPStatus.OK, _json_bytes(answer), "application/json")
+        return False, None
 
     def _static(self, filename: str, content_type: str) -> None:
         data = resources.files(__package__).joinpath("static").joinpath(filename).read_bytes()
@@ -251,12 +257,9 @@ class Handler(BaseHTTPRequestHandler):
         except ImportError:
             self._error(HTTPStatus.NOT_FOUND, "metrics are not available in this version")
             return
-        try:
-            text = self.dashboard.call(metrics_text)
-        except StoreError as e:
-            self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(e))
-            return
-        self._send(HTTPStatus.OK, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
+        answered, text = self._call(metrics_text)
+        if answered:
+            self._send(HTTPStatus.OK, str(text).encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     def _events(self) -> None:
         """``GET /api/events``: a server-sent event ``status`` (the object of ``/api/status``) at once and
@@ -280,6 +283,9 @@ class Handler(BaseHTTPRequestHandler):
                     last = data
                 except StoreError as e:
                     event = b"event: trouble\ndata: " + _json_bytes({"error": str(e)}) + b"\n\n"
+                except Exception:  # a bug: on stderr once, and the stream ends (the page tries again later)
+                    self.log_error("%s failed:\n%s", urlsplit(self.path).path, traceback.format_exc())
+                    return
                 if event:
                     self.wfile.write(event)
                     quiet_since = time.monotonic()
@@ -315,7 +321,9 @@ class Handler(BaseHTTPRequestHandler):
             self.log_error("%s %s answered %d", self.command, urlsplit(self.path).path, code)
 
     def log_error(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
-        sys.stderr.write("onward dashboard: " + (format % args).rstrip("\n") + "\n")
+        # The stdlib quotes a malformed request line whole: a token in its query string is blanked here.
+        text = _TOKEN_IN_QUERY.sub(r"\1***", (format % args).rstrip("\n"))
+        sys.stderr.write("onward dashboard: " + text + "\n")
 
 
 def make_server(board: Dashboard, host: str, port: int) -> ThreadingHTTPServer:

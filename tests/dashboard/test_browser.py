@@ -150,8 +150,12 @@ def _wait_for_heartbeats(db: str, renewals: int) -> None:
     wait_for(renewed, 30, f"{renewals} heartbeats of the worker", interval=0.1)
 
 
-def test_a_page_without_its_token_asks_for_it_and_shows_no_data(browser: Any, job: Any, dashboard: Any) -> None:
-    work = job(["secret-task-name"])
+def test_a_page_without_its_token_asks_for_it_then_cancels_and_retries(browser: Any, job: Any,
+                                                                       dashboard: Any) -> None:
+    work = job(["secret-task-name", "flaky-2"])
+    (work.folder / "broken").touch()
+    assert work.run("--max-attempts", "1").wait(timeout=120) == 3
+    assert run_onward("add", "--db", work.db, "waiting-task").returncode == 0
     served: Served = dashboard(work.db, "--token", "s3cret-token")
     page = browser.new_page()
     page.goto(served.url)
@@ -161,5 +165,18 @@ def test_a_page_without_its_token_asks_for_it_and_shows_no_data(browser: Any, jo
     page.locator("#token-use").click()
     page.locator("#tasks tbody button", has_text="secret-task-name").wait_for(timeout=DEADLINE_MS)
     page.locator("#live", has_text="live").wait_for(timeout=DEADLINE_MS)
-    assert page.locator("#count-pending").text_content() == "1"
+    assert page.locator("#count-failed").text_content() == "1"
+
+    page.locator("#retry-failed").click()
+    page.locator("#count-failed", has_text="0").wait_for(timeout=DEADLINE_MS)
+    assert status_of(work.db)["pending"] == 2
+
+    page.locator("#tasks tbody button", has_text="waiting-task").click()
+    page.locator("#detail-facts dd.state", has_text="pending").wait_for(timeout=DEADLINE_MS)
+    page.locator("#detail-cancel").click()
+    page.locator("#detail-facts dd.state", has_text="cancelled").wait_for(timeout=DEADLINE_MS)
+    assert status_of(work.db)["cancelled"] == 1
+    page.locator("#detail-retry").click()
+    page.locator("#detail-facts dd.state", has_text="pending").wait_for(timeout=DEADLINE_MS)
+    assert status_of(work.db)["cancelled"] == 0
     page.close()

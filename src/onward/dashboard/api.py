@@ -115,8 +115,8 @@ def retry(store: Store, body: object) -> dict[str, Any]:
         rows = {name: store.task(name) for name in names}
         outcome = {name: "unknown" if row is None else "retried" if row.state in _RETRYABLE
                    else f"already {row.state}" for name, row in rows.items()}
-        n = store.retry([name for name, said in outcome.items() if said == "retried"]) if any(
-            said == "retried" for said in outcome.values()) else 0
+        retryable = [name for name, said in outcome.items() if said == "retried"]
+        n = store.retry(retryable) if retryable else 0
     if n:
         store.log_event("retried", detail=f"{n} task{'s' if n != 1 else ''} back to pending (dashboard)",
                         durable=True)

@@ -319,3 +319,18 @@ def test_the_api_on_each_backend(store_url: str, dashboard: Any) -> None:
     assert status_of(store_url)["paused"] is True
     assert served.post("/api/resume", {}).json()["changed"] is True
     assert served.get("/api/status").json()["paused"] is False
+
+
+def test_job_picks_one_job_of_the_store(finished: Job, dashboard: Any) -> None:
+    assert run_onward("add", "--db", finished.db, "--job", "other", "only-here").returncode == 0
+    served: Served = dashboard(finished.db, "--job", "other")
+    status = served.get("/api/status").json()
+    assert status["job"] == "other" and status["total"] == 1
+    assert [t["task"] for t in served.get("/api/tasks").json()["tasks"]] == ["only-here"]
+    assert served.get("/api/tasks/ok-1").status == 404
+    assert served.post("/api/pause", {}).json()["changed"] is True
+    assert status_of(finished.db)["paused"] is False  # the default job is not paused
+    for job_name, message in (("../x", "bad job name"), ("", "bad job name"), ("missing", "")):
+        shown = run_onward("dashboard", "--db", finished.db, "--job", job_name, timeout=30)
+        assert shown.returncode == 2 and shown.stderr.decode().count("\n") == 1, (job_name, shown)
+        assert message in shown.stderr.decode()

@@ -9,7 +9,7 @@ from typing import Any
 from .errors import StoreError
 from .log import iso_time, one_line, printable
 from .proc import owner_alive
-from .store.base import DONE, FAILED, PENDING, RUNNING, Event, Store, WorkerRow
+from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, Event, Store, WorkerRow
 
 # A worker on another host cannot be checked by its pid: one whose heartbeat is older than this (twelve
 # default heartbeats) is taken for gone when judging whether anyone is working, so that a machine that died
@@ -20,7 +20,7 @@ SILENT_WORKER_SECONDS = 60.0
 def status_dict(store: Store) -> dict[str, Any]:
     """The status as plain data; ``onward status --json`` prints exactly this."""
     stats = store.stats()
-    counts = {state: stats.counts.get(state, 0) for state in (PENDING, RUNNING, DONE, FAILED)}
+    counts = {state: stats.counts.get(state, 0) for state in (PENDING, RUNNING, DONE, FAILED, CANCELLED)}
     rate = stats.done_last_minute / stats.rate_window
     left = counts[PENDING] + counts[RUNNING]
     workers = []
@@ -35,6 +35,8 @@ def status_dict(store: Store) -> dict[str, Any]:
         })
     return {
         "store": store.url,
+        "job": store.job,
+        "paused": stats.paused,
         "total": stats.total,
         **counts,
         "workers": workers,
@@ -97,11 +99,18 @@ def render_status(report: dict[str, Any]) -> None:
         # A pipe or a file gets whole lines, however long (a terminal gets them fitted to its width).
         console = Console(highlight=False, soft_wrap=True, width=1 << 20)
     total = report["total"] or 1
-    done, failed = report[DONE], report[FAILED]
-    console.print(Text.assemble(("onward", "bold"), " ", shown(report["store"])))
+    done, failed, cancelled = report[DONE], report[FAILED], report[CANCELLED]
+    head = Text.assemble(("onward", "bold"), " ", shown(report["store"]))
+    if report["job"] != "default":
+        head.append("  job ").append_text(shown(report["job"]))
+    if report["paused"]:
+        head.append("  paused: claiming nothing new (onward resume)", style="bold yellow")
+    console.print(head)
     console.print(
         f"  total {report['total']}   pending {report[PENDING]}   running {report[RUNNING]}   "
-        f"[green]done {done}[/green]   [red]failed {failed}[/red]   ({100 * (done + failed) / total:.1f}% finished)"
+        f"[green]done {done}[/green]   [red]failed {failed}[/red]"
+        + (f"   cancelled {cancelled}" if cancelled else "")
+        + f"   ({100 * (done + failed + cancelled) / total:.1f}% finished)"
     )
     eta = report["eta_seconds"]
     if eta is None and not report["workers_alive"]:

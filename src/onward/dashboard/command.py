@@ -1,0 +1,85 @@
+"""``onward dashboard``: serve the page and the JSON API of one job's store until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+import click
+
+from ..cli_types import db_option, job_option
+from ..errors import UsageError
+
+DEFAULT_PORT = 8765
+MAX_TOKEN = 512
+
+
+@click.command(name="dashboard")
+@db_option
+@job_option
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; any but a loopback one needs --token.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: any free port; the URL printed says which).")
+@click.option("--token", envvar="ONWARD_DASHBOARD_TOKEN", default=None, metavar="TOKEN",
+              help="Every request must carry 'Authorization: Bearer TOKEN' (env ONWARD_DASHBOARD_TOKEN).")
+def dashboard_command(db: str | None, job: str, host: str, port: int, token: str | None) -> None:
+    """Serve a live page of the job (and its JSON API) on http://127.0.0.1:8765/ until Ctrl-C."""
+    from ..redact import hide_secrets_in_argv
+    from ..store import open_store
+    from .server import Dashboard, make_server
+
+    if token is not None:
+        _check_token(token)
+        hide_secrets_in_argv([token])
+    loopback = _is_loopback(host)
+    if not loopback and token is None:
+        raise UsageError(f"listening on {host} (not a loopback address) needs a token: give --token or"
+                         " ONWARD_DASHBOARD_TOKEN")
+    store = open_store(db, create=False, job=job)
+    try:
+        board = Dashboard(store, token, host, loopback)
+        try:
+            server = make_server(board, host, port)
+        except OSError as e:
+            raise UsageError(f"cannot listen on {host} port {port}: {e.strerror or e}") from None
+        bound_port = server.server_address[1]
+        shown_host = f"[{host}]" if ":" in host else host
+        click.echo(f"onward dashboard: http://{shown_host}:{bound_port}/" +
+                   ("  (open it as /?token=TOKEN)" if token else ""))
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            board.stopping.set()
+            # shutdown() waits for serve_forever() to return, which runs in this very thread: ask from another.
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            server.serve_forever(poll_interval=0.2)
+        finally:
+            server.server_close()
+    finally:
+        store.close()
+    click.echo("onward dashboard: stopped", err=True)
+
+
+def _check_token(token: str) -> None:
+    """A token travels in an HTTP header: printable ASCII without spaces, and short enough for one."""
+    if not token:
+        raise UsageError("the token is empty")
+    if len(token) > MAX_TOKEN or not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+        raise UsageError(f"the token must be 1 to {MAX_TOKEN} printable ASCII characters without spaces")
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` names only loopback addresses; a name that does not resolve is bad input."""
+    from .server import is_loopback
+
+    if not host or "\x00" in host:
+        raise UsageError("--host is empty")
+    try:
+        return is_loopback(host)
+    except (OSError, UnicodeError) as e:
+        raise UsageError(f"cannot use host {host!r}: {getattr(e, 'strerror', None) or e}") from None

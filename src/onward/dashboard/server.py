@@ -1,0 +1,361 @@
+"""The dashboard's HTTP server: the stdlib's threading server, the page's files, the JSON API and a stream
+of status updates (server-sent events), with the security rules of the README's Dashboard section.
+
+Rules every request goes through, in this order (``Handler._guard``):
+
+1. The Host header names this server (binds on a loopback address only): a page of another site that
+   resolves its own name to 127.0.0.1 (DNS rebinding) gets nothing.
+2. With a token, every API, event-stream and metrics request carries ``Authorization: Bearer TOKEN``,
+   compared in constant time. The page's own files (HTML, script, style: the same bytes as in the
+   package, no data) are served without it, so that a reload of a page whose address no longer holds
+   ``?token=`` still starts; the page keeps the token in sessionStorage and sends it with every call.
+3. A state change is a POST with ``Content-Type: application/json`` and a JSON body of at most
+   ``MAX_BODY`` bytes; a POST whose ``Origin`` is present and is not this server's own is refused. Those
+   two stop another site's form or script from changing anything (a cross-site form cannot send that
+   content type; a cross-site fetch that can carries its Origin). A GET never changes anything.
+
+The token never reaches a log: requests are not logged by the line (the query string of the page's
+first load holds it), only failures, by method and path.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import re
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ..errors import StoreError
+from ..store.base import Store
+from . import api
+
+MAX_BODY = 1 << 20
+DRAIN_LIMIT = 16 << 20  # a larger refused body is not even read: the connection is closed at once
+EVENT_INTERVAL = 1.0  # seconds between two looks at the store for the event stream
+KEEPALIVE_INTERVAL = 15.0  # a comment line this often keeps proxies and the browser from closing the stream
+
+# The page's files: name in the URL -> (file in static/, content type). Nothing else is ever read from disk.
+STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/app.css": ("app.css", "text/css; charset=utf-8"),
+    "/static/favicon.svg": ("favicon.svg", "image/svg+xml"),
+}
+
+# Everything the page loads comes from this server; no frame may embed it; nothing inline runs.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self'; style-src 'self'; script-src 'self';"
+                               " connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s'\"]*", re.IGNORECASE)
+
+
+class Dashboard:
+    """What every request thread shares: the store, the token and the server's own names.
+
+    The store handle is not thread-safe (one SQLite connection or one PostgreSQL connection, used from
+    one thread at a time), and the threading server runs each connection in a thread of its own. So one
+    handle is shared under ``lock``: each request holds it for its few store calls (each bounded, under
+    0.3 s on a million tasks), and the event streams take it once per tick, not for their whole life. A
+    handle per request would pay a connection and a schema check on every call instead, and one per
+    thread would open one for every connection, the long-lived event streams included.
+    """
+
+    def __init__(self, store: Store, token: str | None, host: str, loopback: bool) -> None:
+        self.store = store
+        self.token = token.encode() if token else None
+        self.host = host
+        self.loopback = loopback
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self.lock:
+            return fn(self.store, *args)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "onward-dashboard"
+    protocol_version = "HTTP/1.1"  # keep-alive: the page makes many small calls
+    timeout = 60  # an idle kept-alive connection is closed after this (its thread ends)
+    dashboard: Dashboard  # set on the subclass made by ``make_server``
+
+    # --- routing ---------------------------------------------------------------------------------------
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        path, query = self._target()
+        if path is None or not self._guard(path):
+            return
+        if path in STATIC:
+            self._static(*STATIC[path])
+        elif path == "/api/status":
+            self._api(api.status)
+        elif path == "/api/tasks":
+            self._api(api.tasks, self._query(query))
+        elif path.startswith("/api/tasks/"):
+            name = self._name(path[len("/api/tasks/"):])
+            if name is not None:
+                self._api(api.task_detail, name)
+        elif path == "/api/activity":
+            self._api(api.activity, self._query(query))
+        elif path == "/api/events":
+            self._events()
+        elif path == "/metrics":
+            self._metrics()
+        else:
+            self._error(HTTPStatus.NOT_FOUND, "no such page")
+
+    def do_POST(self) -> None:  # noqa: N802
+        # The body is read before any check: a refusal that left it unread would have the connection closed
+        # under a client still sending it, which may then see a reset instead of the answer.
+        raw = self._read_body()
+        path, _ = self._target()
+        if path is None or not self._guard(path):
+            return
+        actions: dict[str, Callable[[Store, object], dict[str, Any]]] = {
+            "/api/retry": api.retry,
+            "/api/cancel": api.cancel,
+            "/api/pause": lambda store, body: api.pause(store, body, True),
+            "/api/resume": lambda store, body: api.pause(store, body, False),
+        }
+        if path not in actions:
+            self._error(HTTPStatus.NOT_FOUND, "no such action")
+        elif not self._same_origin():
+            self._error(HTTPStatus.FORBIDDEN, "cross-origin request refused")
+        elif self.headers.get_content_type() != "application/json" or "Content-Type" not in self.headers:
+            self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "send Content-Type: application/json")
+        elif raw is None:
+            self._error(HTTPStatus.BAD_REQUEST, f"send a body of at most {MAX_BODY} bytes, with a Content-Length")
+        else:
+            try:
+                body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                self._error(HTTPStatus.BAD_REQUEST, "the body is not valid JSON")
+                return
+            self._api(actions[path], body)
+
+    def _not_allowed(self) -> None:
+        self._error(HTTPStatus.METHOD_NOT_ALLOWED, "only GET and POST")
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815 (HEAD: the stdlib's 501)
+
+    # --- checks ----------------------------------------------------------------------------------------
+    def _target(self) -> tuple[str | None, str]:
+        parts = urlsplit(self.path)
+        if not parts.path.startswith("/"):
+            self._error(HTTPStatus.BAD_REQUEST, "bad request target")
+            return None, ""
+        return parts.path, parts.query
+
+    def _guard(self, path: str) -> bool:
+        """The Host and token rules (see the module's docstring); answers the request when it fails."""
+        board = self.dashboard
+        if board.loopback and _host_name(self.headers.get("Host", "")) not in LOOPBACK_NAMES | {board.host}:
+            self._error(HTTPStatus.FORBIDDEN, "unknown Host: open the dashboard by the address it printed")
+            return False
+        if board.token is None or path in STATIC:
+            return True
+        given = self.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("utf-8", "replace"),
+                                                             board.token):
+            return True
+        self._error(HTTPStatus.UNAUTHORIZED, "this dashboard needs its token (Authorization: Bearer TOKEN)",
+                    extra_headers={"WWW-Authenticate": 'Bearer realm="onward"'})
+        return False
+
+    def _same_origin(self) -> bool:
+        origin = self.headers.get("Origin")
+        if origin is None:
+            return True  # not a browser's cross-site request (curl, scripts); the token rules still hold
+        return origin == f"http://{self.headers.get('Host', '')}"
+
+    def _read_body(self) -> bytes | None:
+        """The request's body, or None when it has no Content-Length or is larger than ``MAX_BODY``. A body
+        up to ``DRAIN_LIMIT`` is read even then (and dropped), so that the refusal reaches the client; the
+        connection is not reused after a refusal of that kind."""
+        length_text = self.headers.get("Content-Length", "")
+        if self.headers.get("Transfer-Encoding") or not length_text.isascii() or not length_text.isdigit():
+            self.close_connection = True
+            return None
+        length = int(length_text)
+        if length <= MAX_BODY:
+            return self.rfile.read(length)
+        self.close_connection = True
+        left = length if length <= DRAIN_LIMIT else 0
+        while left > 0:
+            chunk = self.rfile.read(min(left, 1 << 16))
+            if not chunk:
+                break
+            left -= len(chunk)
+        return None
+
+    def _query(self, query: str) -> dict[str, str] | None:
+        try:
+            pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=False, errors="strict",
+                              max_num_fields=20)
+        except (UnicodeDecodeError, ValueError):
+            return None
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            return None
+        return dict(pairs)
+
+    def _name(self, quoted: str) -> str | None:
+        try:
+            return unquote(quoted, errors="strict")
+        except UnicodeDecodeError:
+            self._error(HTTPStatus.NOT_FOUND, "no such task")
+            return None
+
+    # --- answers ---------------------------------------------------------------------------------------
+    def _api(self, fn: Callable[..., Any], *args: Any) -> None:
+        if any(a is None for a in args):
+            self._error(HTTPStatus.BAD_REQUEST, "bad query string (not UTF-8, or a parameter given twice)")
+            return
+        answered, answer = self._call(fn, *args)
+        if answered:
+            self._send(HTTPStatus.OK, _json_bytes(answer), "application/json")
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        """``fn(store, *args)`` under the store's lock: (True, its value), or (False, None) once the error
+        was answered: the API's refusals as they are, a store that cannot be used as 503, a bug as 500."""
+        try:
+            return True, self.dashboard.call(fn, *args)
+        except api.ApiError as e:
+            self._error(e.status, str(e))
+        except StoreError as e:
+            self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(e))
+        except Exception:  # a bug: said in one line to the client, in full on the server's stderr
+            self.log_error("%s %s failed:\n%s", self.command, urlsplit(self.path).path, traceback.format_exc())
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error (see the dashboard's stderr)")
+        return False, None
+
+    def _static(self, filename: str, content_type: str) -> None:
+        data = resources.files(__package__).joinpath("static").joinpath(filename).read_bytes()
+        self._send(HTTPStatus.OK, data, content_type)
+
+    def _metrics(self) -> None:
+        try:
+            from ..metrics import metrics_text  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            self._error(HTTPStatus.NOT_FOUND, "metrics are not available in this version")
+            return
+        answered, text = self._call(metrics_text)
+        if answered:
+            self._send(HTTPStatus.OK, str(text).encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    def _events(self) -> None:
+        """``GET /api/events``: a server-sent event ``status`` (the object of ``/api/status``) at once and
+        whenever it changes, looked at every second; a comment line in between keeps the stream open."""
+        board = self.dashboard
+        self.send_response(HTTPStatus.OK)
+        for key, value in SECURITY_HEADERS.items():
+            self.send_header(key, value)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Connection", "close")  # no length: the stream ends when either side closes
+        self.send_header("X-Accel-Buffering", "no")
+        self.end_headers()
+        self.close_connection = True
+        last = b""
+        quiet_since = time.monotonic()
+        try:
+            while not board.stopping.is_set():
+                try:
+                    data = _json_bytes(board.call(api.status))
+                    event = b"event: status\ndata: " + data + b"\n\n" if data != last else b""
+                    last = data
+                except StoreError as e:
+                    event = b"event: trouble\ndata: " + _json_bytes({"error": str(e)}) + b"\n\n"
+                except Exception:  # a bug: on stderr once, and the stream ends (the page tries again later)
+                    self.log_error("%s failed:\n%s", urlsplit(self.path).path, traceback.format_exc())
+                    return
+                if event:
+                    self.wfile.write(event)
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since > KEEPALIVE_INTERVAL:
+                    self.wfile.write(b": still here\n\n")
+                    quiet_since = time.monotonic()
+                self.wfile.flush()
+                board.stopping.wait(EVENT_INTERVAL)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass  # the page went away
+
+    def _error(self, status: int, message: str, extra_headers: dict[str, str] | None = None) -> None:
+        self._send(status, _json_bytes({"error": message}), "application/json", extra_headers)
+
+    def _send(self, status: int, body: bytes, content_type: str,
+              extra_headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for key, value in {**SECURITY_HEADERS, **(extra_headers or {})}.items():
+            self.send_header(key, value)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    # --- logging: failures only, and never the query string (the page's first load holds the token) ----
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        if isinstance(code, int) and code >= 500 and code != HTTPStatus.SERVICE_UNAVAILABLE:
+            self.log_error("%s %s answered %d", self.command, urlsplit(self.path).path, code)
+
+    def log_error(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
+        # The stdlib quotes a malformed request line whole: a token in its query string is blanked here.
+        text = _TOKEN_IN_QUERY.sub(r"\1***", (format % args).rstrip("\n"))
+        sys.stderr.write("onward dashboard: " + text + "\n")
+
+
+def make_server(board: Dashboard, host: str, port: int) -> ThreadingHTTPServer:
+    """A server bound to ``host``:``port`` (0: any free port), not yet serving. Raises ``OSError``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    class Server(ThreadingHTTPServer):
+        address_family = family
+        daemon_threads = True  # event streams never end by themselves: they must not hold the exit
+
+    handler = type("BoundHandler", (Handler,), {"dashboard": board})
+    return Server((host, port), handler)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is a loopback one (``localhost``, 127.0.0.0/8, ``::1``).
+    Raises ``OSError`` (``socket.gaierror``) or ``UnicodeError`` for a name that does not resolve."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def _host_name(host_header: str) -> str:
+    """The name in a Host header, without its port: ``[::1]:8765`` -> ``::1``."""
+    if host_header.startswith("["):
+        return host_header[1:].partition("]")[0]
+    return host_header.rpartition(":")[0] if host_header.count(":") == 1 else host_header
+
+
+def _json_bytes(value: object) -> bytes:
+    # ASCII only: a stored text that is not valid UTF-8 (lone surrogates) still makes valid JSON.
+    return json.dumps(value, ensure_ascii=True, allow_nan=False).encode()
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")

@@ -174,3 +174,34 @@ def test_openai_agents_outside_a_task_is_the_plain_runner(stub: Stub) -> None:
     assert asyncio.run(OnwardRunner.run(make(), QUESTION)).final_output == "The product is 210."
     assert stub.count() == 8 and len(tools) == 6
     assert all(c["key"] is None for c in stub.calls())
+
+
+def test_pydantic_ai_toolsets_given_per_run_are_steps_too(tmp_path: Path) -> None:
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.models.test import TestModel
+    from pydantic_ai.toolsets import FunctionToolset
+
+    from onward.integrations.pydantic_ai import OnwardAgent
+
+    looked_up: list[str] = []
+
+    def lookup(city: str) -> str:
+        """The weather in a city."""
+        looked_up.append(city)
+        return f"sunny in {city}"
+
+    model = TestModel()  # calls every tool once, then answers with what they returned
+    agent = OnwardAgent(Agent(model))
+    first, replayed = run_twice(tmp_path, lambda: agent.run_sync("weather?",
+                                                                 toolsets=[FunctionToolset([lookup])]).output)
+    assert first == replayed and "sunny in" in first
+    assert len(looked_up) == 1  # the tool ran once: the second attempt replayed its recorded return
+    from onward.store import open_store
+
+    store = open_store(str(tmp_path / "job.db"), create=False)
+    task_id = store.task_id("t")
+    assert task_id is not None
+    names = [r.name for r in store.steps(task_id)]
+    store.close()
+    assert names == ["pydantic_ai.model.request", "pydantic_ai.tool.lookup", "pydantic_ai.model.request"]

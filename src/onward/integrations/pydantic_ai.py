@@ -120,12 +120,21 @@ class OnwardToolset(WrapperToolset[Any]):
             to_jsonable_python, lambda data: data)
 
     def visit_and_replace(self, visitor: Any) -> AbstractToolset[Any]:
-        return self  # already durable: wrapping it again would record each call twice
+        if visitor is _make_durable:
+            return self  # already durable: wrapping its leaf again would record each call twice
+        return super().visit_and_replace(visitor)
+
+
+def _make_durable(leaf: AbstractToolset[Any]) -> AbstractToolset[Any]:
+    return OnwardToolset(leaf)
 
 
 def durable_toolset(toolset: AbstractToolset[Any]) -> AbstractToolset[Any]:
-    """``toolset`` with every leaf toolset (the ones that run tools) wrapped in ``OnwardToolset``."""
-    return toolset.visit_and_replace(lambda leaf: leaf if isinstance(leaf, OnwardToolset) else OnwardToolset(leaf))
+    """``toolset`` with every leaf toolset (the ones that run tools: function tools, MCP servers, ...)
+    wrapped in ``OnwardToolset``; leaves already wrapped are kept as they are."""
+    if isinstance(toolset, OnwardToolset):
+        return toolset
+    return toolset.visit_and_replace(_make_durable)
 
 
 class OnwardAgent(WrapperAgent[Any, Any]):
@@ -150,9 +159,9 @@ class OnwardAgent(WrapperAgent[Any, Any]):
             return
         inner = infer_model(chosen)
         durable_model: Model = inner if isinstance(inner, OnwardModel) else OnwardModel(inner)
-        own = [durable_toolset(t) for t in self.wrapped.toolsets]
-        extra = [durable_toolset(t) for t in toolsets] if toolsets else None
-        # ``tools=[]``: the agent's function tools are in its toolsets, wrapped above.
-        with self.wrapped.override(model=durable_model, toolsets=own, tools=[]):
-            async with self.wrapped.iter(user_prompt, toolsets=extra, **kwargs) as run:
+        # An override's toolsets replace the agent's and the run's alike: pass both, wrapped. (``tools=[]``:
+        # the agent's function tools are in its toolsets.)
+        durable_toolsets = [durable_toolset(t) for t in (*self.wrapped.toolsets, *(toolsets or ()))]
+        with self.wrapped.override(model=durable_model, toolsets=durable_toolsets, tools=[]):
+            async with self.wrapped.iter(user_prompt, **kwargs) as run:
                 yield run

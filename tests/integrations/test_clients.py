@@ -185,6 +185,16 @@ def test_a_replayed_record_never_rebuilds_a_class_outside_the_sdk() -> None:
         ModelCodec("openai").decode({"type": "os:system", "data": {}})
     with pytest.raises(StoreError, match="outside openai"):
         ModelCodec("openai").decode({"type": "openai_evil.x:Y", "data": {}})
+    with pytest.raises(StoreError, match="does not have"):
+        ModelCodec("openai").decode({"type": "openai.types.chat:../../etc", "data": {}})
+    with pytest.raises(StoreError, match="not a model class"):
+        ModelCodec("openai").decode({"type": "openai:OpenAI", "data": {}})
+    hostile: Any
+    for hostile in ([], "<script>", {"type": "openai.types.chat:ChatCompletion"}, {"data": {}}, None):
+        with pytest.raises(StoreError, match="not in the expected form"):
+            ModelCodec("openai").decode(hostile)
+    with pytest.raises(StoreError, match="not in the expected form"):
+        ModelCodec("openai").decode_chunks({"types": ["openai.types.chat:ChatCompletionChunk"], "chunks": [[7, {}]]})
 
 
 def test_async_wrapper_outside_a_task(stub: Stub) -> None:

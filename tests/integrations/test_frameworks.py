@@ -205,3 +205,28 @@ def test_pydantic_ai_toolsets_given_per_run_are_steps_too(tmp_path: Path) -> Non
     names = [r.name for r in store.steps(task_id)]
     store.close()
     assert names == ["pydantic_ai.model.request", "pydantic_ai.tool.lookup", "pydantic_ai.model.request"]
+
+
+def test_openai_agents_streamed_run_is_refused_inside_a_task(tmp_path: Path, stub: Stub) -> None:
+    from onward import Job
+    from onward.errors import UsageError
+    from onward.integrations.openai_agents import OnwardRunner
+    from onward.log import QUIET
+
+    make = agents_agent(stub, [])
+    refused: list[str] = []
+    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
+
+    @job.task
+    def task(name: str, ctx: object) -> str:
+        try:
+            OnwardRunner.run_streamed(make(), QUESTION)
+        except UsageError as e:
+            refused.append(str(e))
+        return "done"
+
+    job.add(["t"])
+    assert job.run().exit_code == 0
+    job.close()
+    assert refused == ["OnwardRunner.run_streamed is not durable: inside a task use OnwardRunner.run"]
+    assert stub.count() == 0

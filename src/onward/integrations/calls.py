@@ -44,16 +44,25 @@ class ModelCodec:
         return {"type": f"{cls.__module__}:{cls.__qualname__}",
                 "data": obj.model_dump(mode="json", by_alias=True, exclude_unset=True)}
 
-    def decode(self, record: dict[str, Any]) -> Any:
-        return self.model_class(record["type"]).construct(**record["data"])
+    def decode(self, record: Any) -> Any:
+        try:
+            return self.model_class(record["type"]).construct(**record["data"])
+        except (KeyError, TypeError) as e:
+            raise StoreError(f"a recorded {self.package} call is not in the expected form ({e!r})") from None
 
-    def model_class(self, name: str) -> Any:
-        module, _, qualname = name.partition(":")
+    def model_class(self, name: Any) -> Any:
+        module, _, qualname = str(name).partition(":")
         if module != self.package and not module.startswith(self.package + "."):
             raise StoreError(f"a recorded {self.package} call names the class {name!r}, outside {self.package}")
-        obj: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            raise StoreError(f"a recorded {self.package} call names the class {name!r}, which this version of"
+                             f" {self.package} does not have") from None
+        if not (isinstance(obj, type) and hasattr(obj, "construct")):
+            raise StoreError(f"a recorded {self.package} call names {name!r}, not a model class")
         return obj
 
     def encode_chunks(self, chunks: list[Any]) -> dict[str, Any]:
@@ -67,9 +76,12 @@ class ModelCodec:
             out.append([types.index(record["type"]), record["data"]])
         return {"types": types, "chunks": out}
 
-    def decode_chunks(self, record: dict[str, Any]) -> list[Any]:
-        classes = [self.model_class(name) for name in record["types"]]
-        return [classes[i].construct(**data) for i, data in record["chunks"]]
+    def decode_chunks(self, record: Any) -> list[Any]:
+        try:
+            classes = [self.model_class(name) for name in record["types"]]
+            return [classes[i].construct(**data) for i, data in record["chunks"]]
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            raise StoreError(f"a recorded {self.package} stream is not in the expected form ({e!r})") from None
 
 
 def with_idempotency_key(kwargs: dict[str, Any], key: str) -> dict[str, Any]:

@@ -13,8 +13,8 @@ How: for the run, the starting agent and the agents it hands off to are cloned w
 invocations wrapped (a step named ``openai_agents.tool.NAME``, its value the tool's output as JSON) and
 their models wrapped (``OnwardModel``: a step named ``openai_agents.model``, its value the
 ``ModelResponse``); a model named by a string is wrapped through the run's model provider. The agents
-passed in are not changed. Outside a task the run is ``agents.Runner``'s own. Streamed runs
-(``run_streamed``) are not durable.
+passed in are not changed. Outside a task the run is ``agents.Runner``'s own. Streamed runs are not
+durable: ``run_streamed`` works outside a task and raises ``UsageError`` inside one.
 
 Needs ``pip install 'onward[openai-agents]'``.
 """
@@ -35,6 +35,7 @@ from agents import Agent, FunctionTool, Model, ModelProvider, ModelResponse, Mod
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
+from ..errors import UsageError
 from ..steps import active_context
 from .calls import IDEMPOTENCY_HEADER, durable_call_async
 
@@ -143,3 +144,11 @@ class OnwardRunner:
             return Runner.run_sync(starting_agent, input, run_config=run_config, **kwargs)
         return Runner.run_sync(durable_agent(starting_agent), input, run_config=durable_run_config(run_config),
                                **kwargs)
+
+    @classmethod
+    def run_streamed(cls, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
+        """``Runner.run_streamed`` outside a task. Inside a task it raises ``UsageError``: a streamed run is
+        not durable here, and silently running one would pay every call again on resume."""
+        if active_context() is not None:
+            raise UsageError("OnwardRunner.run_streamed is not durable: inside a task use OnwardRunner.run")
+        return Runner.run_streamed(starting_agent, input, **kwargs)

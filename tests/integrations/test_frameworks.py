@@ -179,6 +179,7 @@ def test_openai_agents_outside_a_task_is_the_plain_runner(stub: Stub) -> None:
 def test_pydantic_ai_toolsets_given_per_run_are_steps_too(tmp_path: Path) -> None:
     pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent
+    from pydantic_ai.messages import ToolReturn
     from pydantic_ai.models.test import TestModel
     from pydantic_ai.toolsets import FunctionToolset
 
@@ -186,16 +187,21 @@ def test_pydantic_ai_toolsets_given_per_run_are_steps_too(tmp_path: Path) -> Non
 
     looked_up: list[str] = []
 
-    def lookup(city: str) -> str:
+    def lookup(city: str) -> Any:  # a ToolReturn (not named: annotations are resolved in the module)
         """The weather in a city."""
         looked_up.append(city)
-        return f"sunny in {city}"
+        return ToolReturn(return_value=f"sunny in {city}", metadata={"source": "stub"})
 
     model = TestModel()  # calls every tool once, then answers with what they returned
     agent = OnwardAgent(Agent(model))
-    first, replayed = run_twice(tmp_path, lambda: agent.run_sync("weather?",
-                                                                 toolsets=[FunctionToolset([lookup])]).output)
-    assert first == replayed and "sunny in" in first
+    def run() -> Any:
+        result = agent.run_sync("weather?", toolsets=[FunctionToolset([lookup])])
+        returned = [p for m in result.all_messages() for p in m.parts if p.part_kind == "tool-return"]
+        return result.output, [(p.content, p.metadata) for p in returned]
+    first, replayed = run_twice(tmp_path, run)
+    assert first == replayed and "sunny in" in first[0]
+    # A ToolReturn comes back a ToolReturn: its value to the model, its metadata kept aside.
+    assert replayed[1] == [("sunny in a", {"source": "stub"})]
     assert len(looked_up) == 1  # the tool ran once: the second attempt replayed its recorded return
     from onward.store import open_store
 

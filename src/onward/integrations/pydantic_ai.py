@@ -35,7 +35,7 @@ except ImportError:
 
 from pydantic import TypeAdapter
 from pydantic_ai.agent import AbstractAgent, WrapperAgent
-from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolReturn
 from pydantic_ai.models import (
     CompletedStreamedResponse,
     Model,
@@ -53,6 +53,7 @@ from ..steps import active_context
 from .calls import IDEMPOTENCY_HEADER, durable_call_async
 
 _RESPONSE: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
+_TOOL_RETURN: TypeAdapter[ToolReturn] = TypeAdapter(ToolReturn)
 
 
 def _encode_response(response: ModelResponse) -> Any:
@@ -108,16 +109,29 @@ class OnwardModel(WrapperModel):
                                         replay_events=True)
 
 
+def _encode_tool_result(result: Any) -> Any:
+    if isinstance(result, ToolReturn):  # its parts go to different places: keep it a ToolReturn
+        return {"tool_return": _TOOL_RETURN.dump_python(result, mode="json")}
+    return {"value": to_jsonable_python(result)}
+
+
+def _decode_tool_result(data: Any) -> Any:
+    if "tool_return" in data:
+        return _TOOL_RETURN.validate_python(data["tool_return"])
+    return data["value"]
+
+
 @dataclass
 class OnwardToolset(WrapperToolset[Any]):
     """A toolset whose tool calls, inside an onward task, are durable steps named ``pydantic_ai.tool.NAME``.
-    A tool's return value is recorded as JSON (``pydantic_core.to_jsonable_python``) and handed back as
-    that JSON on the first run as on replay, which is what the model is sent either way."""
+    A tool's return value is recorded as JSON (``pydantic_core.to_jsonable_python``; a ``ToolReturn`` as
+    one) and handed back as decoded from that record on the first run as on replay: a model or dataclass a
+    tool returns comes back as its JSON, which is what the model is sent either way."""
 
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: Any) -> Any:
         return await durable_call_async(
             f"pydantic_ai.tool.{name}", lambda key: self.wrapped.call_tool(name, tool_args, ctx, tool),
-            to_jsonable_python, lambda data: data)
+            _encode_tool_result, _decode_tool_result)
 
     def visit_and_replace(self, visitor: Any) -> AbstractToolset[Any]:
         if visitor is _make_durable:

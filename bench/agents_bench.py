@@ -102,6 +102,26 @@ def durable_run(url: str, n: int, stream: bool, folder: Path) -> tuple[float, fl
     return times[0], times[1], size
 
 
+def trivial_steps(n: int, folder: Path) -> float:
+    """Seconds per trivial step (returns a constant) in the same kind of task: the commit alone."""
+    times: list[float] = []
+    job = Job(str(folder / "trivial.db"), log_level=QUIET)
+
+    @job.task
+    def agent(name: str, ctx: Any) -> str:
+        ctx.step_log.load()
+        started = time.perf_counter()
+        for _ in range(n):
+            ctx.step("noop", int)
+        times.append((time.perf_counter() - started) / n)
+        return "done"
+
+    job.add(["bench"])
+    assert job.run().exit_code == 0
+    job.close()
+    return times[0]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -109,9 +129,11 @@ def main() -> int:
     n, runs = CALLS[args.quick], RUNS[args.quick]
     base = Path(os.environ.get("ONWARD_BENCH_DIR", REPO / "bench" / "out"))
     base.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()[0]
     stub, url = start_stub()
     results: dict[bool, dict[str, list[float]]] = {s: {"plain": [], "record": [], "replay": [], "bytes": []}
                                                    for s in (False, True)}
+    trivial: list[float] = []
     try:
         for run in range(runs):
             for stream in (False, True):
@@ -123,6 +145,8 @@ def main() -> int:
                     r["record"].append(record)
                     r["replay"].append(replay)
                     r["bytes"].append(size)
+                    if not stream:
+                        trivial.append(trivial_steps(n, folder))
                 finally:
                     shutil.rmtree(folder, ignore_errors=True)
                 log(f"run {run + 1}/{runs} stream={stream}: plain {r['plain'][-1] * 1e6:.0f} µs, "
@@ -137,7 +161,10 @@ def main() -> int:
     out: list[str] = ["## Durable model clients (issue 11)", "",
                       f"Command: `python bench/agents_bench.py{' --quick' if args.quick else ''}`. One process, "
                       "OpenAI SDK against `examples/stub_server.py` on 127.0.0.1 (answers at once); "
-                      f"{n} calls per run, median over {runs} runs, the kinds interleaved.", "",
+                      f"{n} calls per run, median over {runs} runs, the kinds interleaved. Load average "
+                      f"(1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on "
+                      f"{os.cpu_count()} CPUs: a commit's hand-offs between threads cost more on a busy "
+                      "machine.", "",
                       "| call | plain SDK µs/call | durable, recording µs/call | overhead µs/call | "
                       "durable, replay µs/call | recorded bytes/call |", "|---|---|---|---|---|---|"]
     for stream, label in ((False, "`chat.completions.create`"), (True, "`chat.completions.create(stream=True)`")):
@@ -147,7 +174,9 @@ def main() -> int:
                    f"{statistics.median(r['bytes']):,.0f} |")
     out += ["", "Overhead = recording minus plain, run by run: the step's JSON encoding, its record and the "
             "group commit (an fsync) before the call returns; a real model call takes 0.3-30 s. Replay makes no "
-            "request: the response is rebuilt from its record with the SDK's own classes."]
+            "request: the response is rebuilt from its record with the SDK's own classes. For scale, a trivial "
+            f"step (`ctx.step(\"noop\", int)`) in the same kind of task took {us(trivial)} µs (median): most of "
+            "the overhead is that commit."]
     print("\n".join(out))
     return 0
 

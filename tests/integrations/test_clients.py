@@ -6,6 +6,7 @@ task; everything but the model calls passed through."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,15 +123,19 @@ def test_streams_are_recorded_chunk_by_chunk_and_replayed(tmp_path: Path, stub: 
     assert live == [True, True, True, False, False, False]  # the second attempt's streams were replays
 
 
-def test_async_stream_replays(tmp_path: Path, stub: Stub) -> None:
+def test_async_streams_replay(tmp_path: Path, stub: Stub) -> None:
     client = durable_openai.durable(openai.AsyncOpenAI(base_url=stub.base_url, api_key="stub"))
+    claude = durable_anthropic.durable(anthropic.AsyncAnthropic(base_url=stub.url, api_key="stub"))
 
-    async def stream() -> list[Any]:
+    async def streams() -> list[list[Any]]:
         s = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "7"}], stream=True)
-        return [chunk async for chunk in s]
+        chat = [chunk async for chunk in s]
+        async with await claude.messages.create(model="m", max_tokens=9, messages=ASK, stream=True) as events:
+            return [chat, [event async for event in events]]
 
-    first, replayed = run_twice(tmp_path, stream, is_async=True)
-    assert stub.count() == 1 and replayed == first and len(replayed) == 6
+    first, replayed = run_twice(tmp_path, streams, is_async=True)
+    assert stub.count() == 2 and replayed == first and [len(s) for s in replayed] == [6, 6]
+    assert replayed[1][2].delta.partial_json == '{"expression": "6 * 7"}'
 
 
 def test_an_abandoned_stream_records_nothing_and_runs_again(tmp_path: Path, stub: Stub) -> None:
@@ -204,3 +209,36 @@ def test_async_wrapper_outside_a_task(stub: Stub) -> None:
         return await client.chat.completions.create(model="m", messages=ASK)
     assert type(asyncio.run(call())) is openai.types.chat.ChatCompletion
     assert stub.count() == 1
+
+
+def test_concurrent_tasks_sharing_a_client_each_record_their_own_calls(tmp_path: Path, stub: Stub) -> None:
+    client = durable_openai.durable(openai.AsyncOpenAI(base_url=stub.base_url, api_key="stub"))
+    answers: dict[str, list[str]] = {}
+    job = Job(str(tmp_path / "job.db"), concurrency=3, retry_delay=0, max_attempts=2, log_level=QUIET)
+
+    @job.task
+    async def task(name: str, ctx: object) -> str:
+        messages: list[Any] = [{"role": "user", "content": name}]
+        for _ in range(3):
+            reply = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+            call = reply.choices[0].message.tool_calls
+            result = "done"
+            if call:
+                a, b = json.loads(call[0].function.arguments)["expression"].split("*")
+                result = str(int(a) * int(b))
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call[0].id if call else "x", "content": result}]
+        answers.setdefault(name, []).append(messages[-1]["content"])
+        if len(answers[name]) == 1:
+            raise RuntimeError("fail the first attempt, after its steps")
+        return messages[-1]["content"]
+
+    names = ["Multiply 2 3 4 5", "Multiply 3 5 7 9", "Multiply 5 7 11 13"]
+    job.add(names)
+    assert job.run().exit_code == 0
+    job.close()
+    assert answers == {"Multiply 2 3 4 5": ["120", "120"], "Multiply 3 5 7 9": ["945", "945"],
+                       "Multiply 5 7 11 13": ["5005", "5005"]}
+    keys = [c["key"] for c in stub.calls()]
+    assert len(keys) == 9 == len(set(keys))  # three calls a task, each its own key, none replayed by a call
+    assert set(keys) == {idempotency_key(n, "openai.chat.completions.create", i) for n in names for i in (1, 2, 3)}

@@ -236,3 +236,28 @@ def test_openai_agents_streamed_run_is_refused_inside_a_task(tmp_path: Path, stu
     job.close()
     assert refused == ["OnwardRunner.run_streamed is not durable: inside a task use OnwardRunner.run"]
     assert stub.count() == 0
+
+
+def test_pydantic_ai_a_model_override_around_the_run_is_kept(tmp_path: Path) -> None:
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart
+    from pydantic_ai.models.function import FunctionModel
+    from pydantic_ai.models.test import TestModel
+
+    from onward.integrations.pydantic_ai import OnwardAgent
+
+    calls: list[int] = []
+
+    def respond(messages: list[Any], info: Any) -> ModelResponse:
+        calls.append(1)
+        return ModelResponse(parts=[TextPart("from the overriding model")])
+
+    agent = OnwardAgent(Agent(TestModel(custom_output_text="from the agent's own model")))
+
+    def run() -> str:
+        with agent.override(model=FunctionModel(respond)):  # what a test of the agent would do
+            return agent.run_sync(QUESTION).output
+    first, replayed = run_twice(tmp_path, run)
+    assert first == replayed == "from the overriding model"
+    assert calls == [1]  # asked once: the second attempt replayed it

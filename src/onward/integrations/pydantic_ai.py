@@ -151,6 +151,15 @@ def durable_toolset(toolset: AbstractToolset[Any]) -> AbstractToolset[Any]:
     return toolset.visit_and_replace(_make_durable)
 
 
+def _overridden_model(agent: AbstractAgent[Any, Any]) -> Any:
+    """The model set by an ``agent.override(model=...)`` around this run (tests do that), if any: the
+    override onward sets for the run would otherwise hide it. (Read from the Agent's own context variable;
+    None when the agent has none.)"""
+    var = getattr(agent, "_override_model", None)
+    option = var.get() if var is not None else None
+    return getattr(option, "value", None)
+
+
 class OnwardAgent(WrapperAgent[Any, Any]):
     """``agent`` whose model requests and tool calls are durable steps inside an onward task; ``run``,
     ``run_sync``, ``run_stream`` and ``iter`` work as the agent's own (they all run through ``iter``)."""
@@ -165,7 +174,9 @@ class OnwardAgent(WrapperAgent[Any, Any]):
             async with self.wrapped.iter(user_prompt, model=model, toolsets=toolsets, **kwargs) as run:
                 yield run
             return
-        chosen = model if model is not None else self.wrapped.model
+        chosen = model if model is not None else _overridden_model(self.wrapped)
+        if chosen is None:
+            chosen = self.wrapped.model
         if chosen is None:
             # Let the agent raise its own error for a run without a model.
             async with self.wrapped.iter(user_prompt, toolsets=toolsets, **kwargs) as run:

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
+from examples.stub_server import read_calls  # the stub's own reader of its log
+
 ROOT = Path(__file__).resolve().parents[2]
 STUB = ROOT / "examples" / "stub_server.py"
 EXAMPLES = ROOT / "examples" / "agents"
-
-sys.path.insert(0, str(ROOT / "examples"))
-from stub_server import read_calls  # noqa: E402 - the stub's own reader of its log
 
 
 class Stub:

@@ -175,8 +175,8 @@ def main() -> int:
     out += ["", "Overhead = recording minus plain, run by run: the step's JSON encoding, its record and the "
             "group commit (an fsync) before the call returns; a real model call takes 0.3-30 s. Replay makes no "
             "request: the response is rebuilt from its record with the SDK's own classes. For scale, a trivial "
-            f"step (`ctx.step(\"noop\", int)`) in the same kind of task took {us(trivial)} µs (median): most of "
-            "the overhead is that commit."]
+            f"step (`ctx.step(\"noop\", int)`) in the same kind of task took {us(trivial)} µs (median): the "
+            "commit's own share; the figures move by milliseconds from run to run on a loaded machine."]
     print("\n".join(out))
     return 0
 

@@ -1,0 +1,154 @@
+"""The OpenAI Agents SDK made durable: ``OnwardRunner.run(agent, input)`` (and ``run_sync``) is
+``agents.Runner``'s, except that inside an onward task every model call (``Model.get_response``) and every
+function-tool call is a durable step: recorded when it returns, replayed on resume, never paid for twice.
+
+    from agents import Agent
+    from onward.integrations.openai_agents import OnwardRunner
+
+    @job.task
+    def triage(task, ctx):
+        return OnwardRunner.run_sync(agent, task).final_output
+
+How: for the run, the starting agent and the agents it hands off to are cloned with their function tools'
+invocations wrapped (a step named ``openai_agents.tool.NAME``, its value the tool's output as JSON) and
+their models wrapped (``OnwardModel``: a step named ``openai_agents.model``, its value the
+``ModelResponse``); a model named by a string is wrapped through the run's model provider. The agents
+passed in are not changed. Outside a task the run is ``agents.Runner``'s own. Streamed runs are not
+durable: ``run_streamed`` works outside a task and raises ``UsageError`` inside one.
+
+Needs ``pip install 'onward[openai-agents]'``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+try:
+    import agents  # noqa: F401 - fail here, with the extra to install, rather than at the first run
+except ImportError:
+    raise ImportError("onward.integrations.openai_agents needs openai-agents: pip install 'onward[openai-agents]'") from None
+
+from agents import Agent, FunctionTool, Model, ModelProvider, ModelResponse, ModelSettings, RunConfig, Runner
+from pydantic import TypeAdapter
+from pydantic_core import to_jsonable_python
+
+from ..errors import UsageError
+from ..steps import active_context
+from .calls import IDEMPOTENCY_HEADER, durable_call_async
+
+_RESPONSE: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
+
+
+def _encode_response(response: ModelResponse) -> Any:
+    return _RESPONSE.dump_python(response, mode="json")
+
+
+def _decode_response(data: Any) -> ModelResponse:
+    return _RESPONSE.validate_python(data)
+
+
+class OnwardModel(Model):
+    """A model whose ``get_response`` calls, inside an onward task, are durable steps."""
+
+    def __init__(self, wrapped: Model) -> None:
+        self.wrapped = wrapped
+
+    async def get_response(self, system_instructions: Any, input: Any, model_settings: ModelSettings, *args: Any,
+                           **kwargs: Any) -> ModelResponse:
+        def call(key: str | None) -> Any:
+            if key is not None:  # the step's key as a header, for a server that deduplicates
+                headers = {IDEMPOTENCY_HEADER: key, **(model_settings.extra_headers or {})}
+                settings = dataclasses.replace(model_settings, extra_headers=headers)
+            else:
+                settings = model_settings
+            return self.wrapped.get_response(system_instructions, input, settings, *args, **kwargs)
+        return await durable_call_async("openai_agents.model", call, _encode_response, _decode_response)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        return self.wrapped.stream_response(*args, **kwargs)
+
+    async def close(self) -> None:
+        await self.wrapped.close()
+
+
+class OnwardModelProvider(ModelProvider):
+    """The run's model provider, its models wrapped in ``OnwardModel``."""
+
+    def __init__(self, wrapped: ModelProvider) -> None:
+        self.wrapped = wrapped
+
+    def get_model(self, model_name: str | None) -> Model:
+        return OnwardModel(self.wrapped.get_model(model_name))
+
+    async def aclose(self) -> None:
+        close = getattr(self.wrapped, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def durable_tool(tool: Any) -> Any:
+    """A copy of ``tool`` whose invocations are steps (function tools only; others are kept as they are)."""
+    if not isinstance(tool, FunctionTool):
+        return tool
+    invoke = tool.on_invoke_tool
+    name = f"openai_agents.tool.{tool.name}"
+
+    async def durable_invoke(ctx: Any, arguments: str) -> Any:
+        return await durable_call_async(name, lambda key: invoke(ctx, arguments), to_jsonable_python,
+                                        lambda data: data)
+
+    durable = copy.copy(tool)
+    durable.on_invoke_tool = durable_invoke
+    return durable
+
+
+def durable_agent(agent: Agent[Any], memo: dict[int, Agent[Any]] | None = None) -> Agent[Any]:
+    """A clone of ``agent`` (and of the agents it hands off to) with durable tools and model."""
+    memo = {} if memo is None else memo
+    if id(agent) in memo:
+        return memo[id(agent)]
+    clone = agent.clone()
+    memo[id(agent)] = clone  # before the handoffs: agents may hand off to each other
+    clone.tools = [durable_tool(t) for t in agent.tools]
+    if isinstance(agent.model, Model) and not isinstance(agent.model, OnwardModel):
+        clone.model = OnwardModel(agent.model)
+    clone.handoffs = [durable_agent(h, memo) if isinstance(h, Agent) else h for h in agent.handoffs]
+    return clone
+
+
+def durable_run_config(config: RunConfig | None) -> RunConfig:
+    config = config if config is not None else RunConfig()
+    if isinstance(config.model, Model):
+        return dataclasses.replace(config, model=OnwardModel(config.model))
+    return dataclasses.replace(config, model_provider=OnwardModelProvider(config.model_provider))
+
+
+class OnwardRunner:
+    """``agents.Runner`` whose model and function-tool calls are durable steps inside an onward task."""
+
+    @classmethod
+    async def run(cls, starting_agent: Agent[Any], input: Any, *, run_config: RunConfig | None = None,
+                  **kwargs: Any) -> Any:
+        if active_context() is None:
+            return await Runner.run(starting_agent, input, run_config=run_config, **kwargs)
+        return await Runner.run(durable_agent(starting_agent), input, run_config=durable_run_config(run_config),
+                                **kwargs)
+
+    @classmethod
+    def run_sync(cls, starting_agent: Agent[Any], input: Any, *, run_config: RunConfig | None = None,
+                 **kwargs: Any) -> Any:
+        if active_context() is None:
+            return Runner.run_sync(starting_agent, input, run_config=run_config, **kwargs)
+        return Runner.run_sync(durable_agent(starting_agent), input, run_config=durable_run_config(run_config),
+                               **kwargs)
+
+    @classmethod
+    def run_streamed(cls, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
+        """``Runner.run_streamed`` outside a task. Inside a task it raises ``UsageError``: a streamed run is
+        not durable here, and silently running one would pay every call again on resume."""
+        if active_context() is not None:
+            raise UsageError("OnwardRunner.run_streamed is not durable: inside a task use OnwardRunner.run")
+        return Runner.run_streamed(starting_agent, input, **kwargs)

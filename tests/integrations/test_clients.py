@@ -1,0 +1,244 @@
+"""The durable OpenAI and Anthropic clients against the stub, in a real job on a SQLite file: each model
+call a step whose replay returns the SDK's own objects, equal to the first run's, without a call; streams
+recorded chunk by chunk and replayed; an abandoned stream recorded as nothing; the plain client outside a
+task; everything but the model calls passed through."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onward import Job
+from onward.log import QUIET
+from onward.steps import idempotency_key
+from tests.integrations.conftest import Stub
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+from onward.integrations import anthropic as durable_anthropic  # noqa: E402
+from onward.integrations import openai as durable_openai  # noqa: E402
+
+ASK = [{"role": "user", "content": "Multiply 6 7"}]
+TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+
+
+def run_twice(tmp_path: Path, body: Callable[[], Any], is_async: bool = False) -> list[Any]:
+    """Run ``body`` as a task that fails its first attempt after the calls: the second attempt replays them.
+    Returns what each attempt's body returned."""
+    seen: list[Any] = []
+    job = Job(str(tmp_path / "job.db"), retry_delay=0, max_attempts=2, log_level=QUIET)
+
+    def once_more() -> str:
+        if len(seen) == 1:
+            raise RuntimeError("fail the first attempt, after its steps")
+        return "done"
+
+    async def async_task(name: str, ctx: object) -> str:
+        seen.append(await body())
+        return once_more()
+
+    def sync_task(name: str, ctx: object) -> str:
+        seen.append(body())
+        return once_more()
+
+    job.task(async_task if is_async else sync_task)
+    job.add(["t"])
+    assert job.run().exit_code == 0
+    job.close()
+    assert len(seen) == 2
+    return seen
+
+
+def test_openai_calls_replay_as_the_sdks_objects_without_a_call(tmp_path: Path, stub: Stub) -> None:
+    client = durable_openai.durable(openai.OpenAI(base_url=stub.base_url, api_key="stub"))
+
+    def calls() -> list[Any]:
+        return [client.chat.completions.create(model="m", messages=ASK, tools=TOOLS),
+                client.chat.completions.create(model="m", messages=ASK),
+                client.responses.create(model="m", input="Multiply 6 7"),
+                client.embeddings.create(model="m", input=["one", "two"])]
+
+    first, replayed = run_twice(tmp_path, calls)
+    assert stub.count() == 4  # the second attempt made no call
+    assert [type(r) for r in replayed] == [openai.types.chat.ChatCompletion, openai.types.chat.ChatCompletion,
+                                           openai.types.responses.Response,
+                                           openai.types.CreateEmbeddingResponse]
+    assert replayed == first  # field by field
+    assert replayed[0].choices[0].message.tool_calls[0].function.name == "calculator"
+    assert replayed[3].data[1].embedding == first[3].data[1].embedding and len(replayed[3].data[1].embedding) == 8
+    names = ["openai.chat.completions.create"] * 2 + ["openai.responses.create", "openai.embeddings.create"]
+    assert [c["key"] for c in stub.calls()] == [idempotency_key("t", n, i + 1) for i, n in enumerate(names)]
+
+
+def test_async_openai_and_anthropic_replay(tmp_path: Path, stub: Stub) -> None:
+    client = durable_openai.durable(openai.AsyncOpenAI(base_url=stub.base_url, api_key="stub"))
+    claude = durable_anthropic.durable(anthropic.AsyncAnthropic(base_url=stub.url, api_key="stub"))
+
+    async def calls() -> list[Any]:
+        return [await client.chat.completions.create(model="m", messages=ASK),
+                await claude.messages.create(model="m", max_tokens=9, messages=ASK)]
+
+    first, replayed = run_twice(tmp_path, calls, is_async=True)
+    assert stub.count() == 2
+    assert type(replayed[1]) is anthropic.types.Message and replayed == first
+    assert replayed[1].content[0].input == {"expression": "6 * 7"}
+
+
+def test_streams_are_recorded_chunk_by_chunk_and_replayed(tmp_path: Path, stub: Stub) -> None:
+    client = durable_openai.durable(openai.OpenAI(base_url=stub.base_url, api_key="stub"))
+    claude = durable_anthropic.durable(anthropic.Anthropic(base_url=stub.url, api_key="stub"))
+    live: list[bool] = []
+
+    def streams() -> list[list[Any]]:
+        out = []
+        for open_stream in (
+                lambda: client.chat.completions.create(model="m", messages=[{"role": "user", "content": "7"}],
+                                                       stream=True),
+                lambda: client.responses.create(model="m", input="7", stream=True),
+                lambda: claude.messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": "7"}],
+                                               stream=True)):
+            calls_before = stub.count()
+            stream = open_stream()
+            chunks = []
+            with stream:
+                for chunk in stream:
+                    chunks.append(chunk)
+            # A live stream is the SDK's (its HTTP response passes through) and cost one call.
+            live.append(hasattr(stream, "response") and stub.count() == calls_before + 1)
+            out.append(chunks)
+        return out
+
+    first, replayed = run_twice(tmp_path, streams)
+    assert stub.count() == 3 and [c["stream"] for c in stub.calls()] == [True] * 3
+    assert replayed == first
+    assert [len(s) for s in replayed] == [6, 8, 9]  # every chunk yielded again
+    assert type(replayed[0][1]) is openai.types.chat.ChatCompletionChunk
+    assert "".join(c.choices[0].delta.content or "" for c in replayed[0]) == "The product is 7."
+    assert type(replayed[2][0]).__name__ == "RawMessageStartEvent"
+    assert live == [True, True, True, False, False, False]  # the second attempt's streams were replays
+
+
+def test_async_streams_replay(tmp_path: Path, stub: Stub) -> None:
+    client = durable_openai.durable(openai.AsyncOpenAI(base_url=stub.base_url, api_key="stub"))
+    claude = durable_anthropic.durable(anthropic.AsyncAnthropic(base_url=stub.url, api_key="stub"))
+
+    async def streams() -> list[list[Any]]:
+        s = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "7"}], stream=True)
+        chat = [chunk async for chunk in s]
+        async with await claude.messages.create(model="m", max_tokens=9, messages=ASK, stream=True) as events:
+            return [chat, [event async for event in events]]
+
+    first, replayed = run_twice(tmp_path, streams, is_async=True)
+    assert stub.count() == 2 and replayed == first and [len(s) for s in replayed] == [6, 6]
+    assert replayed[1][2].delta.partial_json == '{"expression": "6 * 7"}'
+
+
+def test_an_abandoned_stream_records_nothing_and_runs_again(tmp_path: Path, stub: Stub) -> None:
+    client = durable_openai.durable(openai.OpenAI(base_url=stub.base_url, api_key="stub"))
+
+    def leave_early() -> Any:
+        with client.chat.completions.create(model="m", messages=[{"role": "user", "content": "7"}],
+                                            stream=True) as s:
+            first = next(iter(s))
+        return first
+
+    first, again = run_twice(tmp_path, leave_early)
+    assert stub.count() == 2  # nothing was recorded, so the second attempt asked again
+    assert again == first
+    job = Job(str(tmp_path / "job.db"), log_level=QUIET)
+    task_id = job.store.task_id("t")
+    assert task_id is not None and job.store.steps(task_id) == []
+    job.close()
+
+
+def test_outside_a_task_it_is_the_plain_client(stub: Stub) -> None:
+    plain = openai.OpenAI(base_url=stub.base_url, api_key="stub")
+    client = durable_openai.durable(plain)
+    one = client.chat.completions.create(model="m", messages=ASK)
+    two = client.chat.completions.create(model="m", messages=ASK)
+    assert one == two and type(one) is openai.types.chat.ChatCompletion
+    chunks = list(client.chat.completions.create(model="m", messages=ASK, stream=True))
+    assert len(chunks) == 3
+    claude = durable_anthropic.durable(anthropic.Anthropic(base_url=stub.url, api_key="stub"))
+    claude.messages.create(model="m", max_tokens=9, messages=ASK)
+    calls = stub.calls()
+    assert len(calls) == 4 and all(c["key"] is None for c in calls)  # every call made, no step key sent
+    # Everything but the model calls is the SDK's own object.
+    assert client.models is plain.models
+    assert client.chat.completions.with_raw_response is not None
+    assert client.with_options(timeout=5).chat.completions.create(model="m", messages=ASK) == one
+    assert client.api_key == "stub"
+
+
+def test_the_header_a_caller_set_is_kept(tmp_path: Path, stub: Stub) -> None:
+    client = durable_openai.durable(openai.OpenAI(base_url=stub.base_url, api_key="stub"))
+    run_twice(tmp_path, lambda: client.chat.completions.create(model="m", messages=ASK,
+                                                               extra_headers={"idempotency-key": "mine"}))
+    assert [c["key"] for c in stub.calls()] == ["mine"]
+
+
+def test_a_replayed_record_never_rebuilds_a_class_outside_the_sdk() -> None:
+    from onward.errors import StoreError
+    from onward.integrations.calls import ModelCodec
+
+    with pytest.raises(StoreError, match="outside openai"):
+        ModelCodec("openai").decode({"type": "os:system", "data": {}})
+    with pytest.raises(StoreError, match="outside openai"):
+        ModelCodec("openai").decode({"type": "openai_evil.x:Y", "data": {}})
+    with pytest.raises(StoreError, match="does not have"):
+        ModelCodec("openai").decode({"type": "openai.types.chat:../../etc", "data": {}})
+    with pytest.raises(StoreError, match="not a model class"):
+        ModelCodec("openai").decode({"type": "openai:OpenAI", "data": {}})
+    hostile: Any
+    for hostile in ([], "<script>", {"type": "openai.types.chat:ChatCompletion"}, {"data": {}}, None):
+        with pytest.raises(StoreError, match="not in the expected form"):
+            ModelCodec("openai").decode(hostile)
+    with pytest.raises(StoreError, match="not in the expected form"):
+        ModelCodec("openai").decode_chunks({"types": ["openai.types.chat:ChatCompletionChunk"], "chunks": [[7, {}]]})
+
+
+def test_async_wrapper_outside_a_task(stub: Stub) -> None:
+    client = durable_openai.durable(openai.AsyncOpenAI(base_url=stub.base_url, api_key="stub"))
+
+    async def call() -> Any:
+        return await client.chat.completions.create(model="m", messages=ASK)
+    assert type(asyncio.run(call())) is openai.types.chat.ChatCompletion
+    assert stub.count() == 1
+
+
+def test_concurrent_tasks_sharing_a_client_each_record_their_own_calls(tmp_path: Path, stub: Stub) -> None:
+    client = durable_openai.durable(openai.AsyncOpenAI(base_url=stub.base_url, api_key="stub"))
+    answers: dict[str, list[str]] = {}
+    job = Job(str(tmp_path / "job.db"), concurrency=3, retry_delay=0, max_attempts=2, log_level=QUIET)
+
+    @job.task
+    async def task(name: str, ctx: object) -> str:
+        messages: list[Any] = [{"role": "user", "content": name}]
+        for _ in range(3):
+            reply = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+            call = reply.choices[0].message.tool_calls
+            result = "done"
+            if call:
+                a, b = json.loads(call[0].function.arguments)["expression"].split("*")
+                result = str(int(a) * int(b))
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": call[0].id if call else "x", "content": result}]
+        answers.setdefault(name, []).append(messages[-1]["content"])
+        if len(answers[name]) == 1:
+            raise RuntimeError("fail the first attempt, after its steps")
+        return messages[-1]["content"]
+
+    names = ["Multiply 2 3 4 5", "Multiply 3 5 7 9", "Multiply 5 7 11 13"]
+    job.add(names)
+    assert job.run().exit_code == 0
+    job.close()
+    assert answers == {"Multiply 2 3 4 5": ["120", "120"], "Multiply 3 5 7 9": ["945", "945"],
+                       "Multiply 5 7 11 13": ["5005", "5005"]}
+    keys = [c["key"] for c in stub.calls()]
+    assert len(keys) == 9 == len(set(keys))  # three calls a task, each its own key, none replayed by a call
+    assert set(keys) == {idempotency_key(n, "openai.chat.completions.create", i) for n in names for i in (1, 2, 3)}

@@ -30,8 +30,11 @@ def _one_line_exit_2(done: subprocess.CompletedProcess[bytes]) -> str:
 
 def test_a_damaged_schema_is_reported_in_one_line_not_the_schema_sql_over_many(tmp_path: Path) -> None:
     db = _store_with_tasks(tmp_path)
+    c = sqlite3.connect(db)
+    (schema,) = c.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'tasks'").fetchone()
+    c.close()
     data = bytearray(db.read_bytes())
-    at = data.index(b"CREATE TABLE tasks")
+    at = data.index(schema.encode())
     data[at + 20: at + 24] = b"(((("  # the tasks table's SQL no longer parses
     db.write_bytes(bytes(data))
     line = _one_line_exit_2(run_onward("status", "--db", str(db)))

@@ -88,6 +88,9 @@ class Runner:
         self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
         self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
         self._store_backoff = 0.0
+        # The store's counts as of the last heartbeat, with this worker's tally (done, failed) at that
+        # moment: what a progress bar reads on its own timer (onward.progress), costing no query of its own.
+        self.counts_seen: tuple[dict[str, int], int, int] = ({}, 0, 0)
 
     # --- called from other threads -------------------------------------------------------------------
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
@@ -444,6 +447,7 @@ class Runner:
         self._notify_status(counts)
 
     def _notify_status(self, counts: dict[str, int]) -> None:
+        self.counts_seen = (counts, self.summary.done, self.summary.failed)
         self.notifier.status(f"{counts.get(DONE, 0)}/{sum(counts.values())} done, {counts.get(RUNNING, 0)} running,"
                              f" {counts.get(FAILED, 0)} failed")
 

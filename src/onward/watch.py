@@ -142,11 +142,14 @@ def _running(tasks: list[dict[str, Any]], width: int) -> list[RenderableType]:
 
     if not tasks:
         return [Text("no task running", style="dim")]
-    lines: list[RenderableType] = [Text(f"running ({len(tasks)})", style="bold")]
     # Fixed columns: attempt, age, heartbeat age; the task text and its note share the rest, each cut in
     # the middle so that texts differing only at their end (URLs, paths) stay apart.
     fixed = "  {:>3} {:>7} {:>6}  "
     room = width - len(fixed.format("", "", "")) - 2
+    title = Text(f"running ({len(tasks)})".ljust(room + 2), style="bold")
+    title.append(fixed.format("try", "age", "beat") + "note / step", style="dim")
+    title.truncate(width)
+    lines: list[RenderableType] = [title]
     for t in tasks[:MAX_RUNNING_SHOWN]:
         note = t.get("note") or _step_words(t.get("steps")) or ""
         note = printable(note)
@@ -154,7 +157,7 @@ def _running(tasks: list[dict[str, Any]], width: int) -> list[RenderableType]:
         note_room = min(len(note), room // 3)
         name_room = room - note_room
         age = "-" if t.get("age") is None else duration(t["age"])
-        beat = "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']:.0f}s"
+        beat = "-" if t["heartbeat_age"] is None else f"{int(t['heartbeat_age'])}s"
         row = Text("  ")
         row.append(cut_middle(name, name_room).ljust(name_room), style="bold red" if t.get("stale") else "")
         row.append(fixed.format(f"#{t['attempt']}", age, beat))

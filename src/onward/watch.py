@@ -154,16 +154,16 @@ def _running(tasks: list[dict[str, Any]], width: int) -> list[RenderableType]:
         note = t.get("note") or _step_words(t.get("steps")) or ""
         note = printable(note)
         name = printable(t["task"])
+        mark = " stale" if t.get("stale") else ""
         note_room = min(len(note), room // 3)
-        name_room = room - note_room
+        name_room = room - note_room - len(mark)
         age = "-" if t.get("age") is None else duration(t["age"])
         beat = "-" if t["heartbeat_age"] is None else f"{int(t['heartbeat_age'])}s"
         row = Text("  ")
         row.append(cut_middle(name, name_room).ljust(name_room), style="bold red" if t.get("stale") else "")
         row.append(fixed.format(f"#{t['attempt']}", age, beat))
         row.append(cut_middle(note, note_room), style="dim")
-        if t.get("stale"):
-            row.append(" stale", style="bold red")
+        row.append(mark, style="bold red")
         row.truncate(width)
         lines.append(row)
     if len(tasks) > MAX_RUNNING_SHOWN:

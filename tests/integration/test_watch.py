@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import onward_argv, run_onward, wait_for
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -184,3 +186,50 @@ def test_run_draws_a_progress_bar_under_its_log_lines_on_a_terminal_only(tmp_pat
                        check=True)
     written = log_file.read_text()
     assert 'done task="v1"' in written and not BAR.search(written) and "\x1b" not in written
+
+
+def test_the_view_of_a_real_job_fits_80_columns_and_makes_the_readme_screenshot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's screenshot is this view of a real job (set ONWARD_SCREENSHOTS=1 to write it again)."""
+    from rich.console import Console
+
+    from onward.status import status_dict
+    from onward.store import open_store
+    from onward.watch import render_view
+
+    monkeypatch.chdir(tmp_path)
+    db = "crawl/onward.db"
+    pages = [f"https://archive.example.org/collections/2026/newspapers/issue-{i:04d}/page-{p}.html"
+             for i in range(1, 21) for p in (1, 2)]
+    assert run_onward("add", "--db", db, *pages, cwd=tmp_path).returncode == 0
+    gate = tmp_path / "gate"
+    # Issue 7's pages fail for good; the last three pages in the queue hang until the gate.
+    script = (f'case "$0" in *issue-0007*) echo "HTTP 503 from archive.example.org" >&2; exit 1;; esac; '
+              f'case "$0" in *issue-0019/page-2*|*issue-0020*) while [ ! -e {gate} ]; do sleep 0.05; done;; esac')
+    worker = subprocess.Popen(
+        onward_argv("run", "--db", db, "--concurrency", "3", "--max-attempts", "1",
+                    "--", "sh", "-c", script, "{task}"),
+        env=os.environ, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        store = open_store(db, create=False)
+        try:
+            def settled() -> dict[str, object] | None:
+                r = status_dict(store)
+                return r if r["running"] == 3 and r["failed"] == 2 and r["done"] == 35 else None
+            report = wait_for(settled, 60, "35 done, 2 failed and 3 hanging")
+        finally:
+            store.close()
+        assert isinstance(report, dict)
+        console = Console(width=80, record=True, force_terminal=True, color_system="truecolor")
+        console.print(render_view(report, 80))
+        text = console.export_text(clear=False)
+        assert all(len(line) <= 80 for line in text.splitlines()), text
+        assert "37/40 92.5%" in text and "running (3)" in text and "HTTP 503" in text, text
+        assert f"pid {worker.pid} " in text and "workers (1)" in text, text
+        if os.environ.get("ONWARD_SCREENSHOTS") == "1":
+            svg = Path(__file__).resolve().parents[2] / "docs" / "status-watch.svg"
+            svg.parent.mkdir(exist_ok=True)
+            console.save_svg(str(svg), title="onward status --watch")
+    finally:
+        gate.touch()
+        worker.wait(60)

@@ -27,6 +27,7 @@ BACKENDS = ["sqlite", "postgres"]
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("ONWARD_DB", None)
+    os.environ.pop("ONWARD_JOB", None)
     os.environ.pop("ONWARD_KEEP_AWAKE", None)
     os.environ.pop("NOTIFY_SOCKET", None)
 

@@ -11,7 +11,7 @@ from .errors import StoreError
 from .log import iso_time, one_line, printable
 from .proc import owner_alive
 from .progress import duration
-from .store.base import DONE, FAILED, PENDING, RUNNING, Event, Store, TaskRow, WorkerRow
+from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, Event, Store, TaskRow, WorkerRow
 
 # A worker on another host cannot be checked by its pid: one whose heartbeat is older than this (twelve
 # default heartbeats) is taken for gone when judging whether anyone is working, so that a machine that died
@@ -23,7 +23,7 @@ def status_dict(store: Store) -> dict[str, Any]:
     """The status as plain data; ``onward status --json`` prints exactly this."""
     stats = store.stats()
     now = store.now()
-    counts = {state: stats.counts.get(state, 0) for state in (PENDING, RUNNING, DONE, FAILED)}
+    counts = {state: stats.counts.get(state, 0) for state in (PENDING, RUNNING, DONE, FAILED, CANCELLED)}
     rate = stats.done_last_minute / stats.rate_window
     left = counts[PENDING] + counts[RUNNING]
     workers = []
@@ -38,6 +38,8 @@ def status_dict(store: Store) -> dict[str, Any]:
         })
     return {
         "store": store.url,
+        "job": store.job,
+        "paused": stats.paused,
         "total": stats.total,
         **counts,
         "workers": workers,
@@ -111,11 +113,15 @@ def render_status(report: dict[str, Any]) -> None:
         # A pipe or a file gets whole lines, however long (a terminal gets them fitted to its width).
         console = Console(highlight=False, soft_wrap=True, width=1 << 20)
     total = report["total"] or 1
-    done, failed = report[DONE], report[FAILED]
-    console.print(Text.assemble(("onward", "bold"), " ", shown(report["store"])))
+    done, failed, cancelled = report[DONE], report[FAILED], report[CANCELLED]
+    job = [] if report["job"] == "default" else ["  job ", shown(report["job"])]
+    paused = [("  paused: claiming nothing new (onward resume)", "bold yellow")] if report["paused"] else []
+    console.print(Text.assemble(("onward", "bold"), " ", shown(report["store"]), *job, *paused))
     console.print(
         f"  total {report['total']}   pending {report[PENDING]}   running {report[RUNNING]}   "
-        f"[green]done {done}[/green]   [red]failed {failed}[/red]   ({100 * (done + failed) / total:.1f}% finished)"
+        f"[green]done {done}[/green]   [red]failed {failed}[/red]"
+        + (f"   cancelled {cancelled}" if cancelled else "")
+        + f"   ({100 * (done + failed + cancelled) / total:.1f}% finished)"
     )
     eta = report["eta_seconds"]
     if eta is None and not report["workers_alive"]:

@@ -51,8 +51,8 @@ def test_exists_leaves_postgresql_to_open_store(pg_url: str) -> None:
 
 def test_upgrade_names_the_store_without_its_password(tmp_path: Path, pg_url: str) -> None:
     path = tmp_path / "onward.db"
-    assert store.upgrade(f"sqlite:///{path}") == (str(path), 0, 2)
-    assert store.upgrade(str(path)) == (str(path), 2, 2)
+    assert store.upgrade(f"sqlite:///{path}") == (str(path), 0, 3)
+    assert store.upgrade(str(path)) == (str(path), 3, 3)
     secret = pg_url.replace(f"{pgutil.PG_USER}@", f"{pgutil.PG_USER}:hunter2@", 1)
     shown, before, after = store.upgrade(secret)
-    assert (before, after) == (0, 2) and "hunter2" not in shown and "***" in shown
+    assert (before, after) == (0, 3) and "hunter2" not in shown and "***" in shown

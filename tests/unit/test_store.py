@@ -11,6 +11,7 @@ import pytest
 from onward.proc import current_owner
 from onward.store import open_store
 from onward.store.base import (
+    CANCELLED,
     DONE,
     FAILED,
     PENDING,
@@ -39,7 +40,7 @@ def test_add_is_idempotent_and_counted(store: Store) -> None:
     assert store.add(["a", "b", "c"]) == 3
     assert store.add(["b", "c", "d"]) == 1
     assert store.add([]) == 0
-    assert store.counts() == {PENDING: 4, RUNNING: 0, DONE: 0, FAILED: 0}
+    assert store.counts() == {PENDING: 4, RUNNING: 0, DONE: 0, FAILED: 0, CANCELLED: 0}
     assert [t.name for t in store.iter_tasks()] == ["a", "b", "c", "d"]
 
 
@@ -237,7 +238,7 @@ def test_batch_is_one_transaction(store: Store) -> None:
         (a, b) = store.claim(w, 2, 30, 3)
         store.complete(a.task_id, a.fence, b"1", "bytes")
         store.fail(b.task_id, b.fence, "x", 0)
-    assert store.counts() == {PENDING: 1, RUNNING: 0, DONE: 1, FAILED: 0}
+    assert store.counts() == {PENDING: 1, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0}
 
 
 def test_retry_failed_tasks(store: Store) -> None:
@@ -249,7 +250,7 @@ def test_retry_failed_tasks(store: Store) -> None:
     assert store.retry(["b"]) == 1
     assert store.retry(["b"]) == 0  # not failed any more
     assert store.retry(None) == 2
-    assert store.counts() == {PENDING: 3, RUNNING: 0, DONE: 0, FAILED: 0}
+    assert store.counts() == {PENDING: 3, RUNNING: 0, DONE: 0, FAILED: 0, CANCELLED: 0}
     assert all(t.attempts == 0 for t in store.iter_tasks())
 
 
@@ -332,12 +333,9 @@ def test_db_upgrade_brings_a_version_1_store_up_and_keeps_how_far_its_agents_got
     from tests.conftest import run_onward
 
     backend = postgres if is_postgres_url(store_url) else sqlite
-    monkeypatch.setattr(backend, "SCHEMA_VERSION", 1)  # this onward writes version 1, as it used to
-    old = open_store(store_url)
-    old.add(["agent"])
-    (c,) = old.claim(worker(old), 1, 30, 3)
-    old.close()
-    monkeypatch.undo()
+    # The store as version 1 wrote it: its schema, and one task running its first attempt.
+    c = Claim(task_id=1, name="agent", attempt=1, fence=1, max_attempts=3)
+    write_store_at_version(store_url, 1, running_task="agent")
     rows = [(c.task_id, index, f"s{index}", "value", b"1", time.time()) for index in (1, 2, 3)]
     if backend is sqlite:  # the steps as version 1 recorded them: the row, nothing else
         db = sqlite3.connect(store_url)
@@ -353,9 +351,9 @@ def test_db_upgrade_brings_a_version_1_store_up_and_keeps_how_far_its_agents_got
     with pytest.raises(SchemaTooOld, match="onward db upgrade"):
         open_store(store_url)
     r = run_onward("db", "upgrade", "--db", store_url)
-    assert r.returncode == 0 and "upgraded from schema version 1 to 2" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and "upgraded from schema version 1 to 3" in r.stderr.decode(), r.stderr
     r = run_onward("db", "upgrade", "--db", store_url)
-    assert r.returncode == 0 and "up to date (schema version 2)" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and "up to date (schema version 3)" in r.stderr.decode(), r.stderr
 
     store = open_store(store_url)
     try:
@@ -370,6 +368,40 @@ def test_db_upgrade_brings_a_version_1_store_up_and_keeps_how_far_its_agents_got
         assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=False)
     finally:
         store.close()
+
+
+def write_store_at_version(url: str, version: int, running_task: str) -> None:
+    """A store with the schema of ``version`` (its migrations applied as they stand, nothing later) holding one
+    task, running its first attempt under fence 1, as that version wrote it: raw SQL, not today's queries."""
+    import sqlite3
+    from pathlib import Path
+
+    from onward.store import is_postgres_url, postgres, sqlite
+    from onward.store.sql import migration
+
+    now = time.time()
+    if is_postgres_url(url):
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as pg:
+            for v in range(1, version + 1):
+                pg.execute(migration(postgres.Q, v))
+            pg.execute(postgres.Q["set_meta"], {"version": str(version)})
+            pg.execute("INSERT INTO onward.tasks (key, name, state, attempts, fence, added_at, started_at,"
+                       " lease_until) VALUES (%s, %s, 'running', 1, 1, %s, %s, %s)",
+                       (postgres.task_key(running_task), running_task, now, now, now + 30))
+            pg.execute("INSERT INTO onward.counts (state, n) VALUES ('running', 1)")
+        return
+    Path(url).parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(url)
+    for v in range(1, version + 1):
+        db.executescript(migration(sqlite.Q, v))
+    db.execute(sqlite.Q["set_meta"], {"version": str(version)})
+    db.execute("INSERT INTO tasks (name, state, attempts, fence, added_at, started_at, lease_until)"
+               " VALUES (?, 'running', 1, 1, ?, ?, ?)", (running_task, now, now, now + 30))
+    db.execute("UPDATE counts SET n = 1 WHERE state = 'running'")
+    db.commit()
+    db.close()
 
 
 def test_a_store_deleted_or_replaced_under_an_open_connection_is_noticed(store_url: str) -> None:

@@ -11,11 +11,16 @@ from __future__ import annotations
 import os
 import re
 
-from ..errors import StoreError
+from ..errors import StoreError, UsageError
 from ..redact import redact_url
 from .base import Store
 
 DEFAULT_DB = ".onward/onward.db"
+DEFAULT_JOB = "default"
+# A job name: short, plain, the same on every shell and in every log line (it is also shown in the systemd
+# unit and the dashboard's URLs): letters, digits, '.', '_' and '-', starting with a letter or a digit.
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+JOB_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or a digit"
 
 # "name:" at the start of a location, as in "mysql://…" or "file:x.db" (no slash before the colon).
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
@@ -50,17 +55,30 @@ def is_postgres_url(url: str) -> bool:
     return url.startswith(tuple(f"{scheme}://" for scheme in POSTGRES_SCHEMES))
 
 
-def open_store(url: str | None = None, *, create: bool = True) -> Store:
-    """Open (and, with ``create``, initialise) the store at ``url``. Raises a ``StoreError`` subclass;
-    ``StoreMissing`` when there is no store there and ``create`` is false."""
+def job_name(explicit: str | None = None) -> str:
+    """The job a command works on: the explicit name, else $ONWARD_JOB, else ``default``. Raises
+    ``UsageError`` (one line, the name shown escaped) for a name that breaks ``JOB_NAME_RULE``."""
+    name = explicit if explicit is not None else os.environ.get("ONWARD_JOB") or DEFAULT_JOB
+    if JOB_NAME.fullmatch(name) is None:
+        shown = ascii(name[:80] + ("…" if len(name) > 80 else ""))
+        raise UsageError(f"bad job name {shown}: give {JOB_NAME_RULE}")
+    return name
+
+
+def open_store(url: str | None = None, *, create: bool = True, job: str | None = None) -> Store:
+    """Open (and, with ``create``, initialise) the store at ``url``, as the view of one job (``job_name``:
+    ``job``, else $ONWARD_JOB, else ``default``); with ``create`` the job is created if it is new. Raises
+    ``UsageError`` for a bad job name (before touching anything), a ``StoreError`` subclass otherwise:
+    ``StoreMissing`` when there is no store there, or no such job in it, and ``create`` is false."""
+    job = job_name(job)
     url = store_url(url)
     if is_postgres_url(url):
         from .postgres import PostgresStore
 
-        return PostgresStore(url, create=create)
+        return PostgresStore(url, create=create, job=job)
     from .sqlite import SqliteStore
 
-    return SqliteStore(url, create=create)
+    return SqliteStore(url, create=create, job=job)
 
 
 def exists(url: str) -> bool:
@@ -90,4 +108,5 @@ def upgrade(url: str) -> tuple[str, int, int]:
     return sqlite.path_from_url(url), before, after
 
 
-__all__ = ["Store", "open_store", "exists", "upgrade", "store_url", "DEFAULT_DB", "is_postgres_url"]
+__all__ = ["Store", "open_store", "exists", "upgrade", "store_url", "job_name", "DEFAULT_DB", "DEFAULT_JOB",
+           "is_postgres_url"]

@@ -21,9 +21,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 # Task states, as stored. A task moves pending -> running -> done | failed, and running -> pending on a
-# retry, a release (graceful stop) or a reclaim.
-PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
-STATES = (PENDING, RUNNING, DONE, FAILED)
+# retry, a release (graceful stop) or a reclaim. ``cancel`` ends a pending task as cancelled at once, and a
+# running one once its worker stopped it (its outcome, whatever it was but done, is then cancelled).
+# Done, failed and cancelled are final; ``retry`` brings failed and cancelled tasks back to pending.
+PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
+STATES = (PENDING, RUNNING, DONE, FAILED, CANCELLED)
+FINAL_STATES = (DONE, FAILED, CANCELLED)
 
 # How a result's bytes are to be read back (see onward.results).
 RESULT_KINDS = ("bytes", "str", "json")
@@ -96,6 +99,29 @@ class TaskRow:
     finished_at: float | None
     error: str | None
     result_kind: str | None
+    task_id: int = 0  # the task's id: its place in the order tasks were added (``task_page``'s ``after``)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job of a store, for ``Store.jobs``."""
+
+    name: str
+    counts: dict[str, int]  # state -> number of tasks (every state present)
+    paused: bool
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Counters of one job over its whole life, derived from its tasks and journal (so they survive worker
+    restarts). Monotonic, except ``final_failures`` and ``cancelled``, which drop when a user retries."""
+
+    completions: int  # tasks done
+    failed_attempts: int  # attempts that failed: retried, failed for good, or reclaimed from a dead owner
+    final_failures: int  # tasks failed for good now
+    cancelled: int  # tasks cancelled now
+    restarts: int  # worker restarts journaled by a supervisor
+    step_replays: int  # recorded steps replayed (not run again) by resumed attempts, as their workers journaled
 
 
 @dataclass(frozen=True)
@@ -138,6 +164,7 @@ class Stats:
     restarts: int
     rate_window: float = 60.0  # seconds the rate is measured over: the last minute, or less for a young job
     extra: dict[str, object] = field(default_factory=dict)
+    paused: bool = False  # the job claims nothing new (``Store.set_paused``)
 
     @property
     def total(self) -> int:
@@ -180,6 +207,7 @@ class Connection(Protocol):
     """The store as a whole: where it is, its clock, transactions, and how it is watched."""
 
     url: str  # where the store is, printable: never holds a password
+    job: str  # the name of the job this handle sees: every other method reads and writes that job only
 
     def close(self) -> None:
         """Release the connection. Idempotent."""
@@ -256,8 +284,21 @@ class WorkQueue(Protocol):
         running under that fence. Bounded."""
 
     def retry(self, names: Sequence[str] | None) -> int:
-        """Failed tasks back to pending with attempts reset: the named ones, or every failed one if
-        ``names`` is None. Returns how many changed."""
+        """Failed tasks back to pending with attempts reset: the named ones (cancelled ones too), or every
+        failed one if ``names`` is None. Returns how many changed."""
+
+    def cancel(self, names: Sequence[str]) -> dict[str, str]:
+        """Cancel tasks by name, in one durable transaction. Returns, for each name, what was done:
+        ``"cancelled"`` (it was pending: now cancelled, final, never run), ``"cancelling"`` (it was running:
+        its worker sees the request at its next heartbeat, stops it like a timeout, and the task ends
+        cancelled, not retried; should the attempt complete first, it ends done), ``"unknown"``, or
+        ``"already done"`` / ``"already failed"`` / ``"already cancelled"`` (left as it is). Journals
+        ``cancelled`` or ``cancel requested`` for each task changed."""
+
+    def cancelling(self, worker_id: int) -> list[int]:
+        """The ids of this worker's running tasks that were asked to be cancelled (``cancel``): the worker
+        stops them; then ``fail``, ``release`` or ``reclaim`` under their fence end them cancelled.
+        One statement, called once per heartbeat. Bounded."""
 
     def register_worker(self, owner: Owner, detail: str) -> int:
         """Record a new worker (and a 'worker started' event). Returns its id."""
@@ -317,6 +358,40 @@ class Reporting(Protocol):
         """Events with id greater than ``after_id`` in order (or the ``last`` N), optionally one task's."""
 
 
+class Jobs(Protocol):
+    """The jobs of a store (one per name, each with its own tasks, journal, workers and pause flag), and
+    this job's pause flag."""
+
+    def jobs(self) -> list[JobRow]:
+        """Every job of the store, by name, with its counts and pause flag. Cheap: no task is scanned."""
+
+    def paused(self) -> bool:
+        """Whether this job is paused."""
+
+    def set_paused(self, paused: bool) -> bool:
+        """Pause (no worker on any host claims a task of this job; running ones go on and are committed) or
+        resume it. Durable; journals ``paused`` or ``resumed`` and wakes idle workers on resume (NOTIFY where
+        the backend can). Returns True when the flag changed. A paused job is checked by the claim statement
+        itself: pausing costs the claim path nothing."""
+
+
+class Browsing(Protocol):
+    """Reads for a live view or a dashboard, each cheap enough to call every few seconds on a store of a
+    million tasks (see each backend's SQL for what it scans)."""
+
+    def task_page(self, state: str | None, search: str | None, after: int, limit: int) -> list[TaskRow]:
+        """Up to ``limit`` tasks with id greater than ``after``, in id order (keyset paging: the next page
+        starts after the last row's ``task_id``), optionally only those in ``state`` and only those whose
+        name contains ``search`` (case-insensitive; ``%`` and ``_`` are literal characters)."""
+
+    def activity(self, bucket_seconds: int = 60) -> list[tuple[float, int, int]]:
+        """Over the job's life, per bucket of ``bucket_seconds``: (bucket start, tasks completed, failed
+        attempts), oldest first, only buckets with something in them."""
+
+    def totals(self) -> Totals:
+        """The job's lifetime counters (see ``Totals``)."""
+
+
 class ImportMarks(Protocol):
     """How far each tasks file was imported, written in the same batch as the tasks it added."""
 
@@ -327,5 +402,5 @@ class ImportMarks(Protocol):
         """Record how far a tasks file was imported (call in the same batch as the ``add``)."""
 
 
-class Store(Connection, WorkQueue, StepJournal, Reporting, ImportMarks, Protocol):
+class Store(Connection, WorkQueue, StepJournal, Reporting, Jobs, Browsing, ImportMarks, Protocol):
     """A durable task store: every role above, on one connection. Use it from one thread."""

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import NotAStore, StoreError, StoreGone, StoreMissing
 from ..proc import hostname
-from .base import Event, Lease, Stats, StepRecord
+from .base import STATES, Event, Lease, Stats, StepRecord
 from .pgconn import RECONNECT_BACKOFF, STALL_CEILING_MS, Listener, Target, application_name, in_transaction
 from .rows import event_of
 from .sql import load_queries, migration
@@ -58,6 +58,9 @@ ADD_CHUNK = 5000  # names per INSERT when adding tasks
 EVENTS_PER_INSERT = 1000  # journal rows per INSERT (7 parameters each; a statement takes at most 65535)
 COMPACT_COUNTS_AFTER = 500  # delta rows in onward.counts before counts() folds them
 Q = load_queries("postgres.sql")
+# The queries that name the job (%(job)s): they get the handle's job id with their other parameters. Only
+# those: a parameter passed to a query without placeholders would make psycopg rewrite its text.
+JOB_SCOPED = frozenset(name for name, text in Q.items() if "%(job)s" in text)
 
 
 def task_key(name: str) -> bytes:
@@ -71,7 +74,8 @@ class PostgresStore(SqlStore):
 
     _stall_ceiling_ms = STALL_CEILING_MS
 
-    def __init__(self, url: str, *, create: bool = True) -> None:
+    def __init__(self, url: str, *, create: bool = True, job: str = "default") -> None:
+        self.job = job
         self._target = Target(url)
         self._pg = self._target.pg
         self.url = self._target.shown
@@ -89,6 +93,7 @@ class PostgresStore(SqlStore):
         try:
             self._conn = self._connect()
             self._ensure_schema(create)
+            self._open_job(create)
             self._identity = self._schema_identity()
         except self._pg.Error as e:
             self.close()
@@ -205,6 +210,8 @@ class PostgresStore(SqlStore):
 
     def _exec(self, name: str, params: dict[str, Any] | None = None) -> Any:
         conn = self._in_tx if self._in_tx is not None else self._live()
+        if name in JOB_SCOPED:
+            params = {**params, "job": self._job_id} if params else {"job": self._job_id}
         return conn.execute(Q[name], params or None)
 
     def _clock(self) -> dict[str, Any]:
@@ -236,7 +243,7 @@ class PostgresStore(SqlStore):
             try:
                 yield
                 if self._events:
-                    _insert_events(self._in_tx or self._live(), self._events)
+                    _insert_events(self._in_tx or self._live(), self._events, self._job_id)
             finally:
                 self._events = []
 
@@ -255,7 +262,7 @@ class PostgresStore(SqlStore):
         if self._batch_depth:
             self._events.append(row)
         else:
-            _insert_events(self._in_tx or self._live(), [row])
+            _insert_events(self._in_tx or self._live(), [row], self._job_id)
 
     # --- the schema ----------------------------------------------------------------------------------
     def _ensure_schema(self, create: bool) -> None:
@@ -346,9 +353,9 @@ class PostgresStore(SqlStore):
     # --- reading -------------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
         conn = self._live()
-        counts = {state: 0 for state in ("pending", "running", "done", "failed")}
+        counts = dict.fromkeys(STATES, 0)
         rows = 0
-        for state, n, k in conn.execute(Q["counts"]):
+        for state, n, k in conn.execute(Q["counts"], {"job": self._job_id}):
             counts[state] = int(n)
             rows += k
         if rows > COMPACT_COUNTS_AFTER and not self._batch_depth and not in_transaction(conn):
@@ -364,11 +371,13 @@ class PostgresStore(SqlStore):
             counts = self.counts()
             running = self.running_tasks()
             workers = self.workers()
-            done_last_minute, window = conn.execute(Q["done_last_minute"]).fetchone()  # type: ignore[misc]
-            errors = [event_of(r) for r in conn.execute(Q["recent_errors"], {"limit": 5})]
-            restarts = conn.execute(Q["count_restarts"]).fetchone()[0]  # type: ignore[index]
+            done_last_minute, window = self._exec("done_last_minute").fetchone()
+            errors = [event_of(r) for r in self._exec("recent_errors", {"limit": 5})]
+            restarts = self._exec("count_restarts").fetchone()[0]
+            paused = self.paused()
         return Stats(counts=counts, running_tasks=running, workers=workers, errors=errors,
-                     done_last_minute=int(done_last_minute), restarts=int(restarts), rate_window=float(window))
+                     done_last_minute=int(done_last_minute), restarts=int(restarts), rate_window=float(window),
+                     paused=paused)
 
     def events(self, after_id: int = 0, task: str | None = None, limit: int = 1000,
                last: int | None = None) -> list[Event]:
@@ -379,6 +388,7 @@ class PostgresStore(SqlStore):
         if task is not None:
             params["key"] = task_key(task)
             name += "_for_task"
+        params["job"] = self._job_id
         return [event_of(r) for r in conn.execute(Q[name], params)]
 
     # --- durable steps -------------------------------------------------------------------------------
@@ -455,16 +465,16 @@ def _one(cur: psycopg.Cursor[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-def _insert_events(conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> None:
-    """Journal rows (kind, pid, host, worker_id, task_id, attempt, detail), in order: one statement per run
-    of rows from the same process (in practice, one for the whole batch)."""
+def _insert_events(conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]], job_id: int) -> None:
+    """Journal rows (kind, pid, host, worker_id, task_id, attempt, detail) of one job, in order: one statement
+    per run of rows from the same process (in practice, one for the whole batch)."""
     start = 0
     while start < len(rows):
         pid, host = rows[start][1:3]
         end = start + 1
         while end < len(rows) and end - start < EVENTS_PER_INSERT and rows[end][1:3] == (pid, host):
             end += 1
-        values: dict[str, Any] = {"pid": pid, "host": host}
+        values: dict[str, Any] = {"pid": pid, "host": host, "job": job_id}
         for i, (kind, _, _, worker_id, task_id, attempt, detail) in enumerate(rows[start:end]):
             values.update({f"kind_{i}": kind, f"worker_id_{i}": worker_id, f"task_id_{i}": task_id,
                            f"attempt_{i}": attempt, f"detail_{i}": detail})

@@ -1,5 +1,5 @@
 """Turning result rows into the contract's records. Both backends' SQL returns these columns in this
-order (see the named queries ``running``, ``live_workers``, ``events_*``, ``recent_errors`` and ``steps``
+order (see the named queries ``task``, ``iter_*``, ``running``, ``live_workers``, ``events_*``, ``recent_errors`` and ``steps``
 in each ``.sql`` file), so one decoder serves both."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Event, Owner, RunningTask, StepRecord, WorkerRow
+from .base import Event, Owner, RunningTask, StepRecord, TaskRow, WorkerRow
 
 
 def running_task_of(r: Sequence[Any]) -> RunningTask:
@@ -34,3 +34,9 @@ def event_of(r: Sequence[Any]) -> Event:
 def step_of(r: Sequence[Any]) -> StepRecord:
     """index, name, kind, data, at."""
     return StepRecord(index=r[0], name=r[1], kind=r[2], data=bytes(r[3]), at=r[4])
+
+
+def task_row_of(r: Sequence[Any]) -> TaskRow:
+    """task id, name, state, attempts, added at, started at, finished at, error, result kind."""
+    return TaskRow(name=r[1], state=r[2], attempts=r[3], added_at=r[4], started_at=r[5], finished_at=r[6],
+                   error=r[7], result_kind=r[8], task_id=r[0])

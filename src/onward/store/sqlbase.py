@@ -11,15 +11,21 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
-from ..errors import SchemaTooNew, SchemaTooOld, StoreError
+from ..errors import SchemaTooNew, SchemaTooOld, StoreError, StoreMissing
 from ..proc import hostname
 from .base import (
+    CANCELLED,
+    DONE,
+    FAILED,
     PENDING,
+    RUNNING,
+    STATES,
     Claim,
+    JobRow,
     Owner,
     Reclaimed,
     RunningTask,
@@ -27,12 +33,13 @@ from .base import (
     StepRecord,
     StoredResult,
     TaskRow,
+    Totals,
     WorkerRow,
 )
-from .rows import running_task_of, step_of, worker_of
+from .rows import running_task_of, step_of, task_row_of, worker_of
 
 # The schema both backends write; each one's .sql file holds its migrations to it (see sql.migration).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Tasks per page when listing: each page is its own statement, so a long listing pins no old snapshot.
 PAGE_SIZE = 1000
 # How long one store call may be kept waiting (for a lock, or by the network), in ms: a quarter of the lease
@@ -58,6 +65,13 @@ def check_schema_version(found: int, wanted: int, where: str) -> None:
     if found < wanted:
         raise SchemaTooOld(f"store {where} has schema version {found}, older than this onward's {wanted};"
                            " run `onward db upgrade`")
+
+
+def like_pattern(search: str) -> str:
+    """A LIKE pattern matching names that contain ``search``, its ``%``, ``_`` and ``\\`` taken literally
+    (the queries say ``ESCAPE '\\'``)."""
+    escaped = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 def added_message(added: int) -> str:
@@ -98,6 +112,8 @@ class SqlStore:
     """The shared part of a SQL ``Store``. Subclasses implement the hooks below (``_exec`` and the rest)."""
 
     url: str
+    job: str  # the job this handle sees
+    _job_id = 0  # its id in the store, passed to every query as ``job``
     _batch_depth = 0
     _stall_ms: int | None = None  # the bound on one call's wait, once the runner named a lease
     _stall_ceiling_ms: int | None = None  # the longest that bound may be, whatever the lease
@@ -137,6 +153,10 @@ class SqlStore:
 
     def _apply_stall_bound(self) -> None:
         """Make the connection keep to ``_stall_ms`` (at once, or before its next call)."""
+        raise NotImplementedError
+
+    def counts(self) -> dict[str, int]:
+        """Number of tasks in each state (every state present): the backend reads them its own way."""
         raise NotImplementedError
 
     def _work_ready(self) -> None:
@@ -188,7 +208,69 @@ class SqlStore:
             self._stall_ms = bound
             self._apply_stall_bound()
 
+    # --- the job ------------------------------------------------------------------------------------
+    def _open_job(self, create: bool) -> None:
+        """Find this handle's job, creating it (with its counts) when ``create``; ``StoreMissing`` when there
+        is no such job and ``create`` is false. Run once, when the store is opened."""
+        row = self._exec("find_job", {"name": self.job}).fetchone()
+        if row is None:
+            if not create:
+                raise StoreMissing(f"no job {self.job!r} in store {self.url}")
+            with self._write():
+                self._exec("create_job", {**self._clock(), "name": self.job})
+                row = self._exec("find_job", {"name": self.job}).fetchone()
+                self._job_id = int(row[0])
+                self._exec("create_job_counts")
+        self._job_id = int(row[0])
+
+    def jobs(self) -> list[JobRow]:
+        found: dict[str, tuple[bool, dict[str, int]]] = {}
+        for name, paused, state, n in self._exec("jobs").fetchall():
+            entry = found.setdefault(name, (bool(paused), dict.fromkeys(STATES, 0)))
+            if state is not None:
+                entry[1][state] = int(n)
+        return [JobRow(name=name, counts=counts, paused=paused) for name, (paused, counts) in found.items()]
+
+    def paused(self) -> bool:
+        row = self._exec("paused").fetchone()
+        return bool(row and row[0])
+
+    def set_paused(self, paused: bool) -> bool:
+        with self._write():
+            changed = self._exec("set_paused", {"paused": paused}).fetchone() is not None
+            if changed:
+                self._journal("paused" if paused else "resumed",
+                              detail="claiming nothing new" if paused else "claiming again")
+                if not paused:
+                    self._work_ready()
+        return changed
+
     # --- the work queue ------------------------------------------------------------------------------
+    def cancel(self, names: Sequence[str]) -> dict[str, str]:
+        outcome: dict[str, str] = {}
+        with self._write():
+            for name in names:
+                if name in outcome:
+                    continue
+                key = self._key(name)
+                row = self._exec("cancel_pending", {**self._clock(), "key": key}).fetchone()
+                if row is not None:
+                    outcome[name] = CANCELLED
+                    self._journal("cancelled", task_id=row[0], detail="cancelled while pending")
+                    continue
+                row = self._exec("cancel_running", {"key": key}).fetchone()
+                if row is not None:
+                    outcome[name] = "cancelling"
+                    self._journal("cancel requested", task_id=row[0], attempt=row[1],
+                                  detail="its worker stops it at its next heartbeat")
+                    continue
+                task = self._exec("task", {"key": key}).fetchone()
+                outcome[name] = "unknown" if task is None else f"already {task[2]}"
+        return outcome
+
+    def cancelling(self, worker_id: int) -> list[int]:
+        return [r[0] for r in self._exec("cancelling", {"worker_id": worker_id}).fetchall()]
+
     def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int) -> list[Claim]:
         self._set_lease(lease_seconds)
         rows = self._on_its_own("claim", {**self._clock(), "worker_id": worker_id, "lease": lease_seconds,
@@ -210,8 +292,8 @@ class SqlStore:
 
     def release(self, task_id: int, fence: int, reason: str) -> bool:
         with self._write():
-            row = self._exec("release", {"task_id": task_id, "fence": fence}).fetchone()
-            if row is not None:
+            row = self._exec("release", {**self._clock(), "task_id": task_id, "fence": fence}).fetchone()
+            if row is not None and row[0] == PENDING:
                 self._work_ready()
         return row is not None
 
@@ -230,7 +312,7 @@ class SqlStore:
     # --- reading -------------------------------------------------------------------------------------
     def task(self, name: str) -> TaskRow | None:
         row = self._exec("task", {"key": self._key(name)}).fetchone()
-        return TaskRow(*row) if row else None
+        return task_row_of(row) if row else None
 
     def task_id(self, name: str) -> int | None:
         row = self._exec("task_id", {"key": self._key(name)}).fetchone()
@@ -252,8 +334,40 @@ class SqlStore:
             if not rows:
                 return
             for r in rows:
-                yield TaskRow(*r[1:])
+                yield task_row_of(r)
             after = rows[-1][0]
+
+    def task_page(self, state: str | None, search: str | None, after: int, limit: int) -> list[TaskRow]:
+        # Keyset paging on the id: a page costs the same wherever it starts. Running, failed and cancelled
+        # tasks are read from their own small indexes; the rest walk the ids from ``after`` (see the SQL).
+        params = {"after": after, "limit": limit, "state": state,
+                  "pattern": like_pattern(search) if search else None}
+        if state == RUNNING:
+            name = "iter_running_tasks"
+        elif state in (FAILED, CANCELLED):
+            name = "iter_tasks_ended_badly"
+        elif search:
+            name = "task_page_search" if state is None else "task_page_search_in_state"
+        else:
+            name = "iter_tasks" if state is None else "iter_tasks_in_state"
+        return [task_row_of(r) for r in self._exec(name, params).fetchall()]
+
+    def activity(self, bucket_seconds: int = 60) -> list[tuple[float, int, int]]:
+        bucket = max(1, int(bucket_seconds))
+        buckets: dict[float, list[int]] = {}
+        for at, n in self._exec("activity_done", {"bucket": bucket}).fetchall():
+            buckets.setdefault(float(at), [0, 0])[0] += int(n)
+        for at, n in self._exec("activity_failed", {"bucket": bucket}).fetchall():
+            buckets.setdefault(float(at), [0, 0])[1] += int(n)
+        return [(at, done, failed) for at, (done, failed) in sorted(buckets.items())]
+
+    def totals(self) -> Totals:
+        counts = self.counts()
+        return Totals(completions=counts.get(DONE, 0),
+                      failed_attempts=int(self._exec("count_failed_attempts").fetchone()[0]),
+                      final_failures=counts.get(FAILED, 0), cancelled=counts.get(CANCELLED, 0),
+                      restarts=int(self._exec("count_restarts").fetchone()[0]),
+                      step_replays=int(self._exec("count_step_replays").fetchone()[0]))
 
     def workers(self) -> list[WorkerRow]:
         return [worker_of(r) for r in self._exec("live_workers", self._clock())]

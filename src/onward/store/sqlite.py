@@ -87,9 +87,10 @@ def _translate(e: sqlite3.Error, path: str) -> StoreError:
 class SqliteStore(SqlStore):
     """``Store`` on one SQLite file. One instance is one connection: use it from one thread."""
 
-    def __init__(self, url: str, *, create: bool = True, upgrade: bool = False) -> None:
+    def __init__(self, url: str, *, create: bool = True, upgrade: bool = False, job: str = "default") -> None:
         self.path = path_from_url(url)
         self.url = self.path
+        self.job = job
         self._batch_depth = 0
         exists = _check_regular_file(self.path)
         if not exists and not create:
@@ -108,6 +109,7 @@ class SqliteStore(SqlStore):
             self._schema_version()
             self._configure()
             self._ensure_schema(upgrade)
+            self._open_job(create)
         except sqlite3.DatabaseError as e:
             self._db.close()
             raise _translate(e, self.path) from None
@@ -217,7 +219,11 @@ class SqliteStore(SqlStore):
         return _translate(e, self.path)  # type: ignore[arg-type]
 
     def _exec(self, name: str, params: dict[str, Any] | None = None) -> sqlite3.Cursor:
-        return self._db.execute(Q[name], params or {})
+        # Every query may name the job (:job); sqlite3 ignores the names a query does not use.
+        if params is None:
+            return self._db.execute(Q[name], {"job": self._job_id})
+        params["job"] = self._job_id
+        return self._db.execute(Q[name], params)
 
     def _clock(self) -> dict[str, Any]:
         return {"now": time.time()}  # self.now(), without its translation wrapper (many calls per task)
@@ -255,7 +261,7 @@ class SqliteStore(SqlStore):
         now = self.now()
         with self._write():
             before = self._db.total_changes
-            self._db.executemany(Q["add_task"], ({"name": name, "now": now} for name in names))
+            self._db.executemany(Q["add_task"], ({"name": name, "now": now, "job": self._job_id} for name in names))
             added = self._db.total_changes - before
             # Counted once here rather than by an insert trigger: a million-line import stays one pass.
             if added:
@@ -291,7 +297,7 @@ class SqliteStore(SqlStore):
 
     # --- reading -------------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
-        return dict(self._exec("counts").fetchall())
+        return dict(self._exec("counts").fetchall())  # every state has its row (create_job_counts)
 
     def stats(self) -> Stats:
         # One read transaction, so the numbers agree with each other.
@@ -309,10 +315,11 @@ class SqliteStore(SqlStore):
             window = min(60.0, max(1.0, now - first[0])) if first else 60.0
             errors = [event_of(r) for r in self._exec("recent_errors", {"limit": 5})]
             restarts = self._exec("count_restarts").fetchone()[0]
+            paused = self.paused()
         finally:
             self._db.execute("COMMIT")
         return Stats(counts=counts, running_tasks=running, workers=workers, errors=errors,
-                     done_last_minute=done_last_minute, restarts=restarts, rate_window=window)
+                     done_last_minute=done_last_minute, restarts=restarts, rate_window=window, paused=paused)
 
     def _first_event_at_or_after(self, at: float, last_id: int) -> int:
         """Binary search on the rowid: events are appended in time order, so no index on time is needed
@@ -329,11 +336,12 @@ class SqliteStore(SqlStore):
 
     def events(self, after_id: int = 0, task: str | None = None, limit: int = 1000,
                last: int | None = None) -> list[Event]:
-        if last is not None:
-            last_id = self._exec("last_event_id").fetchone()[0]
-            after_id = max(after_id, last_id - last) if task is None else after_id
         if task is None:
-            rows = self._exec("events_after", {"after": after_id, "limit": limit}).fetchall()
+            if last is not None:
+                rows = self._exec("events_last", {"limit": last}).fetchall()[::-1]
+                rows = [r for r in rows if r[0] > after_id]
+            else:
+                rows = self._exec("events_after", {"after": after_id, "limit": limit}).fetchall()
         else:
             rows = self._exec("events_after_for_task", {"after": after_id, "key": task, "limit": limit}).fetchall()
             if last is not None:

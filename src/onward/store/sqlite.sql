@@ -113,24 +113,143 @@ ALTER TABLE tasks ADD COLUMN furthest_step_fence INTEGER NOT NULL DEFAULT 0;
 UPDATE tasks SET furthest_step = (SELECT max(idx) FROM steps WHERE steps.task_id = tasks.id)
  WHERE id IN (SELECT task_id FROM steps);
 
+-- name: migrate_to_3
+-- Named jobs, pause and cancel. A store holds several independent jobs: each task, journal row, worker and
+-- import mark belongs to one (job_id), a task name is unique within its job, counts are kept per job, and a
+-- job has a pause flag. The tasks of a version 2 store become the job "default" (id 1). Tables whose unique
+-- key changes are rebuilt (SQLite cannot drop a constraint); the journal and the workers only gain a
+-- column, whose default 1 costs no rewrite (every insert names its job). Also: the final state
+-- 'cancelled', and the flag asking a running task's worker to cancel it.
+CREATE TABLE jobs (
+    id         INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL UNIQUE,
+    paused     INTEGER NOT NULL DEFAULT 0,
+    created_at REAL    NOT NULL
+);
+INSERT INTO jobs (id, name, created_at)
+VALUES (1, 'default', coalesce((SELECT at FROM events ORDER BY id LIMIT 1),
+                               (julianday('now') - 2440587.5) * 86400.0));
+
+CREATE TABLE tasks_v3 (
+    id           INTEGER PRIMARY KEY,
+    job_id       INTEGER NOT NULL,
+    name         TEXT    NOT NULL,
+    state        TEXT    NOT NULL DEFAULT 'pending',
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL DEFAULT 3,
+    fence        INTEGER NOT NULL DEFAULT 0,
+    ready_at     REAL    NOT NULL DEFAULT 0,
+    worker_id    INTEGER,
+    lease_until  REAL,
+    heartbeat_at REAL,
+    progress_at  REAL,
+    note         TEXT,
+    child_pid    INTEGER,
+    child_start  INTEGER,
+    added_at     REAL    NOT NULL,
+    started_at   REAL,
+    finished_at  REAL,
+    error        TEXT,
+    result_kind  TEXT,
+    result       BLOB,
+    furthest_step       INTEGER NOT NULL DEFAULT 0,
+    furthest_step_fence INTEGER NOT NULL DEFAULT 0,
+    cancel_requested    INTEGER NOT NULL DEFAULT 0,  -- running, and asked to be cancelled (see cancel)
+    UNIQUE (job_id, name)
+);
+INSERT INTO tasks_v3 (id, job_id, name, state, attempts, max_attempts, fence, ready_at, worker_id, lease_until,
+                      heartbeat_at, progress_at, note, child_pid, child_start, added_at, started_at, finished_at,
+                      error, result_kind, result, furthest_step, furthest_step_fence)
+SELECT id, 1, name, state, attempts, max_attempts, fence, ready_at, worker_id, lease_until, heartbeat_at,
+       progress_at, note, child_pid, child_start, added_at, started_at, finished_at, error, result_kind, result,
+       furthest_step, furthest_step_fence
+  FROM tasks;
+DROP TABLE tasks;
+ALTER TABLE tasks_v3 RENAME TO tasks;
+-- Every index leads with the job: a claim reads only its own job's ready tasks.
+CREATE INDEX tasks_ready ON tasks (job_id, ready_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_running ON tasks (job_id, worker_id) WHERE state = 'running';
+-- Failed and cancelled tasks are few: the dashboard's filter on them needs no scan of a million done ones.
+CREATE INDEX tasks_ended_badly ON tasks (job_id, id) WHERE state IN ('failed', 'cancelled');
+
+CREATE TABLE counts_v3 (
+    job_id INTEGER NOT NULL,
+    state  TEXT    NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (job_id, state)
+) WITHOUT ROWID;
+INSERT INTO counts_v3 (job_id, state, n) SELECT 1, state, n FROM counts;
+INSERT INTO counts_v3 (job_id, state, n) VALUES (1, 'cancelled', 0);
+DROP TABLE counts;
+ALTER TABLE counts_v3 RENAME TO counts;
+CREATE TRIGGER tasks_state_counted AFTER UPDATE OF state ON tasks
+WHEN old.state <> new.state
+BEGIN
+    UPDATE counts SET n = n - 1 WHERE job_id = old.job_id AND state = old.state;
+    UPDATE counts SET n = n + 1 WHERE job_id = new.job_id AND state = new.state;
+END;
+
+ALTER TABLE events ADD COLUMN job_id INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE workers ADD COLUMN job_id INTEGER NOT NULL DEFAULT 1;
+-- Resumed attempts that replayed recorded steps (the count in the detail), for Totals.step_replays.
+CREATE INDEX events_replays ON events (id) WHERE kind = 'replayed';
+
+CREATE TABLE sources_v3 (
+    job_id      INTEGER NOT NULL,
+    path        TEXT    NOT NULL,
+    identity    TEXT    NOT NULL,
+    size        INTEGER NOT NULL,
+    lines       INTEGER NOT NULL,
+    mtime_ns    INTEGER NOT NULL,
+    head_digest TEXT    NOT NULL,
+    tail_digest TEXT    NOT NULL,
+    PRIMARY KEY (job_id, path)
+) WITHOUT ROWID;
+INSERT INTO sources_v3 SELECT 1, path, identity, size, lines, mtime_ns, head_digest, tail_digest FROM sources;
+DROP TABLE sources;
+ALTER TABLE sources_v3 RENAME TO sources;
+
 -- name: set_meta
 INSERT INTO meta (key, value) VALUES ('app', 'onward'), ('schema_version', :version)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;
 
+-- Every query below reads or writes one job's rows (:job, the job's id), except those on the jobs table
+-- and the journal's time lookups (event ids are global, and in time order).
+
+-- name: find_job
+SELECT id FROM jobs WHERE name = :name;
+
+-- name: create_job
+INSERT INTO jobs (name, created_at) VALUES (:name, :now) ON CONFLICT (name) DO NOTHING;
+
+-- name: create_job_counts
+INSERT OR IGNORE INTO counts (job_id, state, n)
+VALUES (:job, 'pending', 0), (:job, 'running', 0), (:job, 'done', 0), (:job, 'failed', 0), (:job, 'cancelled', 0);
+
+-- name: jobs
+SELECT j.name, j.paused, c.state, c.n FROM jobs AS j LEFT JOIN counts AS c ON c.job_id = j.id ORDER BY j.name;
+
+-- name: paused
+SELECT paused FROM jobs WHERE id = :job;
+
+-- name: set_paused
+UPDATE jobs SET paused = :paused WHERE id = :job AND paused <> :paused RETURNING id;
+
 -- name: add_task
-INSERT OR IGNORE INTO tasks (name, added_at) VALUES (:name, :now);
+INSERT OR IGNORE INTO tasks (job_id, name, added_at) VALUES (:job, :name, :now);
 
 -- name: count_added
-UPDATE counts SET n = n + :added WHERE state = 'pending';
+UPDATE counts SET n = n + :added WHERE job_id = :job AND state = 'pending';
 
 -- name: claim
+-- A paused job claims nothing: checked here, once per statement, rather than by a read of its own.
 UPDATE tasks
    SET state = 'running', attempts = attempts + 1, fence = fence + 1, max_attempts = :max_attempts,
        worker_id = :worker_id, lease_until = :now + :lease, heartbeat_at = :now, progress_at = :now,
-       note = NULL,
-       started_at = :now, child_pid = NULL, child_start = NULL
- WHERE id IN (SELECT id FROM tasks
-               WHERE state = 'pending' AND ready_at <= :now
+       note = NULL, started_at = :now, child_pid = NULL, child_start = NULL, cancel_requested = 0
+ WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_ready
+               WHERE job_id = :job AND state = 'pending' AND ready_at <= :now
+                 AND NOT (SELECT paused FROM jobs WHERE id = :job)
                ORDER BY ready_at, id
                LIMIT :limit)
 RETURNING id, name, attempts, fence, max_attempts;
@@ -146,39 +265,50 @@ UPDATE tasks
 -- name: worker_beat
 UPDATE workers SET heartbeat_at = :now, done = :completed WHERE id = :worker_id;
 
+-- name: cancelling
+SELECT id FROM tasks INDEXED BY tasks_running
+ WHERE job_id = :job AND worker_id = :worker_id AND state = 'running' AND cancel_requested;
+
 -- name: note_child
 UPDATE tasks SET child_pid = :pid, child_start = :start WHERE id = :task_id AND fence = :fence AND state = 'running';
 
 -- name: complete
+-- An attempt that completes before its worker saw a cancel request ends done: its work is there.
 UPDATE tasks
    SET state = 'done', finished_at = :now, result = :result, result_kind = :kind, error = NULL,
-       worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
+       worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL, cancel_requested = 0
  WHERE id = :task_id AND fence = :fence AND state = 'running';
 
 -- name: fail
+-- A task asked to be cancelled ends cancelled, whatever its attempts left: never retried.
 UPDATE tasks
-   SET state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'pending' END,
-       ready_at = CASE WHEN attempts >= max_attempts THEN ready_at ELSE :now + :delay END,
-       finished_at = CASE WHEN attempts >= max_attempts THEN :now ELSE NULL END,
+   SET state = CASE WHEN cancel_requested THEN 'cancelled' WHEN attempts >= max_attempts THEN 'failed'
+                    ELSE 'pending' END,
+       ready_at = CASE WHEN cancel_requested OR attempts >= max_attempts THEN ready_at ELSE :now + :delay END,
+       finished_at = CASE WHEN cancel_requested OR attempts >= max_attempts THEN :now ELSE NULL END,
        error = :error, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
  WHERE id = :task_id AND fence = :fence AND state = 'running'
 RETURNING state, attempts;
 
 -- name: release
 UPDATE tasks
-   SET state = 'pending', attempts = attempts - 1, worker_id = NULL, lease_until = NULL,
-       child_pid = NULL, child_start = NULL
+   SET state = CASE WHEN cancel_requested THEN 'cancelled' ELSE 'pending' END,
+       finished_at = CASE WHEN cancel_requested THEN :now ELSE finished_at END,
+       attempts = attempts - 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
  WHERE id = :task_id AND fence = :fence AND state = 'running'
-RETURNING attempts;
+RETURNING state;
 
 -- name: reclaim
 -- An attempt that recorded a step further than any before it (furthest_step_fence is its fence) is given
 -- back uncounted, as by a release; any other attempt counts, and fails the task once attempts are used up.
+-- A task asked to be cancelled ends cancelled.
 UPDATE tasks
-   SET state = CASE WHEN furthest_step_fence <> :fence AND attempts >= max_attempts THEN 'failed'
+   SET state = CASE WHEN cancel_requested THEN 'cancelled'
+                    WHEN furthest_step_fence <> :fence AND attempts >= max_attempts THEN 'failed'
                     ELSE 'pending' END,
        attempts = CASE WHEN furthest_step_fence = :fence THEN attempts - 1 ELSE attempts END,
-       finished_at = CASE WHEN furthest_step_fence <> :fence AND attempts >= max_attempts THEN :now ELSE NULL END,
+       finished_at = CASE WHEN cancel_requested OR (furthest_step_fence <> :fence AND attempts >= max_attempts)
+                          THEN :now ELSE NULL END,
        error = CASE WHEN furthest_step_fence <> :fence AND attempts >= max_attempts THEN :reason ELSE error END,
        fence = fence + 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
  WHERE id = :task_id AND fence = :fence AND state = 'running'
@@ -188,53 +318,85 @@ RETURNING state, furthest_step_fence <> :fence;
 SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid, w.pid_start,
        t.child_pid, t.child_start, t.lease_until < :now, :now - t.heartbeat_at, :now - t.progress_at, t.note
   FROM tasks AS t INDEXED BY tasks_running LEFT JOIN workers AS w ON w.id = t.worker_id
- WHERE t.state = 'running';
+ WHERE t.job_id = :job AND t.state = 'running';
 
 -- name: retry_failed
 UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL
- WHERE state = 'failed'
+ WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_ended_badly
+              WHERE job_id = :job AND state IN ('failed', 'cancelled') AND state = 'failed')
 RETURNING id;
 
 -- name: retry_one
-UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL
- WHERE name = :name AND state = 'failed'
+UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL, cancel_requested = 0
+ WHERE job_id = :job AND name = :name AND state IN ('failed', 'cancelled')
 RETURNING id;
 
+-- name: cancel_pending
+UPDATE tasks SET state = 'cancelled', finished_at = :now
+ WHERE job_id = :job AND name = :key AND state = 'pending'
+RETURNING id;
+
+-- name: cancel_running
+UPDATE tasks SET cancel_requested = 1
+ WHERE job_id = :job AND name = :key AND state = 'running'
+RETURNING id, attempts;
+
 -- name: task
-SELECT name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks WHERE name = :key;
+SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
+  FROM tasks WHERE job_id = :job AND name = :key;
 
 -- name: task_id
-SELECT id FROM tasks WHERE name = :key;
+SELECT id FROM tasks WHERE job_id = :job AND name = :key;
 
 -- name: result
-SELECT result_kind, result FROM tasks WHERE name = :key AND state = 'done';
+SELECT result_kind, result FROM tasks WHERE job_id = :job AND name = :key AND state = 'done';
 
 -- name: iter_tasks
+-- Listing and paging walk the rowid from :after ("+job_id": not by the (job_id, name) index, which would
+-- read the whole job and sort it); each page stops once it has its rows.
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks WHERE id > :after ORDER BY id LIMIT :limit;
+  FROM tasks WHERE id > :after AND +job_id = :job ORDER BY id LIMIT :limit;
 
 -- name: iter_tasks_in_state
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks WHERE id > :after AND state = :state ORDER BY id LIMIT :limit;
+  FROM tasks WHERE id > :after AND +job_id = :job AND state = :state ORDER BY id LIMIT :limit;
+
+-- name: task_page_search
+-- A substring search cannot use an index: it reads rows from :after on until it has a page (fast when
+-- matches are common; a rare one reads the whole job). LIKE folds ASCII case only.
+SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
+  FROM tasks WHERE id > :after AND +job_id = :job AND name LIKE :pattern ESCAPE '\' ORDER BY id LIMIT :limit;
+
+-- name: task_page_search_in_state
+SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
+  FROM tasks WHERE id > :after AND +job_id = :job AND state = :state AND name LIKE :pattern ESCAPE '\'
+ ORDER BY id LIMIT :limit;
+
+-- name: iter_tasks_ended_badly
+-- Failed or cancelled tasks (:state), from their own small index.
+SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
+  FROM tasks INDEXED BY tasks_ended_badly
+ WHERE job_id = :job AND state IN ('failed', 'cancelled') AND state = :state AND id > :after
+   AND (:pattern IS NULL OR name LIKE :pattern ESCAPE '\')
+ ORDER BY id LIMIT :limit;
 
 -- name: counts
-SELECT state, n FROM counts;
+SELECT state, n FROM counts WHERE job_id = :job;
 
 -- name: live_workers
 SELECT w.id, w.host, w.host_key, w.pid, w.pid_start, w.started_at, :now - w.heartbeat_at,
        w.stopped_at, w.stop_reason, w.done,
-       (SELECT count(*) FROM tasks AS t WHERE t.worker_id = w.id AND t.state = 'running')
+       (SELECT count(*) FROM tasks AS t WHERE t.job_id = :job AND t.worker_id = w.id AND t.state = 'running')
   FROM workers AS w
- WHERE w.stopped_at IS NULL
+ WHERE w.stopped_at IS NULL AND w.job_id = :job
  ORDER BY w.id DESC
  LIMIT 100;
 
 -- name: count_restarts
-SELECT count(*) FROM events WHERE kind = 'restart';
+SELECT count(*) FROM events INDEXED BY events_restarts WHERE kind = 'restart' AND job_id = :job;
 
 -- name: count_done_since_event
-SELECT count(*) FROM events WHERE id >= :since AND kind = 'done';
+SELECT count(*) FROM events WHERE id >= :since AND kind = 'done' AND job_id = :job;
 
 -- name: event_time
 SELECT at FROM events WHERE id = :id;
@@ -244,44 +406,87 @@ SELECT coalesce(max(id), 0) FROM events;
 
 -- name: recent_errors
 SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
-  FROM events AS e LEFT JOIN tasks AS t ON t.id = e.task_id
- WHERE e.kind IN ('failed', 'retrying', 'reclaimed', 'fenced')
+  FROM events AS e INDEXED BY events_errors LEFT JOIN tasks AS t ON t.id = e.task_id
+ WHERE e.kind IN ('failed', 'retrying', 'reclaimed', 'fenced') AND e.job_id = :job
  ORDER BY e.id DESC
  LIMIT :limit;
 
+-- name: activity_done
+-- The chart of a job's life. Completions come from the tasks themselves (finished_at of done tasks): one
+-- pass over the job's rows, no index. An index on finish times would make this cheaper but cost every
+-- completion one more index write, and the journal is larger still than the tasks (a claim and an outcome
+-- per attempt). Meant to be read every few tens of seconds, not on every refresh of a live view.
+SELECT CAST(finished_at / :bucket AS INTEGER) * :bucket AS b, count(*)
+  FROM tasks WHERE +job_id = :job AND state = 'done'
+ GROUP BY b;
+
+-- name: activity_failed
+-- Failed attempts come from the journal's small index of failures (fenced outcomes are not attempts of
+-- their own: the reclaim that fenced them is counted).
+SELECT CAST(at / :bucket AS INTEGER) * :bucket AS b, count(*)
+  FROM events INDEXED BY events_errors
+ WHERE kind IN ('failed', 'retrying', 'reclaimed', 'fenced') AND kind <> 'fenced' AND job_id = :job
+ GROUP BY b;
+
+-- name: count_failed_attempts
+SELECT count(*) FROM events INDEXED BY events_errors
+ WHERE kind IN ('failed', 'retrying', 'reclaimed', 'fenced') AND kind <> 'fenced' AND job_id = :job;
+
+-- name: count_step_replays
+-- Each resumed attempt that replayed recorded steps journals one 'replayed' event, the number first in its
+-- detail ("3 recorded steps replayed").
+SELECT coalesce(sum(CAST(detail AS INTEGER)), 0) FROM events INDEXED BY events_replays
+ WHERE kind = 'replayed' AND job_id = :job;
+
 -- name: register_worker
-INSERT INTO workers (host, host_key, pid, pid_start, started_at, heartbeat_at, detail)
-VALUES (:host, :host_key, :pid, :pid_start, :now, :now, :detail)
+INSERT INTO workers (job_id, host, host_key, pid, pid_start, started_at, heartbeat_at, detail)
+VALUES (:job, :host, :host_key, :pid, :pid_start, :now, :now, :detail)
 RETURNING id;
 
 -- name: worker_stopped
 UPDATE workers SET stopped_at = :now, stop_reason = :reason WHERE id = :worker_id AND stopped_at IS NULL;
 
 -- name: log_event
-INSERT INTO events (at, kind, pid, host, worker_id, task_id, attempt, detail)
-VALUES (:now, :kind, :pid, :host, :worker_id, :task_id, :attempt, :detail);
+INSERT INTO events (job_id, at, kind, pid, host, worker_id, task_id, attempt, detail)
+VALUES (:job, :now, :kind, :pid, :host, :worker_id, :task_id, :attempt, :detail);
 
 -- name: events_after
 SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
   FROM events AS e LEFT JOIN tasks AS t ON t.id = e.task_id
- WHERE e.id > :after
+ WHERE e.id > :after AND e.job_id = :job
  ORDER BY e.id
  LIMIT :limit;
+
+-- name: events_last
+-- The job's last :limit events (newest first; the caller puts them in order): walks the journal backwards.
+SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
+  FROM events AS e LEFT JOIN tasks AS t ON t.id = e.task_id
+ WHERE e.job_id = :job
+ ORDER BY e.id DESC
+ LIMIT :limit;
+
+-- name: iter_running_tasks
+-- Running tasks are few: read from their index and sorted, rather than found among a million others.
+SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
+  FROM tasks INDEXED BY tasks_running
+ WHERE job_id = :job AND state = 'running' AND id > :after
+   AND (:pattern IS NULL OR name LIKE :pattern ESCAPE '\')
+ ORDER BY id LIMIT :limit;
 
 -- name: events_after_for_task
 SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
   FROM events AS e JOIN tasks AS t ON t.id = e.task_id
- WHERE e.id > :after AND t.name = :key
+ WHERE e.id > :after AND t.job_id = :job AND t.name = :key
  ORDER BY e.id
  LIMIT :limit;
 
 -- name: get_source
-SELECT identity, size, lines, mtime_ns, head_digest, tail_digest FROM sources WHERE path = :path;
+SELECT identity, size, lines, mtime_ns, head_digest, tail_digest FROM sources WHERE job_id = :job AND path = :path;
 
 -- name: set_source
-INSERT INTO sources (path, identity, size, lines, mtime_ns, head_digest, tail_digest)
-VALUES (:path, :identity, :size, :lines, :mtime_ns, :head_digest, :tail_digest)
-ON CONFLICT (path) DO UPDATE
+INSERT INTO sources (job_id, path, identity, size, lines, mtime_ns, head_digest, tail_digest)
+VALUES (:job, :path, :identity, :size, :lines, :mtime_ns, :head_digest, :tail_digest)
+ON CONFLICT (job_id, path) DO UPDATE
    SET identity = excluded.identity, size = excluded.size, lines = excluded.lines, mtime_ns = excluded.mtime_ns,
        head_digest = excluded.head_digest, tail_digest = excluded.tail_digest;
 

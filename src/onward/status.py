@@ -28,6 +28,7 @@ def status_dict(store: Store) -> dict[str, Any]:
     left = counts[PENDING] + counts[RUNNING]
     workers = []
     working = 0
+    restarts = {r.host: r for r in store.restarts_by_host()}
     for w in stats.workers:
         alive = owner_alive(w.owner)  # same host: known for sure; elsewhere (None) the heartbeat is all we have
         working += _working(w, alive)
@@ -35,6 +36,9 @@ def status_dict(store: Store) -> dict[str, Any]:
             "id": w.worker_id, "host": w.owner.host, "pid": w.owner.pid,
             "heartbeat_age": round(w.heartbeat_age, 1), "done": w.done, "running": w.running_count,
             "started_at": iso_time(w.started_at), "alive": alive, "age": round(max(now - w.started_at, 0.0), 1),
+            # Restarts are journaled by the supervisor, not the worker: those of the worker's host.
+            "restarts": restarts[w.owner.host].count if w.owner.host in restarts else 0,
+            "last_restart": restarts[w.owner.host].last_cause if w.owner.host in restarts else None,
         })
     return {
         "store": store.url,

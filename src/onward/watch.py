@@ -188,16 +188,19 @@ def _workers(workers: list[dict[str, Any]], width: int) -> list[RenderableType]:
     lines: list[RenderableType] = [Text(f"workers ({len(workers)})", style="bold")]
     for w in workers[:MAX_WORKERS_SHOWN]:
         alive = {True: "alive", False: "dead", None: "?"}[w["alive"]]
-        tail = (f" pid {w['pid']:<8} up {duration(w.get('age') or 0):>7}  beat {w['heartbeat_age']:.0f}s"
+        tail = (f" pid {w['pid']:<7} up {duration(w.get('age') or 0):>6}  beat {int(w['heartbeat_age'])}s"
                 f"  running {w['running']}  done {w['done']}  {alive}")
-        if w.get("restarts"):
-            tail += f"  restarts {w['restarts']}"
-            if w.get("last_restart"):
-                tail += f" (last: {printable(w['last_restart'])})"
         host = cut_middle(printable(w["host"]), 16).ljust(16)
         row = Text("  " + host + tail, style="" if w["alive"] is not False else "red")
         row.truncate(width)
         lines.append(row)
+        if w.get("restarts"):
+            # On a line of its own: the cause is the one long text here, and the one worth reading whole.
+            cause = printable(w.get("last_restart") or "?")
+            restarts = Text(f"    restarts on this host {w['restarts']}, last: ", style="yellow")
+            restarts.append(cut_middle(cause, max(width - len(restarts), 10)))
+            restarts.truncate(width)
+            lines.append(restarts)
     return lines
 
 

@@ -61,7 +61,7 @@ def test_logs_json_and_since_pick_events_by_time(tmp_path: Path) -> None:
     # A time between two events: exactly the events from it on, whatever form the time takes.
     cut = events[len(events) // 2]
     assert run_onward("add", "--db", db, "c").returncode == 0  # a later event, after the cut
-    later = [e for e in lines_of(run_onward("logs", "--db", db, "--json")) if e["at"] >= cut["at"]]
+    later = [e for e in lines_of(run_onward("logs", "--db", db, "--json")) if str(e["at"]) >= str(cut["at"])]
     at = datetime.fromisoformat(str(cut["at"]).replace("Z", "+00:00"))
     for form in (str(cut["at"]), at.isoformat(), at.astimezone().isoformat()):
         assert lines_of(run_onward("logs", "--db", db, "--json", "--since", form)) == later, form
@@ -93,7 +93,8 @@ def test_logs_follow_waits_for_the_store_to_be_created(tmp_path: Path) -> None:
         assert follower.poll() is None and not Path(db).exists()  # waiting, and creating nothing
         assert run_onward("add", "--db", db, "first-task").returncode == 0
         got: list[str] = []
-        reader = threading.Thread(target=lambda: got.append(follower.stdout.readline().decode()), daemon=True)
+        out = follower.stdout
+        reader = threading.Thread(target=lambda: got.append(out.readline().decode()), daemon=True)
         reader.start()
         wait_for(lambda: got, 30, "the event line")
         assert " added 1 new task" in got[0], got

@@ -233,3 +233,46 @@ def test_the_view_of_a_real_job_fits_80_columns_and_makes_the_readme_screenshot(
     finally:
         gate.touch()
         worker.wait(60)
+
+
+def test_a_supervised_worker_shows_its_restarts_and_their_cause(store_url: str, tmp_path: Path) -> None:
+    import json
+
+    db = store_url
+    gate = tmp_path / "gate"
+    assert run_onward("add", "--db", db, "a", "b").returncode == 0
+    supervisor = subprocess.Popen(
+        onward_argv("supervise", "--", *onward_argv("run", "--db", db, "--concurrency", "2", "--", "sh", "-c",
+                                                    f"while [ ! -e {gate} ]; do sleep 0.05; done")),
+        env=os.environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def status() -> dict[str, object]:
+            r = run_onward("status", "--db", db, "--json")
+            return json.loads(r.stdout) if r.returncode == 0 else {}
+        first = wait_for(lambda: status().get("running") == 2 and status(), 30, "the worker to run both tasks")
+        assert isinstance(first, dict)
+        (worker,) = first["workers"]
+        assert worker["restarts"] == 0 and worker["last_restart"] is None
+        os.kill(worker["pid"], signal.SIGKILL)
+
+        def restarted() -> dict[str, object] | None:
+            report = status()
+            workers = [w for w in report.get("workers", []) if w["alive"]]  # type: ignore[attr-defined]
+            return report if report.get("running") == 2 and workers and workers[0]["pid"] != worker["pid"] else None
+        report = wait_for(restarted, 60, "a new worker running both tasks again")
+        assert isinstance(report, dict)
+        (alive,) = [w for w in report["workers"] if w["alive"]]
+        assert alive["restarts"] == 1 and "SIGKILL" in alive["last_restart"], alive
+        assert report["restarts"] == 1
+
+        from rich.console import Console
+
+        from onward.watch import render_view
+
+        console = Console(width=80, record=True)
+        console.print(render_view(report, 80))
+        text = console.export_text()
+        assert "restarts on this host 1, last: " in text and "SIGKILL" in text, text
+    finally:
+        gate.touch()
+        supervisor.wait(60)

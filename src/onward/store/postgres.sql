@@ -551,6 +551,15 @@ SELECT w.id, w.host, w.host_key, w.pid, w.pid_start, w.started_at, onward.epoch(
 -- name: count_restarts
 SELECT count(*) FROM onward.events WHERE kind = 'restart' AND job_id = %(job)s;
 
+-- name: restarts_by_host
+-- Each host's latest restart (DISTINCT ON keeps the first row of each host in id DESC order), with the
+-- count of that host's restarts; only the restart events are read (partial index events_restarts).
+SELECT DISTINCT ON (coalesce(host, '?')) coalesce(host, '?'), count(*) OVER (PARTITION BY coalesce(host, '?')),
+       at, detail
+  FROM onward.events
+ WHERE kind = 'restart' AND job_id = %(job)s
+ ORDER BY coalesce(host, '?'), id DESC;
+
 -- name: done_last_minute
 -- Tasks done in the last minute, and the window they were done in: a job younger than a minute is
 -- measured over its own age (from its first event in that minute), not diluted over 60 s.

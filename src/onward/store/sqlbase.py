@@ -25,6 +25,7 @@ from .base import (
     RUNNING,
     STATES,
     Claim,
+    HostRestarts,
     JobRow,
     Owner,
     Reclaimed,
@@ -371,6 +372,11 @@ class SqlStore:
 
     def workers(self) -> list[WorkerRow]:
         return [worker_of(r) for r in self._exec("live_workers", self._clock())]
+
+    def restarts_by_host(self) -> list[HostRestarts]:
+        # Both backends' SQL gives host, count, the latest one's time and detail (SQLite adds max(id)).
+        return [HostRestarts(host=r[0], count=int(r[1]), last_at=r[2], last_cause=r[3])
+                for r in self._exec("restarts_by_host")]
 
     # --- workers and the journal ---------------------------------------------------------------------
     def register_worker(self, owner: Owner, detail: str) -> int:

@@ -395,6 +395,15 @@ SELECT w.id, w.host, w.host_key, w.pid, w.pid_start, w.started_at, :now - w.hear
 -- name: count_restarts
 SELECT count(*) FROM events INDEXED BY events_restarts WHERE kind = 'restart' AND job_id = :job;
 
+-- name: restarts_by_host
+-- With max(), SQLite takes the bare columns (at, detail) from the row holding the maximum: each host's
+-- latest restart.
+SELECT coalesce(host, '?'), count(*), at, detail, max(id)
+  FROM events INDEXED BY events_restarts
+ WHERE kind = 'restart' AND job_id = :job
+ GROUP BY coalesce(host, '?')
+ ORDER BY 1;
+
 -- name: count_done_since_event
 SELECT count(*) FROM events WHERE id >= :since AND kind = 'done' AND job_id = :job;
 

@@ -15,6 +15,26 @@ db_option = click.option("--db", "db", metavar="URL", default=None,
                               " default .onward/onward.db).")
 
 
+class JobName(click.ParamType):
+    """A job's name (``--job``, env ONWARD_JOB): refused up front, as bad input, when it breaks the rule of
+    ``onward.store.job_name`` (empty, too long, a '/', not UTF-8), before any store is opened."""
+
+    name = "job"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from .errors import UsageError
+        from .store import job_name
+
+        try:
+            return job_name(str(value))
+        except UsageError as e:
+            self.fail(str(e), param, ctx)
+
+
+job_option = click.option("--job", "job", metavar="NAME", type=JobName(), envvar="ONWARD_JOB", default="default",
+                          show_default=True, help="The job, one of several a store may hold (env ONWARD_JOB).")
+
+
 class TaskText(click.ParamType):
     """A task's text as given on the command line. A name that is not UTF-8 (``$'bad\\xff'``) reaches
     Python as lone surrogates, which no store can hold: refused here as bad input, not a traceback later.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from . import __version__
-from .cli_types import FINITE_FLOAT, TASK_TEXT, db_option
+from .cli_types import FINITE_FLOAT, TASK_TEXT, db_option, job_option
 from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import OnwardError, StoreError, StoreMissing, TaskNotDone, UnknownTask, UsageError, WedgedTask
 from .log import NORMAL, QUIET, VERBOSE, Log, iso_time
@@ -304,7 +304,7 @@ def logs(db: str | None, task: str | None, last: int | None, since: str | None, 
         store.close()
 
 
-def _open_when_there(db: str | None) -> Store:
+def _open_when_there(db: str | None, job: str | None = None) -> Store:
     """The store, waiting for it to be created (`onward logs -f` started before the first `onward run` or
     `onward add`), with one line on stderr saying so. A store counts as there once it can be opened
     without initialising it: a file still empty (its creator is at work) is waited for too."""
@@ -316,7 +316,7 @@ def _open_when_there(db: str | None) -> Store:
     while True:
         if exists(url):
             try:
-                return open_store(url, create=False)
+                return open_store(url, create=False, job=job)
             except StoreMissing:
                 pass
         if not told:
@@ -328,12 +328,13 @@ def _open_when_there(db: str | None) -> Store:
 # --- metrics --------------------------------------------------------------------------------------------
 @main.command()
 @db_option
-def metrics(db: str | None) -> None:
+@job_option
+def metrics(db: str | None, job: str) -> None:
     """Print the job's Prometheus metrics once (text format, e.g. for node-exporter's textfile collector)."""
     from .metrics import metrics_text
     from .store import open_store
 
-    store = open_store(db, create=False)
+    store = open_store(db, create=False, job=job)
     try:
         text = metrics_text(store)
     finally:

@@ -134,6 +134,11 @@ def test_metrics_label_each_job_and_refuse_a_missing_store(tmp_path: Path) -> No
     samples = scrape(db, "nightly")
     assert {labels["job"] for labels, _ in samples["onward_tasks"]} == {"nightly"}
     assert {labels["state"]: v for labels, v in samples["onward_tasks"]}["pending"] == 2
+    by_option = run_onward("metrics", "--db", db, "--job", "nightly")
+    assert by_option.returncode == 0 and 'onward_tasks{job="nightly",state="pending"} 2.0' in by_option.stdout.decode()
+    for bad in ("../x", "", "<script>", "a/b", "x" * 300):
+        refused = run_onward("metrics", "--db", db, "--job", bad)
+        assert refused.returncode == 2 and refused.stdout == b"" and refused.stderr.count(b"\n") == 1, bad
     missing = run_onward("metrics", "--db", str(tmp_path / "none.db"))
     assert missing.returncode == 2 and missing.stdout == b"" and missing.stderr.count(b"\n") == 1
     assert not (tmp_path / "none.db").exists()

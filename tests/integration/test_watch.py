@@ -276,3 +276,28 @@ def test_a_supervised_worker_shows_its_restarts_and_their_cause(store_url: str, 
     finally:
         gate.touch()
         supervisor.wait(60)
+
+
+def test_watch_says_paused_while_the_job_is_paused(store_url: str) -> None:
+    from onward.store import open_store
+
+    db = store_url
+    assert run_onward("add", "--db", db, "a").returncode == 0
+
+    def one_line() -> str:
+        watch = subprocess.Popen(onward_argv("status", "--db", db, "--watch", "--interval", "0.1"),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ)
+        assert watch.stdout is not None
+        line = watch.stdout.readline().decode()
+        watch.send_signal(signal.SIGINT)
+        watch.communicate(timeout=30)
+        assert watch.returncode == 0
+        return line
+
+    assert not one_line().rstrip().endswith(" paused")
+    store = open_store(db, create=False)
+    try:
+        assert store.set_paused(True)
+    finally:
+        store.close()
+    assert one_line().rstrip().endswith(" workers 0 paused")

@@ -345,9 +345,11 @@ def metrics(db: str | None, job: str) -> None:
 
 def _stderr_is_a_terminal() -> bool:
     """Whether ``onward run`` draws its progress bar: only on a terminal that can move its cursor (never
-    into journald, a file or a pipe, which keep one line per event)."""
+    into journald, a file or a pipe, which keep one line per event), and not under a supervisor (it sets
+    NOTIFY_SOCKET), whose own lines on the same terminal would land in the middle of the bar."""
     try:
-        return os.isatty(sys.stderr.fileno()) and os.environ.get("TERM") != "dumb"
+        return (os.isatty(sys.stderr.fileno()) and os.environ.get("TERM") != "dumb"
+                and "NOTIFY_SOCKET" not in os.environ)
     except (OSError, ValueError):
         return False
 

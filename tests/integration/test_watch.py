@@ -187,6 +187,17 @@ def test_run_draws_a_progress_bar_under_its_log_lines_on_a_terminal_only(tmp_pat
     written = log_file.read_text()
     assert 'done task="v1"' in written and not BAR.search(written) and "\x1b" not in written
 
+    # On a terminal, but under a supervisor (NOTIFY_SOCKET set), whose lines share that terminal: no bar.
+    assert run_onward("add", "--db", db, "w1").returncode == 0
+    term = Terminal(columns=80)
+    supervised = subprocess.Popen(onward_argv("run", "--db", db, "--", "true"), stdout=subprocess.DEVNULL,
+                                  stderr=term.follower, stdin=subprocess.DEVNULL,
+                                  env={**terminal_env(), "NOTIFY_SOCKET": str(tmp_path / "no-such-socket")})
+    term.start_reading()
+    assert supervised.wait(120) == 0
+    term.close()
+    assert 'done task="w1"' in term.text and not BAR.search(term.text), term.raw
+
 
 def test_the_view_of_a_real_job_fits_80_columns_and_makes_the_readme_screenshot(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

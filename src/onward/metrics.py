@@ -13,15 +13,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .status import status_dict
+from .store.base import STATES
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from .store.base import Store
 
-# Every state a task may be in, as the ``state`` label of ``onward_tasks`` (a state with no task is 0,
-# so that a series never disappears from a graph).
-TASK_STATES = ("pending", "running", "done", "failed", "cancelled")
 
 
 def metrics_text(store: Store) -> bytes:
@@ -55,7 +53,7 @@ def job_metrics(report: dict[str, Any], totals: Any) -> Iterator[Metric]:
 
     job = str(report.get("job") or "default")
     tasks = GaugeMetricFamily("onward_tasks", "Tasks in each state.", labels=["job", "state"])
-    for state in TASK_STATES:
+    for state in STATES:  # every state, 0 when no task is in it: a series never vanishes from a graph
         tasks.add_metric([job, state], int(report.get(state, 0) or 0))
     yield tasks
 

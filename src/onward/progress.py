@@ -16,10 +16,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 from .log import Log
-from .store.base import DONE, FAILED, PENDING, RUNNING
+from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING
 
 # How often the run bar is redrawn (seconds), and the window its rate is measured over.
 REDRAW_SECONDS = 0.5
@@ -51,14 +51,12 @@ class Progress:
         return text + "  eta " + ("-" if self.eta_seconds is None else duration(self.eta_seconds))
 
 
-def progress_of_status(report: dict[str, object]) -> Progress:
+def progress_of_status(report: dict[str, Any]) -> Progress:
     """The bar's figures from ``status_dict``'s report (what ``onward status --json`` prints)."""
-    counts = {k: int(report.get(k, 0) or 0) for k in (DONE, FAILED, "cancelled")}  # type: ignore[call-overload]
     eta = report["eta_seconds"]
-    return Progress(total=int(report["total"]), done=counts[DONE],  # type: ignore[call-overload]
-                    failed=counts[FAILED] + counts["cancelled"],
-                    rate=float(report["rate_per_second"]),  # type: ignore[arg-type]
-                    eta_seconds=eta if isinstance(eta, int) else None,
+    return Progress(total=int(report["total"]), done=int(report[DONE]),
+                    failed=int(report[FAILED]) + int(report.get(CANCELLED, 0)),
+                    rate=float(report["rate_per_second"]), eta_seconds=eta if isinstance(eta, int) else None,
                     no_worker=eta is None and not report["workers_alive"])
 
 
@@ -159,7 +157,7 @@ def run_bar_reader(counts_seen: Callable[[], tuple[dict[str, int], int, int]],
         done_now, failed_now = tally()
         total = sum(counts.values())
         done = counts.get(DONE, 0) + done_now - done_then
-        failed = counts.get(FAILED, 0) + counts.get("cancelled", 0) + failed_now - failed_then
+        failed = counts.get(FAILED, 0) + counts.get(CANCELLED, 0) + failed_now - failed_then
         left = max(counts.get(PENDING, 0) + counts.get(RUNNING, 0) - (done_now - done_then)
                    - (failed_now - failed_then), 0)
         return total, min(done, total), failed, left

@@ -8,15 +8,16 @@ never read as markup, as in ``onward status``.
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .errors import StoreError
 from .log import iso_time, printable
 from .progress import Progress, bar_line, duration, progress_of_status
 from .status import cut_middle, status_dict
-from .store.base import DONE, FAILED, PENDING, RUNNING
+from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -52,28 +53,28 @@ def _watch_live(store: Store, interval: float) -> None:
 
 
 def _watch_lines(store: Store, interval: float) -> None:
-    import sys
-
     for report, trouble in _reports(store, interval):
         sys.stdout.write(plain_line(report, trouble) + "\n")
         sys.stdout.flush()
 
 
-def _reports(store: Store, interval: float,
-             clock: Callable[[], float] = time.monotonic) -> Any:
+def _reports(store: Store, interval: float) -> Iterator[tuple[dict[str, Any], str | None]]:
     """The latest report at every tick, with the store error of that tick if it could not be read (the last
-    report stands then: a store restarting for a moment must not end the watch)."""
+    report stands then: a store restarting for a moment must not end the watch). Ticks keep to
+    ``interval`` from start to start, however long a read takes."""
     report: dict[str, Any] | None = None
     while True:
-        started = clock()
+        started = time.monotonic()
         trouble = None
         try:
             report = status_dict(store)
         except StoreError as e:
+            if report is None:
+                raise  # not even one read: an error to report (exit status 2), not a view to keep
             trouble = str(e)
         if report is not None:
             yield report, trouble
-        time.sleep(max(0.0, interval - (clock() - started)))
+        time.sleep(max(0.0, interval - (time.monotonic() - started)))
 
 
 def plain_line(report: dict[str, Any], trouble: str | None = None) -> str:
@@ -81,8 +82,7 @@ def plain_line(report: dict[str, Any], trouble: str | None = None) -> str:
     progress = progress_of_status(report)
     parts = [iso_time(time.time()), f"total {report['total']}", f"pending {report[PENDING]}",
              f"running {report[RUNNING]}", f"done {report[DONE]}", f"failed {report[FAILED]}"]
-    if "cancelled" in report:
-        parts.append(f"cancelled {report['cancelled']}")
+    parts.append(f"cancelled {report[CANCELLED]}")
     parts.append(f"rate {progress.rate:.1f}/s")
     parts.append("no worker running" if progress.no_worker else
                  "eta " + ("-" if progress.eta_seconds is None else duration(progress.eta_seconds)))
@@ -111,8 +111,7 @@ def render_view(report: dict[str, Any], width: int, trouble: str | None = None) 
     progress = progress_of_status(report)
     parts.append(_bar(progress, width))
     counts = (f"pending {report[PENDING]}  running {report[RUNNING]}  done {report[DONE]}  "
-              f"failed {report[FAILED]}" + (f"  cancelled {report['cancelled']}" if "cancelled" in report else "")
-              + f"  restarts {report['restarts']}")
+              f"failed {report[FAILED]}  cancelled {report[CANCELLED]}  restarts {report['restarts']}")
     parts.append(Text(counts[:width]))
     if trouble:
         parts.append(Text(cut_middle("store unavailable: " + printable(trouble), width), style="bold red"))

@@ -16,7 +16,7 @@ def report(**extra: Any) -> dict[str, Any]:
     """A status report as status_dict returns it, for a job half done with a stale task and a failure."""
     base: dict[str, Any] = {
         "store": "/srv/jobs/crawl/" + "deep/" * 20 + "onward.db", "total": 1000, "pending": 480, "running": 3,
-        "done": 500, "failed": 17, "restarts": 2, "rate_per_second": 4.2, "workers_alive": 1, "eta_seconds": 115,
+        "done": 500, "failed": 17, "cancelled": 0, "job": "default", "paused": False, "restarts": 2, "rate_per_second": 4.2, "workers_alive": 1, "eta_seconds": 115,
         "workers": [{"id": 3, "host": "host-with-a-very-long-name.example.internal", "pid": 4242,
                      "heartbeat_age": 0.4, "done": 500, "running": 3, "started_at": "2026-11-30T03:00:00Z",
                      "alive": True, "age": 3723.0}],

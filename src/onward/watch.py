@@ -31,7 +31,14 @@ MAX_FAILURES_SHOWN = 5
 
 def watch(store: Store, interval: float, *, terminal: bool) -> None:
     """Show the status every ``interval`` seconds until Ctrl-C (which ends it quietly). On a terminal the
-    view is redrawn in place; elsewhere each refresh prints one plain line."""
+    view is redrawn in place; elsewhere each refresh prints one plain line. SIGTERM ends it like Ctrl-C,
+    so that the terminal gets its cursor back."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         if terminal:
             _watch_live(store, interval)

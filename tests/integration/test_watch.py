@@ -130,7 +130,7 @@ def test_watch_through_a_pipe_prints_one_plain_line_per_refresh(tmp_path: Path) 
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ)
     assert watch.stdout is not None
     lines = [watch.stdout.readline().decode() for _ in range(3)]
-    watch.send_signal(signal.SIGINT)
+    watch.send_signal(signal.SIGTERM)  # ends it like Ctrl-C
     rest, stderr = watch.communicate(timeout=30)
     assert watch.returncode == 0 and stderr == b"", stderr
     for line in lines:

@@ -152,3 +152,20 @@ def test_status_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
         elements = real[where]
         assert isinstance(elements, list) and elements, where
         assert keys == set(elements[0]), where
+
+
+def test_logs_since_finds_its_place_among_another_jobs_events(store_url: str) -> None:
+    """Two jobs' events interleave in one journal, so each job's event ids have gaps: --since still starts
+    at the first of this job's events from that time on."""
+    db = store_url
+    for i in range(6):
+        for job in ("a", "b"):
+            assert run_onward("add", "--db", db, f"{job}{i}", env={"ONWARD_JOB": job}).returncode == 0
+    events = lines_of(run_onward("logs", "--db", db, "--json", env={"ONWARD_JOB": "a"}))
+    assert [e["kind"] for e in events] == ["added"] * 6
+    ids = [int(str(e["id"])) for e in events]
+    assert all(b - a >= 2 for a, b in zip(ids, ids[1:]))  # the other job's events lie between
+    for cut in (0, 3, 5):
+        since = str(events[cut]["at"])
+        got = lines_of(run_onward("logs", "--db", db, "--json", "--since", since, env={"ONWARD_JOB": "a"}))
+        assert got == [e for e in events if str(e["at"]) >= since], cut

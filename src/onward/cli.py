@@ -1,8 +1,10 @@
 """The ``onward`` command: a thin face over the library. It parses, calls, prints; nothing more.
 
-Exit statuses (one table, here): 0 success; 1 a task asked for is not done or unknown; 2 bad input or
-configuration (one line on stderr, nothing changed); 3 the job finished but some tasks failed for good;
-4 a Python task ignored cancellation and the worker quit so that a supervisor restarts it.
+Exit statuses (one table, here): 0 success (a job that ends with cancelled tasks but none failed too:
+cancelled is final, not a failure); 1 a task asked for is not done or unknown (`result`, `retry`,
+`cancel`: nothing is changed then); 2 bad input or configuration (one line on stderr, nothing changed);
+3 the job finished but some tasks failed for good; 4 a Python task ignored cancellation and the worker quit
+so that a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class LazyGroup(click.Group):
         "steps": ("onward.steps_cli", "steps_command"),
         "db": ("onward.db_cli", "db_group"),
         "demo": ("onward.demo", "demo_command"),
+        "pause": ("onward.steer_cli", "pause_command"),
+        "resume": ("onward.steer_cli", "resume_command"),
+        "cancel": ("onward.steer_cli", "cancel_command"),
+        "jobs": ("onward.steer_cli", "jobs_command"),
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -73,6 +79,7 @@ def main() -> None:
 # --- run ------------------------------------------------------------------------------------------------
 @main.command(context_settings={"ignore_unknown_options": False})
 @db_option
+@job_option
 @click.option("--tasks", "tasks_file", metavar="FILE", help="Tasks file, one task per line ('-': stdin).")
 @click.option("--out", "out_dir", metavar="DIR", help="Also write each result to DIR/<name>.txt.")
 @click.option("--concurrency", default=RunConfig.concurrency, show_default=True, type=int, help="Tasks run at once.")
@@ -96,7 +103,7 @@ def main() -> None:
 @click.option("-q", "--quiet", is_flag=True, help="Log only warnings and failures.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every event.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(db: str | None, tasks_file: str | None, out_dir: str | None, concurrency: int, max_attempts: int,
+def run(db: str | None, job: str, tasks_file: str | None, out_dir: str | None, concurrency: int, max_attempts: int,
         retry_delay: float, timeout: float | None, heartbeat: float, lease: float | None, grace: float,
         stall_timeout: float | None, max_result_bytes: int, keep_awake: str | None, quiet: bool,
         verbose: bool, command: tuple[str, ...]) -> None:
@@ -108,22 +115,23 @@ def run(db: str | None, tasks_file: str | None, out_dir: str | None, concurrency
                        timeout=timeout, heartbeat=heartbeat, lease=lease, grace=grace, stall_timeout=stall_timeout)
     code = run_command(config, Log(_log_level(quiet, verbose)), command=list(command), db=db,
                        tasks_file=tasks_file, out_dir=out_dir, max_result_bytes=max_result_bytes,
-                       keep_awake=keep_awake, progress_bar=_stderr_is_a_terminal())
+                       keep_awake=keep_awake, job=job, progress_bar=_stderr_is_a_terminal())
     sys.exit(code)
 
 
 # --- add ------------------------------------------------------------------------------------------------
 @main.command()
 @db_option
+@job_option
 @click.option("--tasks", "tasks_file", metavar="FILE", help="Tasks file, one task per line ('-': stdin).")
 @click.argument("tasks", nargs=-1, type=TASK_TEXT)
-def add(db: str | None, tasks_file: str | None, tasks: tuple[str, ...]) -> None:
+def add(db: str | None, job: str, tasks_file: str | None, tasks: tuple[str, ...]) -> None:
     """Add tasks (by name, or from a file). Adding an existing task does nothing."""
     from .commands import add_tasks, held_back_warning
 
     if bool(tasks) == bool(tasks_file):
         raise UsageError("give tasks as arguments or --tasks FILE (one of the two)")
-    result = add_tasks(db, list(tasks), tasks_file)
+    result = add_tasks(db, list(tasks), tasks_file, job=job)
     warning = held_back_warning(str(tasks_file), result)
     if warning:
         click.echo(f"onward: warning: {warning}", err=True)
@@ -133,10 +141,11 @@ def add(db: str | None, tasks_file: str | None, tasks: tuple[str, ...]) -> None:
 # --- status ---------------------------------------------------------------------------------------------
 @main.command()
 @db_option
+@job_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @click.option("--watch", is_flag=True, help="Redraw every --interval seconds until Ctrl-C (a pipe gets a line each time).")
 @click.option("--interval", type=FINITE_FLOAT, default=None, metavar="S", help="Seconds between refreshes of --watch (default 1).")
-def status(db: str | None, as_json: bool, watch: bool, interval: float | None) -> None:
+def status(db: str | None, job: str, as_json: bool, watch: bool, interval: float | None) -> None:
     """Where the job stands: counts, running tasks, workers, latest errors, rate and ETA."""
     from .status import render_status, status_dict
     from .store import open_store
@@ -147,7 +156,7 @@ def status(db: str | None, as_json: bool, watch: bool, interval: float | None) -
         raise UsageError("--watch and --json do not go together (give one)")
     if interval is not None and interval <= 0:
         raise UsageError(f"--interval must be more than 0 seconds (got {interval:g})")
-    store = open_store(db, create=False)
+    store = open_store(db, create=False, job=job)
     try:
         if watch:
             from .watch import watch as watch_status
@@ -166,17 +175,18 @@ def status(db: str | None, as_json: bool, watch: bool, interval: float | None) -
 # --- list -----------------------------------------------------------------------------------------------
 @main.command(name="list")
 @db_option
+@job_option
 @click.option("--state", type=click.Choice(list(STATES)), default=None)
 @click.option("--long", "long_", is_flag=True, help="Add state, attempts and times (tab-separated).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per task and line.")
-def list_(db: str | None, state: str | None, long_: bool, as_json: bool) -> None:
+def list_(db: str | None, job: str, state: str | None, long_: bool, as_json: bool) -> None:
     """The tasks' texts, one per line, exactly as added."""
     from .status import task_json
     from .store import open_store
 
     if long_ and as_json:
         raise UsageError("--long and --json do not go together (give one)")
-    store = open_store(db, create=False)
+    store = open_store(db, create=False, job=job)
     out = sys.stdout
     try:
         for row in store.iter_tasks(state):
@@ -195,12 +205,13 @@ def list_(db: str | None, state: str | None, long_: bool, as_json: bool) -> None
 # --- result ---------------------------------------------------------------------------------------------
 @main.command()
 @db_option
+@job_option
 @click.argument("task", type=TASK_TEXT)
-def result(db: str | None, task: str) -> None:
+def result(db: str | None, job: str, task: str) -> None:
     """Write a done task's result to stdout, byte for byte (a JSON value as JSON)."""
     from .store import open_store
 
-    store = open_store(db, create=False)
+    store = open_store(db, create=False, job=job)
     try:
         stored = store.result(task)
         if stored is None:
@@ -217,15 +228,16 @@ def result(db: str | None, task: str) -> None:
 # --- retry ----------------------------------------------------------------------------------------------
 @main.command()
 @db_option
+@job_option
 @click.option("--failed", "all_failed", is_flag=True, help="Every failed task.")
 @click.argument("tasks", nargs=-1, type=TASK_TEXT)
-def retry(db: str | None, all_failed: bool, tasks: tuple[str, ...]) -> None:
-    """Put failed tasks back to pending, with their attempts reset."""
+def retry(db: str | None, job: str, all_failed: bool, tasks: tuple[str, ...]) -> None:
+    """Put failed tasks (and cancelled ones, when named) back to pending, with their attempts reset."""
     from .store import open_store
 
     if all_failed == bool(tasks):
         raise UsageError("give --failed or task names (one of the two)")
-    store = open_store(db, create=False)
+    store = open_store(db, create=False, job=job)
     try:
         rows = {t: store.task(t) for t in tasks}
         unknown = [t for t, row in rows.items() if row is None]
@@ -233,12 +245,11 @@ def retry(db: str | None, all_failed: bool, tasks: tuple[str, ...]) -> None:
             raise UnknownTask(f"no task {unknown[0]!r} in {store.url}")
         n = store.retry(None if all_failed else list(tasks))
         if n:
-            store.log_event("retried", detail=f"{n} failed task{'s' if n != 1 else ''} back to pending",
-                            durable=True)
+            store.log_event("retried", detail=f"{n} task{'s' if n != 1 else ''} back to pending", durable=True)
     finally:
         store.close()
     for name, row in rows.items():
-        if row is not None and row.state != "failed":
+        if row is not None and row.state not in ("failed", "cancelled"):
             click.echo(f"task {name!r} is {row.state}, not failed: left as it is", err=True)
     click.echo(f"{n} task{'s' if n != 1 else ''} back to pending", err=True)
 
@@ -263,13 +274,14 @@ class SinceTime(click.ParamType):
 
 @main.command()
 @db_option
+@job_option
 @click.option("--task", "task", type=TASK_TEXT, default=None, help="Only this task's events.")
 @click.option("-n", "--lines", "last", type=click.IntRange(min=1), default=None, help="Only the last N events.")
 @click.option("--since", type=SinceTime(), default=None,
               help="Only events from TIME on: ISO 8601 (UTC unless an offset is given) or an age (10m, 2h).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event and line.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new events (waits for the store to exist).")
-def logs(db: str | None, task: str | None, last: int | None, since: str | None, as_json: bool,
+def logs(db: str | None, job: str, task: str | None, last: int | None, since: str | None, as_json: bool,
          follow: bool) -> None:
     """The event journal: one line per event with ISO time, pid and task."""
     from .status import event_json, first_event_after, format_event, parse_since
@@ -279,7 +291,7 @@ def logs(db: str | None, task: str | None, last: int | None, since: str | None, 
         return json.dumps(event_json(event), ensure_ascii=False) if as_json else format_event(event)
 
     try:
-        store = _open_when_there(db) if follow else open_store(db, create=False)
+        store = _open_when_there(db, job) if follow else open_store(db, create=False, job=job)
     except KeyboardInterrupt:
         return  # Ctrl-C while waiting for the store: nothing to say
     try:
@@ -305,8 +317,8 @@ def logs(db: str | None, task: str | None, last: int | None, since: str | None, 
 
 
 def _open_when_there(db: str | None, job: str | None = None) -> Store:
-    """The store, waiting for it to be created (`onward logs -f` started before the first `onward run` or
-    `onward add`), with one line on stderr saying so. A store counts as there once it can be opened
+    """The store, waiting for it (and its job) to be created (`onward logs -f` started before the first
+    `onward run` or `onward add`), with one line on stderr saying so. A store counts as there once it can be opened
     without initialising it: a file still empty (its creator is at work) is waited for too."""
     from .redact import redact_url
     from .store import exists, open_store, store_url

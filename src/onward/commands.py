@@ -13,7 +13,7 @@ from .keepawake import marker_path
 from .log import Log
 from .outdir import OutDir
 from .store import exists as store_exists
-from .store import open_store, store_url
+from .store import job_name, open_store, store_url
 from .store.base import Store
 from .tasksfile import ImportResult, check_task_name, check_tasks_file, import_tasks_file
 from .worker import run_worker
@@ -24,19 +24,20 @@ class LazyStore:
     something is about to be written, so input found bad before that leaves no new store behind (no file,
     no PostgreSQL schema)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, job: str | None = None) -> None:
         self.url = store_url(url)
+        self.job = job_name(job)  # a bad name is refused before anything is opened
         self.existing: Store | None = None
         if not store_exists(self.url):
             return
         try:
-            self.existing = open_store(self.url, create=False)
+            self.existing = open_store(self.url, create=False, job=self.job)
         except StoreMissing:
             pass
 
     def get(self) -> Store:
         if self.existing is None:
-            self.existing = open_store(self.url)
+            self.existing = open_store(self.url, job=self.job)
         return self.existing
 
     def close(self) -> None:
@@ -45,8 +46,8 @@ class LazyStore:
             self.existing = None
 
 
-def add_tasks(db: str | None, tasks: list[str], tasks_file: str | None) -> ImportResult:
-    store = LazyStore(store_url(db))
+def add_tasks(db: str | None, tasks: list[str], tasks_file: str | None, job: str | None = None) -> ImportResult:
+    store = LazyStore(store_url(db), job)
     try:
         if tasks_file:
             return import_tasks_file(store, tasks_file)
@@ -69,7 +70,7 @@ def held_back_warning(tasks_file: str, result: ImportResult) -> str | None:
 def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | None = None,
                 tasks_file: str | None = None, out_dir: str | None = None,
                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES, keep_awake: str | None = None,
-                progress_bar: bool = False) -> int:
+                job: str | None = None, progress_bar: bool = False) -> int:
     """``onward run``: add the tasks file's new tasks, then run ``command`` once per pending task. Returns
     the exit status (0, or 3 when some tasks failed for good). ``progress_bar``: draw one under the log
     lines (only when the log goes to a terminal)."""
@@ -80,7 +81,7 @@ def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | No
         raise UsageError(f"--max-result-bytes must be at least 1 (got {max_result_bytes})")
     marker = marker_path(keep_awake)
     url = store_url(db)
-    store = LazyStore(url)
+    store = LazyStore(url, job)
     out: OutDir | None = None
     try:
         # Every input is checked before anything is written: the tasks file, then the output folder.

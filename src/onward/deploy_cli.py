@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from onward import systemd
-from onward.cli_types import FINITE_FLOAT
+from onward.cli_types import FINITE_FLOAT, JobName
 from onward.supervise import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_DELAY, DEFAULT_WINDOW, Supervisor
 
 # Not required for click: an empty command is reported by the library as a UsageError, like other bad input.
@@ -25,10 +25,13 @@ _COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
               help="Kill and restart a worker that sends no WATCHDOG=1 heartbeat for S seconds.")
 @click.option("--db", "db", default=None, metavar="URL",
               help="Store to record restarts in [default: the worker's --db, $ONWARD_DB, .onward/onward.db].")
+@click.option("--job", "job", default=None, metavar="NAME", type=JobName(),
+              help="The job: passed on to every worker started (as ONWARD_JOB), and where restarts are"
+                   " recorded [default: the worker's --job, $ONWARD_JOB, default].")
 @_COMMAND
 @click.pass_context
 def supervise_command(ctx: click.Context, restart_delay: float, max_restarts: int, window: float,
-                      watchdog: float | None, db: str | None, command: tuple[str, ...]) -> None:
+                      watchdog: float | None, db: str | None, job: str | None, command: tuple[str, ...]) -> None:
     """Run CMD (usually `onward run ...`) and keep it running: restart it when it crashes or hangs.
 
     \b
@@ -40,7 +43,7 @@ def supervise_command(ctx: click.Context, restart_delay: float, max_restarts: in
     is not restarted.
     """
     supervisor = Supervisor(list(command), restart_delay=restart_delay, max_restarts=max_restarts,
-                            window=window, watchdog=watchdog, store_url=db)
+                            window=window, watchdog=watchdog, store_url=db, job=job)
     ctx.exit(supervisor.run())
 
 
@@ -57,10 +60,13 @@ def service_group() -> None:
 @click.option("--env", "env", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
 @click.option("--watchdog", type=FINITE_FLOAT, default=systemd.DEFAULT_WATCHDOG, show_default=True, metavar="S",
               help="WatchdogSec: systemd kills and restarts a worker silent for S seconds (0: no watchdog).")
+@click.option("--job", "job", default=None, metavar="NAME", type=JobName(),
+              help="The job the worker works on (ONWARD_JOB in the unit) [default: the command's --job,"
+                   " $ONWARD_JOB, default].")
 @click.option("--dry-run", is_flag=True, help="Print the unit and change nothing.")
 @_COMMAND
 def install_command(name: str, user: str | None, workdir: str | None, env: tuple[str, ...],
-                    watchdog: float, dry_run: bool, command: tuple[str, ...]) -> None:
+                    watchdog: float, job: str | None, dry_run: bool, command: tuple[str, ...]) -> None:
     """Write /etc/systemd/system/NAME.service for CMD, then enable and start it. Secrets (a password in
     the store URL, --env values named like PASSWORD or TOKEN) go to /etc/onward/NAME.env, mode 0600.
 
@@ -69,10 +75,10 @@ def install_command(name: str, user: str | None, workdir: str | None, env: tuple
       onward service install --name crawl -- onward run --tasks urls.txt -- fetch {task}
     """
     if dry_run:
-        unit = systemd.render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog)
+        unit = systemd.render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, job=job)
         click.echo(unit.dry_run_text(), nl=False)
         return
-    path = systemd.install(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog)
+    path = systemd.install(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, job=job)
     click.echo(f"installed {path}; {systemd.unit_name(name)} enabled and started")
 
 

@@ -8,6 +8,9 @@
 
     job.add(["a", "b"])      # idempotent
     summary = job.run()      # resumes where it left off
+
+Several jobs may share one store: ``Job(db, name="nightly")`` (default: $ONWARD_JOB, else "default") sees
+only its own tasks, results, journal, workers and pause flag.
 """
 
 from __future__ import annotations
@@ -35,13 +38,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Job:
-    def __init__(self, db: str | None = None, *, concurrency: int = RunConfig.concurrency,
+    def __init__(self, db: str | None = None, *, name: str | None = None, concurrency: int = RunConfig.concurrency,
                  max_attempts: int = RunConfig.max_attempts, retry_delay: float = RunConfig.retry_delay,
                  timeout: float | None = RunConfig.timeout, heartbeat: float = RunConfig.heartbeat,
                  grace: float = RunConfig.grace, stall_timeout: float | None = RunConfig.stall_timeout,
                  out: str | None = None, keep_awake: str | None = None, log_level: int = NORMAL) -> None:
         self.url = store_url(db)
-        self.store: Store = open_store(self.url)
+        self.store: Store = open_store(self.url, job=name)
+        self.name = self.store.job
         self.config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
                                 timeout=timeout, heartbeat=heartbeat, grace=grace, stall_timeout=stall_timeout)
         self.out = out
@@ -126,6 +130,19 @@ class Job:
 
     def status(self) -> Stats:
         return self.store.stats()
+
+    def pause(self) -> bool:
+        """Stop every worker of this job, on every host, from claiming new tasks (running ones go on).
+        True when it was not paused already."""
+        return self.store.set_paused(True)
+
+    def resume(self) -> bool:
+        """Let the job's workers claim again. True when it was paused."""
+        return self.store.set_paused(False)
+
+    def cancel(self, tasks: Iterable[str]) -> dict[str, str]:
+        """Cancel tasks by name: what was done for each (see ``Store.cancel``)."""
+        return self.store.cancel(list(tasks))
 
     def close(self) -> None:
         self.store.close()

@@ -32,7 +32,7 @@ from .outdir import OutDir
 from .proc import current_owner, owner_alive
 from .reclaim import mark_dead_workers, reclaim_abandoned
 from .settle import RunSummary, Settler
-from .store.base import DONE, FAILED, PENDING, RUNNING, Claim, Store
+from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, Claim, Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SavedSignals = tuple[dict[signal.Signals, Any], "int | None"]  # handlers and wakeup fd to restore
@@ -91,6 +91,8 @@ class Runner:
         # The store's counts as of the last heartbeat, with this worker's tally (done, failed) at that
         # moment: what a progress bar reads on its own timer (onward.progress), costing no query of its own.
         self.counts_seen: tuple[dict[str, int], int, int] = ({}, 0, 0)
+        self._paused = False  # the job is paused (onward pause), as last read: claims return nothing then
+        self._marker_held = False  # this worker made the keep-awake marker exist
 
     # --- called from other threads -------------------------------------------------------------------
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
@@ -129,7 +131,8 @@ class Runner:
         saved_signals = self._catch_stop_signals()
         self.worker_id = self.store.register_worker(current_owner(), f"concurrency={cfg.concurrency}")
         self.settler.worker_id = self.worker_id
-        self.log.info(f"worker started: id={self.worker_id} store={self.store.url} concurrency={cfg.concurrency}")
+        job = "" if self.store.job == "default" else f" job={self.store.job}"
+        self.log.info(f"worker started: id={self.worker_id} store={self.store.url}{job} concurrency={cfg.concurrency}")
         stop_reason = "finished"
         try:
             self._start_up()
@@ -151,7 +154,8 @@ class Runner:
         self.summary.stopped = self.stopping
         self.log.info(
             f"worker stopped: {stop_reason}; this run: done={self.summary.done} failed={self.summary.failed}"
-            f" retried={self.summary.retried}; store: " + " ".join(f"{k}={v}" for k, v in self.summary.counts.items())
+            f" retried={self.summary.retried}"
+            + (f" cancelled={self.summary.cancelled}" if self.summary.cancelled else "") + "; store: " + " ".join(f"{k}={v}" for k, v in self.summary.counts.items())
         )
         return self.summary
 
@@ -178,7 +182,7 @@ class Runner:
         self._reclaim_abandoned()
         self.settler.export_missing()
         counts = self.store.counts()
-        self._update_keep_awake(counts)
+        self._update_keep_awake(counts, self._note_pause())
         self.notifier.ready()
         self._notify_status(counts)
 
@@ -439,8 +443,9 @@ class Runner:
         self.leases.renew(self.worker_id, self.attempts, self.summary.done)
         try:
             self._reclaim_abandoned()
+            self._obey_cancels()
             counts = self.store.counts()
-            self._update_keep_awake(counts)
+            self._update_keep_awake(counts, self._note_pause())
         except StoreError as e:
             self.store_errors.warning("store unavailable", str(e))
             return
@@ -448,8 +453,34 @@ class Runner:
 
     def _notify_status(self, counts: dict[str, int]) -> None:
         self.counts_seen = (counts, self.summary.done, self.summary.failed)
+        cancelled = f", {counts[CANCELLED]} cancelled" if counts.get(CANCELLED) else ""
         self.notifier.status(f"{counts.get(DONE, 0)}/{sum(counts.values())} done, {counts.get(RUNNING, 0)} running,"
-                             f" {counts.get(FAILED, 0)} failed")
+                             f" {counts.get(FAILED, 0)} failed{cancelled}" + (", paused" if self._paused else ""))
+
+    def _obey_cancels(self) -> None:
+        """Stop the attempts whose tasks were cancelled (``onward cancel``) like a timed-out attempt: a command's
+        process group is killed, a Python task's ``ctx.check()`` raises. The store then ends them cancelled.
+        One statement per heartbeat, and none while this worker runs nothing."""
+        if not self.attempts:
+            return
+        for task_id in self.store.cancelling(self.worker_id):
+            attempt = self.attempts.get(task_id)
+            if attempt is not None and not attempt.cancelled:
+                self.log.info(f"cancelling task={quote(attempt.claim.name)} attempt={attempt.claim.attempt}:"
+                              " cancelled by request")
+                attempt.cancel("cancelled by request (onward cancel)")
+
+    def _note_pause(self) -> bool:
+        """Read the job's pause flag (once per heartbeat) and say when it changed. The loop needs it for the
+        log, the status line and the keep-awake marker only: a paused job's claims come back empty anyway."""
+        paused = self.store.paused()
+        if paused != self._paused:
+            self._paused = paused
+            if paused:
+                self.log.info("job paused: claiming nothing new; running tasks go on (onward resume to go on)")
+            else:
+                self.log.info("job resumed: claiming again")
+        return paused
 
     def _reclaim_abandoned(self) -> None:
         reclaim_abandoned(self.store, self.worker_id, self.attempts, self.log)
@@ -464,22 +495,37 @@ class Runner:
             return False
         return counts.get(PENDING, 0) == 0 and counts.get(RUNNING, 0) == 0
 
-    def _update_keep_awake(self, counts: dict[str, int]) -> None:
+    def _update_keep_awake(self, counts: dict[str, int], paused: bool) -> None:
+        """Hold the marker while the job has work that will get done: running tasks, or pending ones unless
+        the job is paused. A paused job with nothing running keeps nobody awake: it waits for a person to
+        resume it, and the machine may sleep meanwhile (its workers go on when it wakes and the job is
+        resumed). Released once, when the pause takes effect, so that a worker of another job holding the
+        same marker is not fought every heartbeat."""
         if self.keep_awake is None:
             return
-        if counts.get(PENDING, 0) or counts.get(RUNNING, 0):
+        if _work_left(counts, paused):
             self.keep_awake.hold(self.store.url)
+            self._marker_held = True
+        elif paused and self._marker_held:
+            self.keep_awake.release()
+            self._marker_held = False
 
     def _release_keep_awake(self, counts: dict[str, int]) -> None:
         """Remove the marker when nothing is left to do, or when no other live worker remains to do it."""
         if self.keep_awake is None:
             return
-        work_left = counts.get(PENDING, 0) or counts.get(RUNNING, 0)
+        work_left = _work_left(counts, self.store.paused())
         others = [w for w in self.store.workers()
                   if w.worker_id != self.worker_id and w.heartbeat_age < self.config.lease_seconds
                   and owner_alive(w.owner) is not False]
         if not work_left or not others:
             self.keep_awake.release()
+
+
+def _work_left(counts: dict[str, int], paused: bool) -> bool:
+    """Whether the job has work that will get done: running tasks, or pending ones while it is not paused.
+    Done, failed and cancelled tasks are final."""
+    return bool(counts.get(RUNNING, 0) or (counts.get(PENDING, 0) and not paused))
 
 
 def _resolve_later(future: Future[Any], fn: Callable[[Store], Any], store: Store) -> Callable[[], None]:

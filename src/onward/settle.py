@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .attempt import Attempt, Outcome
 from .log import NORMAL, Log, quote
 from .outdir import OutDir, file_name
-from .store.base import DONE, FAILED, PENDING, Claim, Store
+from .store.base import CANCELLED, DONE, FAILED, PENDING, Claim, Store
 
 Report = Callable[[], None]  # what to tell once the batch holding the outcome is committed
 
@@ -23,13 +23,16 @@ class RunSummary:
     failed: int = 0  # tasks this run failed for good
     retried: int = 0  # failed attempts that will be retried
     released: int = 0  # attempts given back on a graceful stop
+    cancelled: int = 0  # tasks this run stopped because they were cancelled (onward cancel)
     fenced: int = 0  # completions refused because the task was taken over
     stopped: bool = False  # a stop signal ended the run
     counts: dict[str, int] = field(default_factory=dict)  # the store's counts at the end
 
     @property
     def exit_code(self) -> int:
-        """0: nothing left and no task failed (or stopped on request); 3: finished with failed tasks."""
+        """0: nothing left and no task failed (or stopped on request); 3: finished with failed tasks.
+        Cancelled tasks are final but not failures: a job that ends with some cancelled and none failed
+        exits 0."""
         if self.stopped:
             return 0
         return 3 if self.counts.get(FAILED, 0) else 0
@@ -88,9 +91,14 @@ class Settler:
         state = self.store.fail(claim.task_id, claim.fence, outcome.error, delay)
         if state is None:
             return self._fenced(claim)
-        kind = "retrying" if state == PENDING else "failed"
+        kind = {PENDING: "retrying", CANCELLED: "cancelled"}.get(state, "failed")
         self.store.log_event(kind, task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
                              detail=outcome.error)
+        if state == CANCELLED:
+            def report_cancelled() -> None:
+                self.summary.cancelled += 1
+                self.log.info(f"cancelled task={quote(claim.name)} attempt={claim.attempt}: stopped, not retried")
+            return report_cancelled
         if state == PENDING:
             def report_retrying() -> None:
                 self.summary.retried += 1

@@ -118,9 +118,12 @@ def render_status(report: dict[str, Any]) -> None:
         console = Console(highlight=False, soft_wrap=True, width=1 << 20)
     total = report["total"] or 1
     done, failed, cancelled = report[DONE], report[FAILED], report[CANCELLED]
-    job = [] if report["job"] == "default" else ["  job ", shown(report["job"])]
-    paused = [("  paused: claiming nothing new (onward resume)", "bold yellow")] if report["paused"] else []
-    console.print(Text.assemble(("onward", "bold"), " ", shown(report["store"]), *job, *paused))
+    head = Text.assemble(("onward", "bold"), " ", shown(report["store"]))
+    if report["job"] != "default":
+        head.append("  job ").append_text(shown(report["job"]))
+    if report["paused"]:
+        head.append("  paused: claiming nothing new (onward resume)", style="bold yellow")
+    console.print(head)
     console.print(
         f"  total {report['total']}   pending {report[PENDING]}   running {report[RUNNING]}   "
         f"[green]done {done}[/green]   [red]failed {failed}[/red]"

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .cli_types import TASK_TEXT, db_option
+from .cli_types import TASK_TEXT, db_option, job_option
 from .errors import StoreError, UnknownTask
 from .log import iso_time
 from .step_records import ordinals, unframe
@@ -43,9 +43,10 @@ def _row(record: StepRecord, label: str) -> dict[str, Any]:
 
 @click.command("steps")
 @db_option
+@job_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per step, one per line.")
 @click.argument("task", type=TASK_TEXT)
-def steps_command(db: str | None, as_json: bool, task: str) -> None:
+def steps_command(db: str | None, job: str, as_json: bool, task: str) -> None:
     """A task's recorded durable steps: call index, step (name#n), kind, payload size, seconds the body
     took, the attempt that recorded it, and when it was committed.
 
@@ -55,7 +56,7 @@ def steps_command(db: str | None, as_json: bool, task: str) -> None:
     """
     from .store import open_store
 
-    store = open_store(db, create=False)
+    store = open_store(db, create=False, job=job)
     try:
         rows = step_rows(store, task)
     finally:

@@ -175,6 +175,15 @@ def store_url_for(command: Sequence[str], environ: Mapping[str, str]) -> str | N
     return DEFAULT_DB if os.path.isfile(DEFAULT_DB) else None
 
 
+def job_for(command: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """The job a worker command works on, as far as the supervisor can tell: its ``--job``, else
+    ``ONWARD_JOB``, else None (the default job)."""
+    found = find_run_option(command, "--job")
+    if found:
+        return found[2]
+    return environ.get("ONWARD_JOB") or None
+
+
 class Supervisor:
     """Run ``command`` as a child and keep it running; ``run()`` returns the supervisor's exit status.
 
@@ -187,7 +196,7 @@ class Supervisor:
 
     def __init__(self, command: Sequence[str], restart_delay: float = DEFAULT_RESTART_DELAY,
                  max_restarts: int = DEFAULT_MAX_RESTARTS, window: float = DEFAULT_WINDOW,
-                 watchdog: float | None = None, store_url: str | None = None) -> None:
+                 watchdog: float | None = None, store_url: str | None = None, job: str | None = None) -> None:
         if not command:
             raise UsageError("supervise: no command given (put it after --)")
         # Finite numbers only: nan passes no comparison, and inf overflows select() and WATCHDOG_USEC.
@@ -205,6 +214,9 @@ class Supervisor:
         self.window = window
         self.watchdog = watchdog
         self.store_url = store_url  # the explicit --db; else found anew at each restart (see _journal)
+        # The explicit --job: passed on to every worker started (as ONWARD_JOB: a worker's own --job wins) and
+        # where restarts are journaled; else the worker's --job or ONWARD_JOB.
+        self.job = job
         # A gap in the supervisor's own loop above pause_threshold means it was frozen (see the module
         # docstring); the loop wakes every tick so that a gap of that size cannot be its own doing.
         self.pause_threshold = min(1.0, watchdog / 2) if watchdog else 1.0
@@ -283,6 +295,8 @@ class Supervisor:
         """Start the child; None if a restart cannot start it (a first start raises UsageError)."""
         env = dict(os.environ)
         env["NOTIFY_SOCKET"] = notify_path
+        if self.job is not None:
+            env["ONWARD_JOB"] = self.job
         env.pop("WATCHDOG_PID", None)  # see the module docstring
         if self.watchdog:
             env["WATCHDOG_USEC"] = str(round(self.watchdog * 1_000_000))
@@ -479,7 +493,8 @@ class Supervisor:
         if url is None:
             return
         try:
-            store = open_store(url, create=False)  # journaling never creates a store
+            job = self.job if self.job is not None else job_for(self.command, os.environ)
+            store = open_store(url, create=False, job=job)  # journaling never creates a store (nor a job)
             try:
                 store.log_event("restart", detail=cause, durable=True)
             finally:

@@ -177,7 +177,7 @@ def _is_secret(name: str, value: str) -> bool:
 
 def render_unit(name: str, command: Sequence[str], user: str | None = None, workdir: str | None = None,
                 env: Iterable[str] = (), watchdog: float = DEFAULT_WATCHDOG, grace: float | None = None,
-                environ: Mapping[str, str] | None = None, env_dir: str = ENV_DIR) -> Unit:
+                environ: Mapping[str, str] | None = None, env_dir: str = ENV_DIR, job: str | None = None) -> Unit:
     """``NAME.service`` running ``command`` (usually ``onward run ...``), and its secrets (see the module
     docstring).
 
@@ -185,8 +185,10 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
     (see ``resolve_command``). ``env`` holds ``K=V`` strings. ``watchdog`` is ``WatchdogSec`` in seconds, 0
     for none. ``grace`` is the worker's ``--grace``; when None it is read from the command, else onward's
     default of 10 s. ``environ`` (default ``os.environ``) gives an exported ``ONWARD_DB``, carried into the
-    unit when neither the command's ``--db`` nor ``env`` sets the store. Nothing is written or started: the
-    function only reads the file system to find executables.
+    unit when neither the command's ``--db`` nor ``env`` sets the store; likewise ``ONWARD_JOB``. ``job``
+    (``--job``) is set as ``ONWARD_JOB`` in the unit, over any ``env`` one (a ``--job`` in the command still
+    wins in the worker, as on a command line). Nothing is written or started: the function only reads the
+    file system to find executables.
     """
     service = unit_name(name)
     environ = os.environ if environ is None else environ
@@ -225,6 +227,12 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
         # A relative path is taken from the working directory, as --db's is (resolve_command).
         variables["ONWARD_DB"] = value if "://" in value else os.path.normpath(
             os.path.join(workdir, os.path.expanduser(value)))
+    if job is not None:
+        variables["ONWARD_JOB"] = job
+    elif find_run_option(words, "--job") is None and "ONWARD_JOB" not in variables and environ.get("ONWARD_JOB"):
+        from .store import job_name
+
+        variables["ONWARD_JOB"] = job_name(environ["ONWARD_JOB"])  # a bad one refused now, not at each start
     secrets: dict[str, str] = {}
     for i, word in enumerate(words):
         if redact_url(word) != word:
@@ -348,11 +356,11 @@ def write_unit(unit: Unit, unit_dir: str = UNIT_DIR) -> str:
 
 def install(name: str, command: Sequence[str], user: str | None = None, workdir: str | None = None,
             env: Iterable[str] = (), watchdog: float = DEFAULT_WATCHDOG, grace: float | None = None,
-            unit_dir: str = UNIT_DIR, env_dir: str = ENV_DIR) -> str:
+            unit_dir: str = UNIT_DIR, env_dir: str = ENV_DIR, job: str | None = None) -> str:
     """Write the unit and its secrets (``write_unit``), reload systemd, enable and (re)start the service.
     Returns the unit file's path."""
     unit = render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, grace=grace,
-                       env_dir=env_dir)
+                       env_dir=env_dir, job=job)
     _require_systemd()
     service = unit.service
     path = write_unit(unit, unit_dir)

@@ -221,11 +221,12 @@ def test_activity_and_totals_count_completions_and_failed_attempts(store: Store)
     store.log_event("reclaimed", task_id=d.task_id, worker_id=w, attempt=1, detail="owner died")
     store.log_event("fenced", task_id=d.task_id, worker_id=w, attempt=1, detail="not an attempt of its own")
     store.log_event("restart", detail="worker exited with status 1")
-    store.log_event("replayed", task_id=c.task_id, worker_id=w, attempt=2, detail="3 recorded steps replayed")
+    store.log_event("replayed", task_id=c.task_id, worker_id=w, attempt=2, detail="replayed 3 steps (saved 1.5 s)")
+    store.log_event("replayed", task_id=c.task_id, worker_id=w, attempt=3, detail="replayed 1 step (saved 0.0 s)")
     store.cancel(["c"])
     buckets = store.activity(3600)
     assert sum(b[1] for b in buckets) == 2 and sum(b[2] for b in buckets) == 2
     start = buckets[0][0]
     assert start % 3600 == 0 and start <= time.time() < start + 2 * 3600
     assert store.totals() == Totals(completions=2, failed_attempts=2, final_failures=0, cancelled=1, restarts=1,
-                                    step_replays=3)
+                                    step_replays=4)

@@ -121,7 +121,9 @@ class Totals:
     final_failures: int  # tasks failed for good now
     cancelled: int  # tasks cancelled now
     restarts: int  # worker restarts journaled by a supervisor
-    step_replays: int  # recorded steps replayed (not run again) by resumed attempts, as their workers journaled
+    step_replays: int  # recorded steps replayed (not run again) by resumed attempts: the sum of the counts in
+    # their 'replayed' journal events (one per attempt that replayed, written when it first runs a step for
+    # real, or when it ends having only replayed)
 
 
 @dataclass(frozen=True)

@@ -442,9 +442,10 @@ SELECT count(*) FROM events INDEXED BY events_errors
  WHERE kind IN ('failed', 'retrying', 'reclaimed', 'fenced') AND kind <> 'fenced' AND job_id = :job;
 
 -- name: count_step_replays
--- Each resumed attempt that replayed recorded steps journals one 'replayed' event, the number first in its
--- detail ("3 recorded steps replayed").
-SELECT coalesce(sum(CAST(detail AS INTEGER)), 0) FROM events INDEXED BY events_replays
+-- A resumed attempt journals one 'replayed' event ("replayed 3 steps (saved 1.2 s)", see step_log.py) when
+-- it first runs a step for real after replaying, or when it ends having only replayed.
+SELECT coalesce(sum(CAST(substr(detail, length('replayed ') + 1) AS INTEGER)), 0)
+  FROM events INDEXED BY events_replays
  WHERE kind = 'replayed' AND job_id = :job;
 
 -- name: register_worker

@@ -75,7 +75,7 @@ FAST_WORKER = """
 import sys
 import onward.log
 from onward import Job
-job = Job(sys.argv[1], concurrency=32, log_level=onward.log.QUIET)
+job = Job(sys.argv[1], name="busy", concurrency=32, log_level=onward.log.QUIET)
 job.add(f"busy-{i:07d}" for i in range(int(sys.argv[2])))
 
 @job.task
@@ -84,7 +84,7 @@ def noop(task, ctx):
 
 job.run()
 """
-BUSY_TASKS = 2_000_000  # more than the busy phase can finish: the fast worker is still going when measured
+BUSY_TASKS = 1_000_000  # more than the busy phase can finish: the fast worker is still going when measured
 BUSY_WARMUP_SECONDS = 65.0  # the rate's window (a minute) full of completions
 
 
@@ -145,6 +145,8 @@ def measure(db: Path, n: int) -> dict[str, Any]:
                 runs.append(time.perf_counter() - t0)
             results["metrics_process"] = runs
             log(f"busy minute: a fast worker runs no-op tasks for {BUSY_WARMUP_SECONDS:.0f} s first")
+            # Another job of the same store: its completions fill the journal the rate counts through, and
+            # its worker never touches the watched job's tasks.
             fast = subprocess.Popen([sys.executable, "-c", FAST_WORKER, str(db), str(BUSY_TASKS)], env=child_env())
             time.sleep(BUSY_WARMUP_SECONDS)  # a bench, not a test: the minute the rate counts must fill up
             ticks(store, results, "busy")
@@ -187,8 +189,8 @@ def main() -> int:
     print(f"A store of {n:,} tasks, each run to done by the Python API (its journal: a claim and a completion per "
           f"task), then {LIVE_TASKS} more held running by a live `onward run`. Measured in process: one refresh of "
           f"`status --watch` (`status_dict` + rendering the 80-column view) and `metrics_text(store)`, in two "
-          f"regimes: a quiet minute, and a busy one (a fast worker completing no-op tasks meanwhile, so that the "
-          f"rate's count of the last minute's completions has many to count).\n")
+          f"regimes: a quiet minute, and a busy one (a fast worker completing no-op tasks of another job of the same "
+          f"store meanwhile, so that the journal of the last minute, which the rate counts through, is full).\n")
     for regime in ("quiet", "busy"):
         q = r[regime]
         report = q["report"]

@@ -87,7 +87,10 @@ def _reports(store: Store, interval: float) -> Iterator[tuple[dict[str, Any], st
 def plain_line(report: dict[str, Any], trouble: str | None = None) -> str:
     """One refresh as one line, for a pipe or a log: time, counts, rate, ETA or why there is none."""
     progress = progress_of_status(report)
-    parts = [iso_time(time.time()), f"total {report['total']}", f"pending {report[PENDING]}",
+    parts = [iso_time(time.time())]
+    if report.get("job") not in (None, "default"):
+        parts.append(f"job {report['job']}")
+    parts += [f"total {report['total']}", f"pending {report[PENDING]}",
              f"running {report[RUNNING]}", f"done {report[DONE]}", f"failed {report[FAILED]}"]
     parts.append(f"cancelled {report[CANCELLED]}")
     parts.append(f"rate {progress.rate:.1f}/s")

@@ -64,6 +64,8 @@ def test_no_eta_but_no_worker_running_when_nobody_works() -> None:
     line = plain_line(idle)
     assert "no worker running" in line and "eta" not in line and "\n" not in line
     assert "PAUSED" in rendered(report(paused=True), 80) and "paused" in plain_line(report(paused=True))
+    assert " job nightly total 1000 " in plain_line(report(job="nightly")) and " job " not in line
+    assert "job nightly" in rendered(report(job="nightly"), 80).splitlines()[0]
 
 
 def test_bar_line_fits_and_fills_by_what_is_finished() -> None:

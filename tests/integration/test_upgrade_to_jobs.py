@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from onward.proc import current_owner
 from onward.store import open_store
-from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, SourceMark, Store
+from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, Owner, SourceMark, Store
 from tests import pgutil
 from tests.conftest import run_onward
 
@@ -107,7 +108,5 @@ def check_facts(store: Store) -> None:
     assert (totals.completions, totals.failed_attempts, totals.final_failures, totals.restarts) == (1, 3, 1, 1)
 
 
-def _owner():  # type: ignore[no-untyped-def]
-    from onward.proc import current_owner
-
+def _owner() -> Owner:
     return current_owner()

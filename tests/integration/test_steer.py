@@ -284,3 +284,16 @@ def test_supervise_passes_its_job_on_to_the_worker(tmp_path: Path) -> None:
     assert jobs["nightly"]["done"] == 2 and jobs["default"]["total"] == 0
     r = run_onward("supervise", "--job", "../x", "--", "true")
     assert r.returncode == 2 and r.stderr.decode().count("\n") == 1
+
+
+def test_supervise_records_restarts_in_its_job(tmp_path: Path) -> None:
+    db = str(tmp_path / "store.db")
+    assert run_onward("add", "--db", db, "--job", "nightly", "x").returncode == 0
+    seen = tmp_path / "seen"
+    crash = ("import os, sys; open(sys.argv[1], 'a').write(os.environ['ONWARD_JOB'] + chr(10)); sys.exit(1)")
+    r = run_onward("supervise", "--db", db, "--job", "nightly", "--max-restarts", "1", "--restart-delay", "0", "--",
+                   sys.executable, "-c", crash, str(seen))
+    assert r.returncode == 1, r.stderr
+    assert seen.read_text().splitlines() == ["nightly", "nightly"]
+    assert status(db, "--job", "nightly")["restarts"] == 1
+    assert status(db)["restarts"] == 0

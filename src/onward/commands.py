@@ -97,7 +97,7 @@ def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | No
             warning = held_back_warning(str(tasks_file), result)
             if warning:
                 log.warning(warning)
-        handler = CommandHandler(command, url, max_result_bytes)
+        handler = CommandHandler(command, url, max_result_bytes, job=store.job)
         summary = run_worker(store.get(), handler, config, log, url=url, out=out, keep_awake=marker,
                              progress_bar=progress_bar)
         return summary.exit_code

@@ -382,14 +382,16 @@ def check_command(argv: list[str]) -> None:
 class CommandHandler:
     """Runs ``argv`` with every ``{task}`` replaced by the task text, never through a shell."""
 
-    def __init__(self, argv: list[str], db_url: str, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> None:
+    def __init__(self, argv: list[str], db_url: str, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+                 job: str | None = None) -> None:
         self.argv = argv
         self.max_result_bytes = max_result_bytes
         _remove_stale_beat_dirs()
         # The heartbeat files live in a private folder of this worker (mkdtemp makes it 0700).
         self._beat_dir = tempfile.mkdtemp(prefix=f"{BEAT_DIR_PREFIX}{os.getpid()}-")
         env = dict(os.environ, ONWARD_DB=db_url)
-        # Variables meant for the worker itself must not leak to the task: a task speaking sd_notify
+        if job is not None:
+            env["ONWARD_JOB"] = job  # an `onward` the command runs works on the same job        # Variables meant for the worker itself must not leak to the task: a task speaking sd_notify
         # would otherwise pose as the worker to systemd.
         for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID"):
             env.pop(name, None)

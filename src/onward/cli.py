@@ -32,9 +32,10 @@ from .errors import (
     WedgedTask,
 )
 from .log import NORMAL, QUIET, VERBOSE, Log, iso_time
+from .store.base import STATES
 
 if TYPE_CHECKING:
-    from .store.base import Store
+    from .store.base import Event, Store
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
     (Unavailable, 75),  # before StoreError: a store that is down is not a configuration error
@@ -126,7 +127,7 @@ def run(db: str | None, job: str, tasks_file: str | None, out_dir: str | None, c
                        timeout=timeout, heartbeat=heartbeat, lease=lease, grace=grace, stall_timeout=stall_timeout)
     code = run_command(config, Log(_log_level(quiet, verbose)), command=list(command), db=db,
                        tasks_file=tasks_file, out_dir=out_dir, max_result_bytes=max_result_bytes,
-                       keep_awake=keep_awake, job=job)
+                       keep_awake=keep_awake, job=job, progress_bar=_stderr_is_a_terminal())
     sys.exit(code)
 
 
@@ -154,13 +155,26 @@ def add(db: str | None, job: str, tasks_file: str | None, tasks: tuple[str, ...]
 @db_option
 @job_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
-def status(db: str | None, job: str, as_json: bool) -> None:
+@click.option("--watch", is_flag=True, help="Redraw every --interval seconds until Ctrl-C (a pipe gets a line each time).")
+@click.option("--interval", type=FINITE_FLOAT, default=None, metavar="S", help="Seconds between refreshes of --watch (default 1).")
+def status(db: str | None, job: str, as_json: bool, watch: bool, interval: float | None) -> None:
     """Where the job stands: counts, running tasks, workers, latest errors, rate and ETA."""
     from .status import render_status, status_dict
     from .store import open_store
 
+    if interval is not None and not watch:
+        raise UsageError("--interval goes with --watch")
+    if watch and as_json:
+        raise UsageError("--watch and --json do not go together (give one)")
+    if interval is not None and interval <= 0:
+        raise UsageError(f"--interval must be more than 0 seconds (got {interval:g})")
     store = open_store(db, create=False, job=job)
     try:
+        if watch:
+            from .watch import watch as watch_status
+
+            watch_status(store, 1.0 if interval is None else interval, terminal=sys.stdout.isatty())
+            return
         report = status_dict(store)
     finally:
         store.close()
@@ -174,17 +188,23 @@ def status(db: str | None, job: str, as_json: bool) -> None:
 @main.command(name="list")
 @db_option
 @job_option
-@click.option("--state", type=click.Choice(["pending", "running", "done", "failed", "cancelled"]), default=None)
+@click.option("--state", type=click.Choice(list(STATES)), default=None)
 @click.option("--long", "long_", is_flag=True, help="Add state, attempts and times (tab-separated).")
-def list_(db: str | None, job: str, state: str | None, long_: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per task and line.")
+def list_(db: str | None, job: str, state: str | None, long_: bool, as_json: bool) -> None:
     """The tasks' texts, one per line, exactly as added."""
+    from .status import task_json
     from .store import open_store
 
+    if long_ and as_json:
+        raise UsageError("--long and --json do not go together (give one)")
     store = open_store(db, create=False, job=job)
     out = sys.stdout
     try:
         for row in store.iter_tasks(state):
-            if long_:
+            if as_json:
+                out.write(json.dumps(task_json(row), ensure_ascii=False) + "\n")
+            elif long_:
                 out.write(f"{row.state}\t{row.attempts}\t{iso_time(row.added_at)}\t{iso_time(row.finished_at)}\t{row.name}\n")
             else:
                 out.write(row.name + "\n")
@@ -247,25 +267,54 @@ def retry(db: str | None, job: str, all_failed: bool, tasks: tuple[str, ...]) ->
 
 
 # --- logs -----------------------------------------------------------------------------------------------
+class SinceTime(click.ParamType):
+    """``--since``: an ISO 8601 time (UTC unless it says otherwise) or an age like ``90s``, ``10m``, ``2h``,
+    ``3d``; kept as text here and turned into a time once the store's clock is known."""
+
+    name = "time"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from .status import parse_since
+
+        text = str(value)
+        try:
+            parse_since(text, now=time.time())
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        return text
+
+
 @main.command()
 @db_option
 @job_option
 @click.option("--task", "task", type=TASK_TEXT, default=None, help="Only this task's events.")
 @click.option("-n", "--lines", "last", type=click.IntRange(min=1), default=None, help="Only the last N events.")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new events.")
-def logs(db: str | None, job: str, task: str | None, last: int | None, follow: bool) -> None:
+@click.option("--since", type=SinceTime(), default=None,
+              help="Only events from TIME on: ISO 8601 (UTC unless an offset is given) or an age (10m, 2h).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event and line.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events (waits for the store to exist).")
+def logs(db: str | None, job: str, task: str | None, last: int | None, since: str | None, as_json: bool,
+         follow: bool) -> None:
     """The event journal: one line per event with ISO time, pid and task."""
-    from .status import format_event
+    from .status import event_json, first_event_after, format_event, parse_since
     from .store import open_store
 
-    store = _open_when_there(db, job) if follow else open_store(db, create=False, job=job)
-    after = 0
+    def show(event: Event) -> str:
+        return json.dumps(event_json(event), ensure_ascii=False) if as_json else format_event(event)
+
     try:
-        events = store.events(task=task, last=last) if last else store.events(task=task, limit=10_000)
+        store = _open_when_there(db, job) if follow else open_store(db, create=False, job=job)
+    except KeyboardInterrupt:
+        return  # Ctrl-C while waiting for the store: nothing to say
+    try:
+        since_at = None if since is None else parse_since(since, now=store.now())
+        after = 0 if since_at is None else first_event_after(store, since_at)
+        events = store.events(task=task, last=last) if last else store.events(after_id=after, task=task, limit=10_000)
         while True:
             for event in events:
-                click.echo(format_event(event))
                 after = event.event_id
+                if since_at is None or event.at >= since_at:
+                    click.echo(show(event))
             if events and len(events) >= 10_000 and not last:
                 events = store.events(after_id=after, task=task, limit=10_000)
                 continue
@@ -279,16 +328,54 @@ def logs(db: str | None, job: str, task: str | None, last: int | None, follow: b
         store.close()
 
 
-def _open_when_there(db: str | None, job: str) -> Store:
+def _open_when_there(db: str | None, job: str | None = None) -> Store:
     """The store, waiting for it (and its job) to be created (`onward logs -f` started before the first
-    `onward run`)."""
+    `onward run` or `onward add`), with one line on stderr saying so. A store counts as there once it can be opened
+    without initialising it: a file still empty (its creator is at work) is waited for too."""
+    from .redact import redact_url
+    from .store import exists, open_store, store_url
+
+    url = store_url(db)  # a location no backend takes is refused at once, not waited for
+    told = False
+    while True:
+        if exists(url):
+            try:
+                return open_store(url, create=False, job=job)
+            except StoreMissing:
+                pass
+        if not told:
+            click.echo(f"onward: waiting for a store at {redact_url(url)}", err=True)
+            told = True
+        time.sleep(0.5)
+
+
+# --- metrics --------------------------------------------------------------------------------------------
+@main.command()
+@db_option
+@job_option
+def metrics(db: str | None, job: str) -> None:
+    """Print the job's Prometheus metrics once (text format, e.g. for node-exporter's textfile collector)."""
+    from .metrics import metrics_text
     from .store import open_store
 
-    while True:
-        try:
-            return open_store(db, create=False, job=job)
-        except StoreMissing:
-            time.sleep(0.5)
+    store = open_store(db, create=False, job=job)
+    try:
+        text = metrics_text(store)
+    finally:
+        store.close()
+    sys.stdout.buffer.write(text)
+    sys.stdout.buffer.flush()
+
+
+def _stderr_is_a_terminal() -> bool:
+    """Whether ``onward run`` draws its progress bar: only on a terminal that can move its cursor (never
+    into journald, a file or a pipe, which keep one line per event), and not under a supervisor (it sets
+    NOTIFY_SOCKET), whose own lines on the same terminal would land in the middle of the bar."""
+    try:
+        return (os.isatty(sys.stderr.fileno()) and os.environ.get("TERM") != "dumb"
+                and "NOTIFY_SOCKET" not in os.environ)
+    except (OSError, ValueError):
+        return False
 
 
 def _quiet_broken_pipe() -> None:

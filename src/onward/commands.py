@@ -70,9 +70,10 @@ def held_back_warning(tasks_file: str, result: ImportResult) -> str | None:
 def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | None = None,
                 tasks_file: str | None = None, out_dir: str | None = None,
                 max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES, keep_awake: str | None = None,
-                job: str | None = None) -> int:
+                job: str | None = None, progress_bar: bool = False) -> int:
     """``onward run``: add the tasks file's new tasks, then run ``command`` once per pending task. Returns
-    the exit status (0, or 3 when some tasks failed for good)."""
+    the exit status (0, or 3 when some tasks failed for good). ``progress_bar``: draw one under the log
+    lines (only when the log goes to a terminal)."""
     if not command or not command[0]:
         raise UsageError("no command to run: give it after --, e.g. onward run --tasks FILE -- CMD {task}")
     check_command(command)
@@ -96,8 +97,9 @@ def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | No
             warning = held_back_warning(str(tasks_file), result)
             if warning:
                 log.warning(warning)
-        handler = CommandHandler(command, url, max_result_bytes)
-        summary = run_worker(store.get(), handler, config, log, url=url, out=out, keep_awake=marker)
+        handler = CommandHandler(command, url, max_result_bytes, job=store.job)
+        summary = run_worker(store.get(), handler, config, log, url=url, out=out, keep_awake=marker,
+                             progress_bar=progress_bar)
         return summary.exit_code
     finally:
         if out is not None:

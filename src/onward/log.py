@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import time
-from typing import TextIO
+from typing import Protocol, TextIO
 
 QUIET, NORMAL, VERBOSE = 0, 1, 2
 
@@ -52,19 +52,33 @@ def one_line(text: str | None, limit: int = 300) -> str:
     return line[:limit]
 
 
+class PinnedLine(Protocol):
+    """A line kept at the bottom of the terminal (``onward run``'s progress bar, onward.progress)."""
+
+    def write_above(self, line: str) -> None:
+        """Write ``line`` (a whole line, newline included) above the pinned line."""
+
+
 class Log:
     def __init__(self, level: int = NORMAL, stream: TextIO | None = None, name: str = "onward") -> None:
         self.level = level
         self.stream = stream or sys.stderr
         self.name = name
         self.stamped = "JOURNAL_STREAM" not in os.environ
+        # Set while a progress bar is drawn under the log lines on the same terminal: lines go through it.
+        self.pinned: PinnedLine | None = None
 
     def _write(self, text: str) -> None:
         prefix = f"{self.name} pid={os.getpid()} "
         if self.stamped:
             prefix = iso_time(time.time(), precise=True) + " " + prefix
+        line = prefix + printable(text.replace("\n", " ")) + "\n"
+        pinned = self.pinned
+        if pinned is not None:
+            pinned.write_above(line)
+            return
         try:
-            self.stream.write(prefix + printable(text.replace("\n", " ")) + "\n")
+            self.stream.write(line)
             self.stream.flush()
         except (OSError, ValueError):
             pass  # a closed or full stderr must never stop the work

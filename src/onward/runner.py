@@ -88,6 +88,9 @@ class Runner:
         self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
         self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
         self._store_backoff = 0.0
+        # The store's counts as of the last heartbeat, with this worker's tally (done, failed) at that
+        # moment: what a progress bar reads on its own timer (onward.progress), costing no query of its own.
+        self.counts_seen: tuple[dict[str, int], int, int] = ({}, 0, 0)
         self._paused = False  # the job is paused (onward pause), as last read: claims return nothing then
         self._marker_held = False  # this worker made the keep-awake marker exist
 
@@ -449,6 +452,7 @@ class Runner:
         self._notify_status(counts)
 
     def _notify_status(self, counts: dict[str, int]) -> None:
+        self.counts_seen = (counts, self.summary.done, self.summary.failed)
         cancelled = f", {counts[CANCELLED]} cancelled" if counts.get(CANCELLED) else ""
         self.notifier.status(f"{counts.get(DONE, 0)}/{sum(counts.values())} done, {counts.get(RUNNING, 0)} running,"
                              f" {counts.get(FAILED, 0)} failed{cancelled}" + (", paused" if self._paused else ""))

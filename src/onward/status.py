@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from .errors import StoreError
 from .log import iso_time, one_line, printable
 from .proc import owner_alive
-from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, Event, Store, WorkerRow
+from .progress import duration
+from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, Event, Store, TaskRow, WorkerRow
 
 # A worker on another host cannot be checked by its pid: one whose heartbeat is older than this (twelve
 # default heartbeats) is taken for gone when judging whether anyone is working, so that a machine that died
@@ -20,18 +22,23 @@ SILENT_WORKER_SECONDS = 60.0
 def status_dict(store: Store) -> dict[str, Any]:
     """The status as plain data; ``onward status --json`` prints exactly this."""
     stats = store.stats()
+    now = store.now()
     counts = {state: stats.counts.get(state, 0) for state in (PENDING, RUNNING, DONE, FAILED, CANCELLED)}
     rate = stats.done_last_minute / stats.rate_window
     left = counts[PENDING] + counts[RUNNING]
     workers = []
     working = 0
+    restarts = {r.host: r for r in store.restarts_by_host()}
     for w in stats.workers:
         alive = owner_alive(w.owner)  # same host: known for sure; elsewhere (None) the heartbeat is all we have
         working += _working(w, alive)
         workers.append({
             "id": w.worker_id, "host": w.owner.host, "pid": w.owner.pid,
             "heartbeat_age": round(w.heartbeat_age, 1), "done": w.done, "running": w.running_count,
-            "started_at": iso_time(w.started_at), "alive": alive,
+            "started_at": iso_time(w.started_at), "alive": alive, "age": round(max(now - w.started_at, 0.0), 1),
+            # Restarts are journaled by the supervisor, not the worker: those of the worker's host.
+            "restarts": restarts[w.owner.host].count if w.owner.host in restarts else 0,
+            "last_restart": restarts[w.owner.host].last_cause if w.owner.host in restarts else None,
         })
     return {
         "store": store.url,
@@ -44,7 +51,9 @@ def status_dict(store: Store) -> dict[str, Any]:
             {"task": t.name, "attempt": t.attempt, "worker_pid": t.owner.pid if t.owner else None,
              "host": t.owner.host if t.owner else None,
              "heartbeat_age": round(t.heartbeat_age, 1) if t.heartbeat_age is not None else None,
-             "note": t.note, "steps": _steps_of(store, t.task_id, t.fence)}
+             "note": t.note, "steps": _steps_of(store, t.task_id, t.fence),
+             "age": _claimed_age(store, t.name, now), "stale": t.lease_expired,
+             "progress_age": round(t.progress_age, 1) if t.progress_age is not None else None}
             for t in stats.running_tasks
         ],
         "errors": [{"at": iso_time(e.at), "kind": e.kind, "task": e.task, "attempt": e.attempt,
@@ -54,6 +63,15 @@ def status_dict(store: Store) -> dict[str, Any]:
         "workers_alive": working,
         "eta_seconds": _eta(left, rate, working),
     }
+
+
+def _claimed_age(store: Store, name: str, now: float) -> float | None:
+    """Seconds since a running task was claimed (its attempt started), on the store's clock; None if it is
+    no longer there. One lookup by name per running task, like its steps."""
+    row = store.task(name)
+    if row is None or row.started_at is None:
+        return None
+    return round(max(now - row.started_at, 0.0), 1)
 
 
 def _working(worker: WorkerRow, alive: bool | None) -> bool:
@@ -116,7 +134,7 @@ def render_status(report: dict[str, Any]) -> None:
     if eta is None and not report["workers_alive"]:
         eta_text = "no worker running"
     else:
-        eta_text = "eta " + ("-" if eta is None else _duration(eta))
+        eta_text = "eta " + ("-" if eta is None else duration(eta))
     console.print(f"  rate {report['rate_per_second']:.1f}/s over the last minute   {eta_text}   "
                   f"restarts {report['restarts']}")
     if report["workers"]:
@@ -159,11 +177,11 @@ def _fit_task_and_note(rows: list[list[str]], columns: tuple[str, ...], width: i
     room = max(12, width - gaps - sum(widest(i) for i in range(1, len(columns) - 1)))
     note_width = min(widest(-1), max(len(columns[-1]), room // 3))
     for row in rows:
-        row[0] = _cut_middle(row[0], room - note_width)
-        row[-1] = _cut_middle(row[-1], note_width)
+        row[0] = cut_middle(row[0], room - note_width)
+        row[-1] = cut_middle(row[-1], note_width)
 
 
-def _cut_middle(text: str, width: int) -> str:
+def cut_middle(text: str, width: int) -> str:
     """``text`` in at most ``width`` terminal cells: its start, "…", its end."""
     from rich.cells import cell_len
 
@@ -204,12 +222,70 @@ def format_event(event: Event) -> str:
     return printable(" ".join(parts))
 
 
+# --- scripting: one JSON object per line (onward list --json, onward logs --json) ------------------------
+def task_json(row: TaskRow) -> dict[str, Any]:
+    """A task for ``onward list --json``: its text and error as stored (JSON-escaped, not shown escaped),
+    times as ISO 8601 UTC with milliseconds, or null."""
+    return {"name": row.name, "state": row.state, "attempts": row.attempts,
+            "added_at": _iso_or_none(row.added_at), "started_at": _iso_or_none(row.started_at),
+            "finished_at": _iso_or_none(row.finished_at), "error": row.error}
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+def event_json(event: Event) -> dict[str, Any]:
+    """A journal event for ``onward logs --json``: every field as stored, the time as ISO 8601 UTC."""
+    return {"id": event.event_id, "at": iso_time(event.at, precise=True), "kind": event.kind, "pid": event.pid,
+            "host": event.host, "task": event.task, "attempt": event.attempt, "detail": event.detail}
+
+
+def _iso_or_none(t: float | None) -> str | None:
+    return None if t is None else iso_time(t, precise=True)
+
+
+_AGE = re.compile(r"([0-9]{1,9})([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# An age beyond this is a typo, not a question about the journal (and would overflow a date).
+MAX_AGE_SECONDS = 100 * 365 * 86400
+
+
+def parse_since(text: str, now: float) -> float:
+    """The time meant by ``--since TEXT``, seconds since the epoch: an age before ``now`` (``90s``, ``10m``,
+    ``2h``, ``3d``) or an ISO 8601 time (``2026-11-30T03:30:00Z``, ``2026-11-30 03:30``, ``2026-11-30``;
+    UTC unless it carries an offset). Raises ``ValueError`` with a one-line message for anything else."""
+    from datetime import datetime, timezone
+
+    shown = text.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")[:60]
+    age = _AGE.fullmatch(text)
+    if age:
+        seconds = int(age[1]) * _UNIT_SECONDS[age[2]]
+        if seconds > MAX_AGE_SECONDS:
+            raise ValueError(f"'{shown}' is too far back (at most 100 years)")
+        return now - seconds
+    iso = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
+    try:
+        if not iso.isascii() or not iso[:1].isdigit():
+            raise ValueError
+        when = datetime.fromisoformat(iso)
+    except ValueError:
+        raise ValueError(f"'{shown}' is not a time: give ISO 8601 (2026-11-30T03:30:00Z) or an age"
+                         " (90s, 10m, 2h, 3d)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def first_event_after(store: Store, since: float) -> int:
+    """The event id after which the journal's events are at ``since`` or later (for ``events(after_id=…)``).
+    The journal is appended in time order (one clock: the store's), so a binary search over event ids
+    finds it in a few reads of one event each, on a journal of millions of events; ids may have gaps."""
+    last = store.events(last=1)
+    if not last:
+        return 0
+    lo, hi = 0, last[0].event_id
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = store.events(after_id=mid, limit=1)  # the first event with an id above mid
+        if not first or first[0].at >= since:
+            hi = mid
+        else:
+            lo = first[0].event_id
+    return lo

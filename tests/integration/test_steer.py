@@ -111,8 +111,12 @@ def test_pause_stops_claims_on_every_worker_and_resume_finishes_the_job(store_ur
     side = tmp_path / "side"
     side.mkdir()
     assert run_onward("add", "--db", store_url, *[f"t{i}" for i in range(8)]).returncode == 0
-    with workers(command_worker(store_url, side), command_worker(store_url, side), logs=tmp_path) as (a, b):
+    marker = tmp_path / "keep-awake"
+    awake = ("--keep-awake", str(marker))
+    with workers(command_worker(store_url, side, *awake), command_worker(store_url, side, *awake),
+                 logs=tmp_path) as (a, b):
         wait_for(lambda: len(started(side, ".cmd.start")) == 2, 30, "each worker to start a task")
+        assert marker.exists()
         r = run_onward("pause", "--db", store_url)
         assert r.returncode == 0 and "paused" in r.stderr.decode(), r.stderr
         assert "paused" in run_onward("pause", "--db", store_url).stderr.decode()  # again: already paused
@@ -124,6 +128,8 @@ def test_pause_stops_claims_on_every_worker_and_resume_finishes_the_job(store_ur
         assert report["paused"] is True and report[RUNNING] == 0 and report[PENDING] == 6, report
         assert len(started(side, ".cmd.start")) == 2
         assert a.proc.poll() is None and b.proc.poll() is None, "paused workers stay up"
+        # Nothing running and nothing to be claimed: a paused job keeps nobody awake.
+        wait_for(lambda: not marker.exists(), 30, "the keep-awake marker to go while paused")
         text = run_onward("status", "--db", store_url).stdout.decode()
         assert "paused" in text
         r = run_onward("resume", "--db", store_url)
@@ -189,14 +195,14 @@ def test_named_jobs_in_one_store_are_isolated(store_url: str, tmp_path: Path) ->
     script.write_text(TASK_SCRIPT)
     for job, word in (("alpha", "A"), ("beta", "B")):
         r = run_onward("run", "--db", store_url, "--job", job, "--tasks", str(tasks), "--", sys.executable, "-c",
-                       f"import sys; print('{word}-' + sys.argv[1])", "{task}")
+                       f"import os, sys; print('{word}-' + sys.argv[1] + '@' + os.environ['ONWARD_JOB'])", "{task}")
         assert r.returncode == 0, r.stderr
     r = run_onward("add", "--db", store_url, "--job", "beta", "only-beta")
     assert r.returncode == 0
-    assert run_onward("result", "--db", store_url, "--job", "alpha", "quick-1").stdout == b"A-quick-1\n"
-    assert run_onward("result", "--db", store_url, "--job", "beta", "quick-1").stdout == b"B-quick-1\n"
+    assert run_onward("result", "--db", store_url, "--job", "alpha", "quick-1").stdout == b"A-quick-1@alpha\n"
+    assert run_onward("result", "--db", store_url, "--job", "beta", "quick-1").stdout == b"B-quick-1@beta\n"
     env_result = run_onward("result", "--db", store_url, "quick-2", env={"ONWARD_JOB": "beta"})
-    assert env_result.stdout == b"B-quick-2\n"
+    assert env_result.stdout == b"B-quick-2@beta\n"
     r = run_onward("result", "--db", store_url, "--job", "alpha", "only-beta")
     assert r.returncode == 1 and r.stderr.decode().count("\n") == 1
     assert run_onward("pause", "--db", store_url, "--job", "beta").returncode == 0
@@ -267,3 +273,27 @@ def test_cancel_of_finished_unknown_and_no_tasks(tmp_path: Path) -> None:
     assert r.returncode == 0 and r.stderr == b"cancelled 'waiting'\n"
     # A job whose only unfinished task was cancelled is finished: exit 0 (cancelled is not a failure).
     assert run_onward("run", "--db", db, "--", "true").returncode == 0
+
+
+def test_supervise_passes_its_job_on_to_the_worker(tmp_path: Path) -> None:
+    db = str(tmp_path / "store.db")
+    r = run_onward("supervise", "--job", "nightly", "--", *onward_argv("run", "--db", db, "--tasks", "-", "--",
+                                                                        "true"), input=b"a\nb\n")
+    assert r.returncode == 0, r.stderr
+    jobs = {j["job"]: j for j in map(json.loads, run_onward("jobs", "--db", db, "--json").stdout.splitlines())}
+    assert jobs["nightly"]["done"] == 2 and jobs["default"]["total"] == 0
+    r = run_onward("supervise", "--job", "../x", "--", "true")
+    assert r.returncode == 2 and r.stderr.decode().count("\n") == 1
+
+
+def test_supervise_records_restarts_in_its_job(tmp_path: Path) -> None:
+    db = str(tmp_path / "store.db")
+    assert run_onward("add", "--db", db, "--job", "nightly", "x").returncode == 0
+    seen = tmp_path / "seen"
+    crash = ("import os, sys; open(sys.argv[1], 'a').write(os.environ['ONWARD_JOB'] + chr(10)); sys.exit(1)")
+    r = run_onward("supervise", "--db", db, "--job", "nightly", "--max-restarts", "1", "--restart-delay", "0", "--",
+                   sys.executable, "-c", crash, str(seen))
+    assert r.returncode == 1, r.stderr
+    assert seen.read_text().splitlines() == ["nightly", "nightly"]
+    assert status(db, "--job", "nightly")["restarts"] == 1
+    assert status(db)["restarts"] == 0

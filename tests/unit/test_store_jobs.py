@@ -230,3 +230,23 @@ def test_activity_and_totals_count_completions_and_failed_attempts(store: Store)
     assert start % 3600 == 0 and start <= time.time() < start + 2 * 3600
     assert store.totals() == Totals(completions=2, failed_attempts=2, final_failures=0, cancelled=1, restarts=1,
                                     step_replays=4)
+
+
+def test_the_python_api_names_its_job_and_steers_it(store_url: str) -> None:
+    from onward import Job
+    from onward.log import QUIET
+
+    with Job(store_url, name="py", log_level=QUIET) as job, Job(store_url, log_level=QUIET) as other:
+        job.task(lambda task, ctx: f"py {task}")
+        other.task(lambda task, ctx: f"default {task}")
+        assert job.name == "py" and other.name == "default"
+        job.add(["a", "b", "c"])
+        other.add(["a"])
+        assert job.cancel(["c"]) == {"c": CANCELLED}
+        assert job.pause() and not job.pause()
+        assert job.status().paused and not other.status().paused
+        assert job.resume()
+        summary = job.run()
+        assert (summary.done, summary.failed, summary.exit_code) == (2, 0, 0)  # cancelled is no failure
+        assert job.result("a") == "py a"
+        assert other.run().done == 1 and other.result("a") == "default a"

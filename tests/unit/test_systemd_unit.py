@@ -272,3 +272,14 @@ def test_a_refused_secret_is_not_echoed_in_the_error() -> None:
     with pytest.raises(UsageError) as refused:
         systemd.render_unit("job", ONWARD + ["run", "--", "psql", "postgresql://u:pw7@h/db\n"])
     assert "pw7" not in str(refused.value)
+
+
+def test_the_job_is_passed_on_to_the_worker() -> None:
+    text = systemd.render_unit("j", ONWARD + ["run", "--", "true"], job="nightly", environ={}).text
+    assert 'Environment="ONWARD_JOB=nightly"' in text.splitlines()
+    carried = systemd.render_unit("j", ONWARD + ["run", "--", "true"], environ={"ONWARD_JOB": "exported"}).text
+    assert 'Environment="ONWARD_JOB=exported"' in carried.splitlines()
+    own = systemd.render_unit("j", ONWARD + ["run", "--job", "own", "--", "true"], environ={"ONWARD_JOB": "x"}).text
+    assert "ONWARD_JOB" not in own  # the command names its job: nothing to carry
+    with pytest.raises(UsageError, match="bad job name"):
+        systemd.render_unit("j", ONWARD + ["run", "--", "true"], environ={"ONWARD_JOB": "../x"})

@@ -145,6 +145,16 @@ class WorkerRow:
 
 
 @dataclass(frozen=True)
+class HostRestarts:
+    """The worker restarts a supervisor journaled on one host, for ``Store.restarts_by_host``."""
+
+    host: str
+    count: int
+    last_at: float  # when the latest one happened
+    last_cause: str | None  # why: how the worker before it ended ("exit status 1", "SIGKILL", …)
+
+
+@dataclass(frozen=True)
 class Event:
     event_id: int
     at: float
@@ -354,6 +364,10 @@ class Reporting(Protocol):
 
     def workers(self) -> list[WorkerRow]:
         """Workers not marked stopped (at most 100, newest first)."""
+
+    def restarts_by_host(self) -> list[HostRestarts]:
+        """The job's journaled worker restarts (events ``restart``), counted per host, with the latest one's
+        time and cause, in host order. Cheap: reads only the restart events (a partial index)."""
 
     def events(self, after_id: int = 0, task: str | None = None, limit: int = 1000,
                last: int | None = None) -> list[Event]:

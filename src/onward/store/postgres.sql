@@ -158,6 +158,9 @@ DROP INDEX onward.tasks_running;
 CREATE INDEX tasks_running ON onward.tasks (job_id, worker_id) WHERE state = 'running';
 -- Failed and cancelled tasks are few: the dashboard's filter on them needs no scan of a million done ones.
 CREATE INDEX tasks_ended_badly ON onward.tasks (job_id, id) WHERE state IN ('failed', 'cancelled');
+-- The finish times of done tasks, for the chart of a job's life (activity): each completion adds one entry
+-- at the index's right edge (finish times grow), and the chart reads only what finished since its last read.
+CREATE INDEX tasks_done_at ON onward.tasks (job_id, finished_at) WHERE state = 'done';
 
 ALTER TABLE onward.counts ADD COLUMN job_id bigint NOT NULL DEFAULT 1;
 ALTER TABLE onward.counts ALTER COLUMN job_id DROP DEFAULT;
@@ -517,11 +520,27 @@ SELECT id, name, state, attempts, added_at, started_at, finished_at, error, resu
 
 -- name: iter_running_tasks
 -- Running tasks are few: read from their index and sorted, rather than found among a million others.
-SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM onward.tasks
- WHERE job_id = %(job)s AND state = 'running' AND id > %(after)s
-   AND (%(pattern)s::text IS NULL OR name ILIKE %(pattern)s ESCAPE '\')
- ORDER BY id LIMIT %(limit)s;
+-- MATERIALIZED: the ids come from the partial index (tasks_running), not from a walk along the primary key that the
+-- planner would otherwise pick for ORDER BY id LIMIT (and that passes every done task first).
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM onward.tasks WHERE job_id = %(job)s AND state = 'running' AND id > %(after)s
+)
+SELECT t.id, t.name, t.state, t.attempts, t.added_at, t.started_at, t.finished_at, t.error, t.result_kind
+  FROM chosen JOIN onward.tasks AS t ON t.id = chosen.id
+ WHERE t.state = 'running' AND (%(pattern)s::text IS NULL OR t.name ILIKE %(pattern)s ESCAPE '\')
+ ORDER BY t.id LIMIT %(limit)s;
+
+-- name: iter_pending_tasks
+-- Pending tasks from their index, sorted: used when they are few among many others (see task_page).
+-- MATERIALIZED: the ids come from the partial index (tasks_ready), not from a walk along the primary key that the
+-- planner would otherwise pick for ORDER BY id LIMIT (and that passes every done task first).
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM onward.tasks WHERE job_id = %(job)s AND state = 'pending' AND id > %(after)s
+)
+SELECT t.id, t.name, t.state, t.attempts, t.added_at, t.started_at, t.finished_at, t.error, t.result_kind
+  FROM chosen JOIN onward.tasks AS t ON t.id = chosen.id
+ WHERE t.state = 'pending' AND (%(pattern)s::text IS NULL OR t.name ILIKE %(pattern)s ESCAPE '\')
+ ORDER BY t.id LIMIT %(limit)s;
 
 -- name: counts
 -- The sum of the job's deltas, and how many rows it took (to know when to compact them).
@@ -551,6 +570,15 @@ SELECT w.id, w.host, w.host_key, w.pid, w.pid_start, w.started_at, onward.epoch(
 -- name: count_restarts
 SELECT count(*) FROM onward.events WHERE kind = 'restart' AND job_id = %(job)s;
 
+-- name: restarts_by_host
+-- Each host's latest restart (DISTINCT ON keeps the first row of each host in id DESC order), with the
+-- count of that host's restarts; only the restart events are read (partial index events_restarts).
+SELECT DISTINCT ON (coalesce(host, '?')) coalesce(host, '?'), count(*) OVER (PARTITION BY coalesce(host, '?')),
+       at, detail
+  FROM onward.events
+ WHERE kind = 'restart' AND job_id = %(job)s
+ ORDER BY coalesce(host, '?'), id DESC;
+
 -- name: done_last_minute
 -- Tasks done in the last minute, and the window they were done in: a job younger than a minute is
 -- measured over its own age (from its first event in that minute), not diluted over 60 s.
@@ -567,12 +595,11 @@ SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
  LIMIT %(limit)s;
 
 -- name: activity_done
--- The chart of a job's life. Completions come from the tasks themselves (finished_at of done tasks): one
--- pass over the job's rows. An index on finish times would make this cheaper but cost every completion
--- one more index write, and the journal is larger still than the tasks (a claim and an outcome per
--- attempt). Meant to be read every few tens of seconds, not on every refresh of a live view.
+-- Completions per bucket since "since", from the index of finish times (see tasks_done_at; the store handle
+-- keeps the buckets already closed, so a live chart reads only the last few minutes).
 SELECT floor(finished_at / %(bucket)s) * %(bucket)s AS b, count(*)
-  FROM onward.tasks WHERE job_id = %(job)s AND state = 'done'
+  FROM onward.tasks
+ WHERE job_id = %(job)s AND state = 'done' AND finished_at >= %(since)s
  GROUP BY b;
 
 -- name: activity_failed

@@ -25,6 +25,7 @@ from .base import (
     RUNNING,
     STATES,
     Claim,
+    HostRestarts,
     JobRow,
     Owner,
     Reclaimed,
@@ -46,6 +47,11 @@ PAGE_SIZE = 1000
 # the runner works with, at least the first figure. The runner stops its tasks a third of a lease before the
 # lease runs out, so a call stuck for longer than a quarter could leave it no time to do so.
 STALL_FLOOR_MS = 250
+# task_page() reads pending tasks from their index (and sorts them) up to this many; beyond, they are common
+# enough for a walk along the ids to fill a page soon.
+FEW_PENDING = 50_000
+# activity() takes a bucket for closed (never to change again) once it ended this many seconds ago.
+ACTIVITY_SETTLE = 300.0
 M = TypeVar("M", bound=Callable[..., Any])
 _IN_THE_BATCH = nullcontext()  # a write inside a batch: the batch's commit covers it
 
@@ -114,6 +120,8 @@ class SqlStore:
     url: str
     job: str  # the job this handle sees
     _job_id = 0  # its id in the store, passed to every query as ``job``
+    # activity(): per bucket size, the time up to which buckets are closed, and their completions
+    _activity_kept: dict[int, tuple[float, dict[float, int]]]
     _batch_depth = 0
     _stall_ms: int | None = None  # the bound on one call's wait, once the runner named a lease
     _stall_ceiling_ms: int | None = None  # the longest that bound may be, whatever the lease
@@ -157,6 +165,10 @@ class SqlStore:
 
     def counts(self) -> dict[str, int]:
         """Number of tasks in each state (every state present): the backend reads them its own way."""
+        raise NotImplementedError
+
+    def now(self) -> float:
+        """The store's clock (see ``Connection.now``)."""
         raise NotImplementedError
 
     def _work_ready(self) -> None:
@@ -212,6 +224,7 @@ class SqlStore:
     def _open_job(self, create: bool) -> None:
         """Find this handle's job, creating it (with its counts) when ``create``; ``StoreMissing`` when there
         is no such job and ``create`` is false. Run once, when the store is opened."""
+        self._activity_kept = {}
         row = self._exec("find_job", {"name": self.job}).fetchone()
         if row is None:
             if not create:
@@ -339,11 +352,15 @@ class SqlStore:
 
     def task_page(self, state: str | None, search: str | None, after: int, limit: int) -> list[TaskRow]:
         # Keyset paging on the id: a page costs the same wherever it starts. Running, failed and cancelled
-        # tasks are read from their own small indexes; the rest walk the ids from ``after`` (see the SQL).
+        # tasks are read from their own small indexes, and pending ones from theirs while they are few (a
+        # job near its end has them all at its end: walking the ids would pass every done task first); the
+        # rest walk the ids from ``after`` and stop once the page is full (see the SQL).
         params = {"after": after, "limit": limit, "state": state,
                   "pattern": like_pattern(search) if search else None}
         if state == RUNNING:
             name = "iter_running_tasks"
+        elif state == PENDING and self.counts().get(PENDING, 0) <= FEW_PENDING:
+            name = "iter_pending_tasks"
         elif state in (FAILED, CANCELLED):
             name = "iter_tasks_ended_badly"
         elif search:
@@ -353,13 +370,20 @@ class SqlStore:
         return [task_row_of(r) for r in self._exec(name, params).fetchall()]
 
     def activity(self, bucket_seconds: int = 60) -> list[tuple[float, int, int]]:
+        # Completions are counted from the index of done tasks' finish times. Done is final, so a bucket
+        # that closed a while ago never changes: this handle keeps those, and each later call reads only
+        # the tasks finished since (a live chart on a million-task job reads a few minutes' worth). Failed
+        # attempts come from the journal's small index of failures, read whole each time.
         bucket = max(1, int(bucket_seconds))
-        buckets: dict[float, list[int]] = {}
-        for at, n in self._exec("activity_done", {"bucket": bucket}).fetchall():
-            buckets.setdefault(float(at), [0, 0])[0] += int(n)
-        for at, n in self._exec("activity_failed", {"bucket": bucket}).fetchall():
-            buckets.setdefault(float(at), [0, 0])[1] += int(n)
-        return [(at, done, failed) for at, (done, failed) in sorted(buckets.items())]
+        kept_until, kept = self._activity_kept.get(bucket, (0.0, {}))
+        recent = dict(self._exec("activity_done", {"bucket": bucket, "since": kept_until}).fetchall())
+        done = {**kept, **{float(at): int(n) for at, n in recent.items()}}
+        # Closed: buckets that ended ACTIVITY_SETTLE seconds ago (a commit stamped earlier than it became
+        # visible, on PostgreSQL, is well within that).
+        closed = (self.now() - ACTIVITY_SETTLE) // bucket * bucket
+        self._activity_kept[bucket] = (closed, {at: n for at, n in done.items() if at < closed})
+        failed = {float(at): int(n) for at, n in self._exec("activity_failed", {"bucket": bucket}).fetchall()}
+        return [(at, done.get(at, 0), failed.get(at, 0)) for at in sorted(done.keys() | failed.keys())]
 
     def totals(self) -> Totals:
         counts = self.counts()
@@ -371,6 +395,11 @@ class SqlStore:
 
     def workers(self) -> list[WorkerRow]:
         return [worker_of(r) for r in self._exec("live_workers", self._clock())]
+
+    def restarts_by_host(self) -> list[HostRestarts]:
+        # Both backends' SQL gives host, count, the latest one's time and detail (SQLite adds max(id)).
+        return [HostRestarts(host=r[0], count=int(r[1]), last_at=r[2], last_cause=r[3])
+                for r in self._exec("restarts_by_host")]
 
     # --- workers and the journal ---------------------------------------------------------------------
     def register_worker(self, owner: Owner, detail: str) -> int:

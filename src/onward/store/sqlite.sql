@@ -171,6 +171,10 @@ CREATE INDEX tasks_ready ON tasks (job_id, ready_at, id) WHERE state = 'pending'
 CREATE INDEX tasks_running ON tasks (job_id, worker_id) WHERE state = 'running';
 -- Failed and cancelled tasks are few: the dashboard's filter on them needs no scan of a million done ones.
 CREATE INDEX tasks_ended_badly ON tasks (job_id, id) WHERE state IN ('failed', 'cancelled');
+-- The finish times of done tasks, for the chart of a job's life (activity): each completion appends one
+-- entry at the index's right edge (finish times grow), and the chart reads only what finished since its
+-- last read.
+CREATE INDEX tasks_done_at ON tasks (job_id, finished_at) WHERE state = 'done';
 
 CREATE TABLE counts_v3 (
     job_id INTEGER NOT NULL,
@@ -395,6 +399,15 @@ SELECT w.id, w.host, w.host_key, w.pid, w.pid_start, w.started_at, :now - w.hear
 -- name: count_restarts
 SELECT count(*) FROM events INDEXED BY events_restarts WHERE kind = 'restart' AND job_id = :job;
 
+-- name: restarts_by_host
+-- With max(), SQLite takes the bare columns (at, detail) from the row holding the maximum: each host's
+-- latest restart.
+SELECT coalesce(host, '?'), count(*), at, detail, max(id)
+  FROM events INDEXED BY events_restarts
+ WHERE kind = 'restart' AND job_id = :job
+ GROUP BY coalesce(host, '?')
+ ORDER BY 1;
+
 -- name: count_done_since_event
 SELECT count(*) FROM events WHERE id >= :since AND kind = 'done' AND job_id = :job;
 
@@ -412,12 +425,11 @@ SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
  LIMIT :limit;
 
 -- name: activity_done
--- The chart of a job's life. Completions come from the tasks themselves (finished_at of done tasks): one
--- pass over the job's rows, no index. An index on finish times would make this cheaper but cost every
--- completion one more index write, and the journal is larger still than the tasks (a claim and an outcome
--- per attempt). Meant to be read every few tens of seconds, not on every refresh of a live view.
+-- Completions per bucket since :since, from the index of finish times (see tasks_done_at; the store handle
+-- keeps the buckets already closed, so a live chart reads only the last few minutes).
 SELECT CAST(finished_at / :bucket AS INTEGER) * :bucket AS b, count(*)
-  FROM tasks WHERE +job_id = :job AND state = 'done'
+  FROM tasks INDEXED BY tasks_done_at
+ WHERE job_id = :job AND state = 'done' AND finished_at >= :since
  GROUP BY b;
 
 -- name: activity_failed
@@ -471,6 +483,14 @@ SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
   FROM tasks INDEXED BY tasks_running
  WHERE job_id = :job AND state = 'running' AND id > :after
+   AND (:pattern IS NULL OR name LIKE :pattern ESCAPE '\')
+ ORDER BY id LIMIT :limit;
+
+-- name: iter_pending_tasks
+-- Pending tasks from their index, sorted: used when they are few among many others (see task_page).
+SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
+  FROM tasks INDEXED BY tasks_ready
+ WHERE job_id = :job AND state = 'pending' AND id > :after
    AND (:pattern IS NULL OR name LIKE :pattern ESCAPE '\')
  ORDER BY id LIMIT :limit;
 

@@ -76,8 +76,17 @@ class Settler:
         return report_done
 
     def _released(self, claim: Claim, outcome: Outcome) -> Report:
-        if not self.store.release(claim.task_id, claim.fence, outcome.error):
+        state = self.store.release(claim.task_id, claim.fence, outcome.error)
+        if state is None:
             return self._fenced(claim)
+        if state == CANCELLED:  # given back while a cancel was pending: it ends there
+            self.store.log_event("cancelled", task_id=claim.task_id, worker_id=self.worker_id,
+                                 attempt=claim.attempt, detail=f"given back ({outcome.error}) after a cancel")
+
+            def report_cancelled() -> None:
+                self.summary.cancelled += 1
+                self.log.info(f"cancelled task={quote(claim.name)} attempt={claim.attempt}: given back, not retried")
+            return report_cancelled
         self.store.log_event("released", task_id=claim.task_id, worker_id=self.worker_id,
                              attempt=claim.attempt, detail=outcome.error)
 

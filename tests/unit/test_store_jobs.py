@@ -144,7 +144,7 @@ def test_a_cancel_requested_task_ends_cancelled_however_its_attempt_ends(store: 
     claims = {c.name: c for c in store.claim(w, 3, 30, 3)}
     store.cancel(list(claims))
     c = claims["released"]
-    assert store.release(c.task_id, c.fence, "worker stopping")
+    assert store.release(c.task_id, c.fence, "worker stopping") == CANCELLED
     c = claims["reclaimed"]
     reclaimed = store.reclaim(c.task_id, c.fence, "owner died")
     assert reclaimed is not None and reclaimed.state == CANCELLED

@@ -280,9 +280,9 @@ class WorkQueue(Protocol):
         ``retry_delay`` seconds; else it is failed for good. Returns the new state, or None if fenced out.
         Bounded."""
 
-    def release(self, task_id: int, fence: int, reason: str) -> bool:
-        """Give a claimed task back without counting the attempt (graceful stop). False if fenced out.
-        Bounded."""
+    def release(self, task_id: int, fence: int, reason: str) -> str | None:
+        """Give a claimed task back without counting the attempt (graceful stop). Returns its new state:
+        pending, or cancelled when it was asked to be cancelled (``cancel``); None if fenced out. Bounded."""
 
     def running_tasks(self) -> list[RunningTask]:
         """Every task in state running, with its owner and whether its lease has expired. Bounded."""

@@ -303,12 +303,12 @@ class SqlStore:
                 self._work_ready()
         return row[0] if row else None
 
-    def release(self, task_id: int, fence: int, reason: str) -> bool:
+    def release(self, task_id: int, fence: int, reason: str) -> str | None:
         with self._write():
             row = self._exec("release", {**self._clock(), "task_id": task_id, "fence": fence}).fetchone()
             if row is not None and row[0] == PENDING:
                 self._work_ready()
-        return row is not None
+        return str(row[0]) if row is not None else None
 
     def reclaim(self, task_id: int, fence: int, reason: str) -> Reclaimed | None:
         with self._write():

@@ -334,3 +334,35 @@ def test_job_picks_one_job_of_the_store(finished: Job, dashboard: Any) -> None:
         shown = run_onward("dashboard", "--db", finished.db, "--job", job_name, timeout=30)
         assert shown.returncode == 2 and shown.stderr.decode().count("\n") == 1, (job_name, shown)
         assert message in shown.stderr.decode()
+
+
+def test_a_search_reads_one_window_of_ids_per_request_and_goes_on_from_there(tmp_path: Path) -> None:
+    """A rare name on a big store: each request reads at most the window, says how far it looked, and the
+    pages put together find exactly what one unbounded search finds."""
+    from onward.dashboard.api import tasks
+    from onward.store import open_store
+
+    store = open_store(str(tmp_path / "s.db"))
+    names = [f"task-{i:04d}" for i in range(1, 301)]
+    store.add(names)
+    wanted = {"task-0007", "task-0150", "task-0299"}
+    found: list[str] = []
+    after, requests = 0, 0
+    while True:
+        page = tasks(store, {"q": "TASK-0", "limit": "2", "after": str(after)}, search_window=40)
+        found += [t["task"] for t in page["tasks"] if t["task"] in wanted]
+        assert all("task-0" in t["task"] for t in page["tasks"])
+        assert page["searched_to"] <= after + 40
+        requests += 1
+        if page["next_after"] is None:
+            break
+        assert page["next_after"] > after
+        after = page["next_after"]
+    assert found == sorted(wanted)
+    rare = [tasks(store, {"q": "0150", "after": str(a)}, search_window=40) for a in (0, 120, 160)]
+    assert [len(p["tasks"]) for p in rare] == [0, 1, 0]
+    assert rare[0]["next_after"] == 40 and rare[0]["searched_to"] == 40  # nothing here: go on at 40
+    assert rare[2]["next_after"] == 200
+    last = tasks(store, {"q": "0150", "after": "280"}, search_window=40)
+    assert last["tasks"] == [] and last["next_after"] is None  # nothing beyond: the search is over
+    store.close()

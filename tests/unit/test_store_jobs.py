@@ -250,3 +250,16 @@ def test_the_python_api_names_its_job_and_steers_it(store_url: str) -> None:
         assert (summary.done, summary.failed, summary.exit_code) == (2, 0, 0)  # cancelled is no failure
         assert job.result("a") == "py a"
         assert other.run().done == 1 and other.result("a") == "default a"
+
+
+def test_a_search_bounded_by_until_reads_no_task_beyond_it(store: Store) -> None:
+    store.add([f"n{i:03d}" for i in range(1, 101)])
+    ids = {row.name: row.task_id for row in store.task_page(None, None, 0, 1000)}
+    until = ids["n050"]
+    found = store.task_page(None, "N0", 0, 1000, until)
+    assert [r.name for r in found] == [f"n{i:03d}" for i in range(1, 51)]
+    assert store.task_page(None, "n07", 0, 10, until) == []  # n070..n079 lie beyond the bound
+    # Also where the state has an index of its own (pending tasks, while few).
+    assert [r.name for r in store.task_page(PENDING, "n0", 0, 1000, until)] == [f"n{i:03d}" for i in range(1, 51)]
+    assert [r.name for r in store.task_page(PENDING, "n07", until, 10, until + 30)] == [
+        f"n{i:03d}" for i in range(70, 80)]

@@ -22,6 +22,9 @@ DEFAULT_PAGE = 50
 MAX_PAGE = 500
 MAX_NAMES = 1000  # task names in one retry or cancel request
 MAX_SEARCH = 4096  # characters in a search; a task name is at most 4096 bytes
+# Task ids one search request reads at most (see ``tasks``): about 40 ms on SQLite and 100 ms on
+# PostgreSQL here, where a rare name over a million tasks took 0.4 s and 1 s in one request.
+SEARCH_WINDOW = 100_000
 RESULT_PREVIEW_BYTES = 4096
 EVENTS_SHOWN = 200  # a task's latest journal events in its detail
 ERROR_CHARS = 200  # of a task's error in the task table (the detail has all of it)
@@ -46,9 +49,14 @@ def status(store: Store) -> dict[str, Any]:
     return status_dict(store)
 
 
-def tasks(store: Store, query: Mapping[str, str]) -> dict[str, Any]:
+def tasks(store: Store, query: Mapping[str, str], search_window: int = SEARCH_WINDOW) -> dict[str, Any]:
     """``GET /api/tasks?state=&q=&after=&limit=``: one page of tasks in the order they were added, those
-    with an id above ``after``; ``next_after`` is the ``after`` of the next page, null on the last one."""
+    with an id above ``after``; ``next_after`` is the ``after`` of the next page, null on the last one.
+
+    A search (``q``) reads every task it passes, so one request searches at most ``search_window`` ids
+    past ``after``: a rare name costs a few windows' worth of requests, each answered quickly, instead of
+    one request that reads a million rows. Such a page may hold fewer than ``limit`` tasks, or none, with
+    ``next_after`` still set; ``searched_to`` says how far this request looked."""
     unknown = set(query) - {"state", "q", "after", "limit"}
     if unknown:
         raise ApiError(400, f"unknown parameter {sorted(unknown)[0]!r}")
@@ -60,11 +68,18 @@ def tasks(store: Store, query: Mapping[str, str]) -> dict[str, Any]:
         raise ApiError(400, f"q must be at most {MAX_SEARCH} characters, without NUL")
     after = _whole_number(query, "after", 0, 0, 1 << 62)
     limit = _whole_number(query, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
-    rows = store.task_page(state, search, after, limit)
-    return {
-        "tasks": [_task_line(row) for row in rows],
-        "next_after": rows[-1].task_id if len(rows) == limit else None,
-    }
+    until = after + search_window if search is not None else None
+    rows = store.task_page(state, search, after, limit, until)
+    if len(rows) == limit:
+        next_after: int | None = rows[-1].task_id
+    elif until is not None and store.task_page(None, None, until, 1):
+        next_after = until  # the window ended before the page filled, and tasks lie beyond it
+    else:
+        next_after = None
+    answer: dict[str, Any] = {"tasks": [_task_line(row) for row in rows], "next_after": next_after}
+    if until is not None:
+        answer["searched_to"] = rows[-1].task_id if len(rows) == limit else until
+    return answer
 
 
 def task_detail(store: Store, name: str) -> dict[str, Any]:

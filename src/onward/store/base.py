@@ -395,10 +395,13 @@ class Browsing(Protocol):
     """Reads for a live view or a dashboard, each cheap enough to call every few seconds on a store of a
     million tasks (see each backend's SQL for what it scans)."""
 
-    def task_page(self, state: str | None, search: str | None, after: int, limit: int) -> list[TaskRow]:
-        """Up to ``limit`` tasks with id greater than ``after``, in id order (keyset paging: the next page
-        starts after the last row's ``task_id``), optionally only those in ``state`` and only those whose
-        name contains ``search`` (case-insensitive; ``%`` and ``_`` are literal characters)."""
+    def task_page(self, state: str | None, search: str | None, after: int, limit: int,
+                  until: int | None = None) -> list[TaskRow]:
+        """Up to ``limit`` tasks with id greater than ``after`` (and at most ``until``, when given), in id
+        order (keyset paging: the next page starts after the last row's ``task_id``), optionally only those
+        in ``state`` and only those whose name contains ``search`` (case-insensitive; ``%`` and ``_`` are
+        literal characters). A search reads every row it passes, so a caller that must answer quickly
+        bounds it with ``until`` and goes on from there."""
 
     def activity(self, bucket_seconds: int = 60) -> list[tuple[float, int, int]]:
         """Over the job's life, per bucket of ``bucket_seconds``: (bucket start, tasks completed, failed

@@ -498,16 +498,18 @@ SELECT id, name, state, attempts, added_at, started_at, finished_at, error, resu
   FROM onward.tasks WHERE id > %(after)s AND job_id = %(job)s AND state = %(state)s ORDER BY id LIMIT %(limit)s;
 
 -- name: task_page_search
--- A substring search cannot use a btree: it reads rows from "after" on until it has a page (fast when
--- matches are common; a rare one reads the whole job).
+-- A substring search cannot use a btree: it reads rows from "after" on until it has a page or reaches
+-- "until" (fast when matches are common; a rare one reads every row up to "until").
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM onward.tasks WHERE id > %(after)s AND job_id = %(job)s AND name ILIKE %(pattern)s ESCAPE '\'
+  FROM onward.tasks
+ WHERE id > %(after)s AND id <= %(until)s AND job_id = %(job)s AND name ILIKE %(pattern)s ESCAPE '\'
  ORDER BY id LIMIT %(limit)s;
 
 -- name: task_page_search_in_state
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
   FROM onward.tasks
- WHERE id > %(after)s AND job_id = %(job)s AND state = %(state)s AND name ILIKE %(pattern)s ESCAPE '\'
+ WHERE id > %(after)s AND id <= %(until)s AND job_id = %(job)s AND state = %(state)s
+   AND name ILIKE %(pattern)s ESCAPE '\'
  ORDER BY id LIMIT %(limit)s;
 
 -- name: iter_tasks_ended_badly

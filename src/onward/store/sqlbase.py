@@ -47,6 +47,7 @@ PAGE_SIZE = 1000
 # the runner works with, at least the first figure. The runner stops its tasks a third of a lease before the
 # lease runs out, so a call stuck for longer than a quarter could leave it no time to do so.
 STALL_FLOOR_MS = 250
+NO_TASK_ID = 1 << 62  # above every task id: task_page()'s ``until`` when none is given
 # task_page() reads pending tasks from their index (and sorts them) up to this many; beyond, they are common
 # enough for a walk along the ids to fill a page soon.
 FEW_PENDING = 50_000
@@ -350,12 +351,13 @@ class SqlStore:
                 yield task_row_of(r)
             after = rows[-1][0]
 
-    def task_page(self, state: str | None, search: str | None, after: int, limit: int) -> list[TaskRow]:
+    def task_page(self, state: str | None, search: str | None, after: int, limit: int,
+                  until: int | None = None) -> list[TaskRow]:
         # Keyset paging on the id: a page costs the same wherever it starts. Running, failed and cancelled
         # tasks are read from their own small indexes, and pending ones from theirs while they are few (a
         # job near its end has them all at its end: walking the ids would pass every done task first); the
         # rest walk the ids from ``after`` and stop once the page is full (see the SQL).
-        params = {"after": after, "limit": limit, "state": state,
+        params = {"after": after, "limit": limit, "state": state, "until": NO_TASK_ID if until is None else until,
                   "pattern": like_pattern(search) if search else None}
         if state == RUNNING:
             name = "iter_running_tasks"
@@ -367,7 +369,10 @@ class SqlStore:
             name = "task_page_search" if state is None else "task_page_search_in_state"
         else:
             name = "iter_tasks" if state is None else "iter_tasks_in_state"
-        return [task_row_of(r) for r in self._exec(name, params).fetchall()]
+        rows = [task_row_of(r) for r in self._exec(name, params).fetchall()]
+        # The searches stop at ``until`` in SQL (they scan); the small indexes above are read whole, so
+        # their rows beyond it are dropped here. Ids come in order, so what is kept is still a prefix.
+        return rows if until is None else [r for r in rows if r.task_id <= until]
 
     def activity(self, bucket_seconds: int = 60) -> list[tuple[float, int, int]]:
         # Completions are counted from the index of done tasks' finish times. Done is final, so a bucket

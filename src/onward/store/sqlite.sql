@@ -366,14 +366,17 @@ SELECT id, name, state, attempts, added_at, started_at, finished_at, error, resu
   FROM tasks WHERE id > :after AND +job_id = :job AND state = :state ORDER BY id LIMIT :limit;
 
 -- name: task_page_search
--- A substring search cannot use an index: it reads rows from :after on until it has a page (fast when
--- matches are common; a rare one reads the whole job). LIKE folds ASCII case only.
+-- A substring search cannot use an index: it reads rows from :after on until it has a page or reaches
+-- :until (fast when matches are common; a rare one reads every row up to :until). LIKE folds ASCII case
+-- only.
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks WHERE id > :after AND +job_id = :job AND name LIKE :pattern ESCAPE '\' ORDER BY id LIMIT :limit;
+  FROM tasks WHERE id > :after AND id <= :until AND +job_id = :job AND name LIKE :pattern ESCAPE '\'
+ ORDER BY id LIMIT :limit;
 
 -- name: task_page_search_in_state
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks WHERE id > :after AND +job_id = :job AND state = :state AND name LIKE :pattern ESCAPE '\'
+  FROM tasks WHERE id > :after AND id <= :until AND +job_id = :job AND state = :state
+   AND name LIKE :pattern ESCAPE '\'
  ORDER BY id LIMIT :limit;
 
 -- name: iter_tasks_ended_badly

@@ -325,6 +325,13 @@
       return;
     }
     if (seq !== tasksSeq) return; // a newer search answered first
+    if (data.tasks.length === 0 && data.next_after !== null) {
+      // A search answers a window of ids at a time: nothing matched in this one, so look further on
+      // from the same page, each request staying quick.
+      pages[pages.length - 1] = data.next_after;
+      $("page-info").textContent = "searching… (looked up to task #" + data.searched_to + ")";
+      return loadTasks(announce);
+    }
     nextAfter = data.next_after;
     fill("tasks", data.tasks.map((t) => {
       const tr = row([t.id, taskButton(t.task), el("span", t.state, "state " + t.state), t.attempts,
@@ -342,6 +349,7 @@
 
   function restartPaging() {
     pages.length = 1;
+    pages[0] = 0; // a search may have moved the first page on past windows without a match
     loadTasks(true);
   }
 

@@ -329,7 +329,7 @@ class SqliteStore(SqlStore):
             workers = self.workers()
             last_id = self._exec("last_event_id").fetchone()[0]
             since = self._first_event_at_or_after(now - 60.0, last_id)
-            done_last_minute = self._exec("count_done_since_event", {"since": since}).fetchone()[0]
+            done_last_minute = self._exec("count_done_since", {"since": now - 60.0}).fetchone()[0]
             first = self._exec("event_time", {"id": since}).fetchone()
             # A job younger than a minute is measured over its own age, not diluted over 60 s.
             window = min(60.0, max(1.0, now - first[0])) if first else 60.0

@@ -155,6 +155,7 @@ class WorkerCgroups:
         self._idle: list[AttemptCgroup] = []  # empty leaves, ready for the next attempt
         self._made = 0
         self._leftovers: list[str] = []  # leaves that did not empty in time: removed later
+        self._next: AttemptCgroup | None = None  # chosen for the next attempt (``next_attempt``)
 
     @classmethod
     def create(cls) -> WorkerCgroups | None:
@@ -174,14 +175,25 @@ class WorkerCgroups:
         return cls(path)
 
     def attempt(self) -> AttemptCgroup:
-        """An empty leaf for one attempt. (A dead worker's leftovers, which a reclaimed task of theirs must
-        not overlap, are swept where the task is reclaimed, ``reclaim``: not here, on every start.)"""
+        """An empty leaf for one attempt: the one ``next_attempt`` chose, if any. (A dead worker's
+        leftovers, which a reclaimed task of theirs must not overlap, are swept where the task is
+        reclaimed, ``reclaim``: not here, on every start.)"""
+        if self._next is not None:
+            chosen, self._next = self._next, None
+            return chosen
         if self._leftovers:
             self._leftovers = [path for path in self._leftovers if not remove(path, wait=0)]
         if self._idle:
             return self._idle.pop()
         self._made += 1
         return AttemptCgroup(os.path.join(self.path, f"attempt-{self._made}"))
+
+    def next_attempt(self) -> AttemptCgroup:
+        """The leaf that the next ``attempt`` will return, chosen now: the spawner makes the next command's
+        process in it ahead of time."""
+        if self._next is None:
+            self._next = self.attempt()
+        return self._next
 
     def finished(self, cgroup: AttemptCgroup, reusable: bool = True) -> None:
         """The attempt is over and its main process reaped: kill whatever it left, and keep the leaf for
@@ -194,6 +206,9 @@ class WorkerCgroups:
 
     def close(self) -> None:
         """The worker is leaving: kill every attempt cgroup left and remove the directory."""
+        if self._next is not None:
+            self._idle.append(self._next)
+            self._next = None
         for cgroup in self._idle:
             cgroup.close()
         self._idle.clear()

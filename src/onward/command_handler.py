@@ -237,7 +237,7 @@ class CommandHandler:
         for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID"):
             env.pop(name, None)
         self._cgroups = WorkerCgroups.create()
-        self._starter = CommandStarter(env, self._cgroups is not None)
+        self._starter = CommandStarter(env, self._cgroups)
 
     def start(self, claim: Claim, loop: Loop) -> Attempt:
         argv = [arg.replace("{task}", claim.name) for arg in self.argv]

@@ -22,33 +22,42 @@ it may ``clone3`` and run a few lines of Python in the child. Three kernel featu
   own; ``$PPID`` in the command is the worker; and the command's PDEATHSIG follows the worker's thread
   that started the spawner (the loop's, as before), not the spawner, whose death harms no command.
 - ``CLONE_INTO_CGROUP`` (Linux 5.7): the command is born in the attempt's cgroup, so whatever it forks,
-  even at its first instruction, is inside; and a birth there costs the kernel far less than moving a
-  process in (no wait for an RCU grace period).
+  even at its first instruction, is inside; and a birth there spares the move of a running process
+  into the cgroup (0.3-0.6 ms measured on the fork path).
 - In the child, before ``execve``: ``setsid`` (own session and process group), ``PR_SET_PDEATHSIG``
   SIGKILL then a check that the parent is still the worker (it may have died before the ``prctl``), stdin
   from /dev/null, stdout and stderr to the worker's pipes; every other descriptor is close-on-exec.
 
 Where ``clone3`` is missing or filtered (kernels before 5.3, older container seccomp profiles), or cgroups
 are in use and ``CLONE_INTO_CGROUP`` is missing (before 5.7), ``Spawner.start`` returns None and the
-worker starts commands the old way (``attempts``: a ``preexec_fn`` fork).
+worker starts commands the old way (``spawn.spawn_forked``: a ``preexec_fn`` fork).
 
 Protocol. ``ctl``, a stream socket pair: the spawner first sends its capability (``REPORT``), the worker
-the commands' environment (``b"E"``), then one request per command (``b"S"``: argc, argv, the variables of
-this attempt; descriptors stdout, stderr, report, and the cgroup's directory). The spawner answers each
+the commands' environment (``b"E"``), then one request per command's process (``b"P"``, with
+descriptors: stdout, stderr, report, go, and the cgroup's directory). The spawner answers each
 with ``REPLY`` (pid, or 0 and an errno). ``report`` is a close-on-exec pipe from the child to the worker:
 the child writes its pid once it is set up (own session, PDEATHSIG), then, only if ``execve`` failed, its
 errno. The worker waits for the pid, not for the ``execve`` (a millisecond or more, spent beside the loop
 rather than in it), and reads the rest when the process has exited: a missing program or EACCES then
 fails the attempt with the words ``subprocess`` used (``cannot run PROGRAM: No such file or directory``).
-Because the child announces itself on ``report``, a spawner that dies
-mid-request (killed, OOM) never leaves a command the worker does not know: the worker reads ``report``
-whatever happens to ``ctl``, adopts a child that announced itself, and otherwise starts a new spawner and
-asks again.
+
+Ahead of time. The process for the next command is asked for (``prepare``, ``b"P"``) as soon as a
+command has started, in the cgroup its attempt will use (``WorkerCgroups.next_attempt``): it is cloned
+and set up while the command before it runs, then waits on its ``go`` pipe. Starting a command is then,
+for the worker, a write of argc, argv and the attempt's variables to that pipe (its end of file, once
+closed, tells the process to run them); a process never told (another cgroup was wanted, the worker is
+done) reads an empty end of file and exits, and is reaped. So the clone, a round trip to the spawner and
+the Python steps in the child are off the worker loop's path, and on a second core.
+
+Because the child announces itself on ``report``, a spawner that dies mid-request (killed, OOM) never
+leaves a process the worker does not know: the worker reads ``report`` whatever happens to ``ctl``, adopts
+a child that announced itself, and otherwise starts a new spawner and asks again.
 """
 
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
 import errno
 import os
@@ -70,7 +79,7 @@ NO_CLONE3, CLONE3, CLONE3_INTO_CGROUP = 0, 1, 2  # what the kernel (and any secc
 # How long the worker waits for the spawner's answer (it only has to clone): past this it is taken as hung,
 # killed, and replaced.
 REPLY_TIMEOUT = 30.0
-MAX_FDS = 4
+MAX_FDS = 5
 
 
 # --- the worker's end -----------------------------------------------------------------------------------
@@ -97,6 +106,7 @@ class Spawner:
         self._ctl = ours
         ours.settimeout(REPLY_TIMEOUT)
         self.pid = self._proc.pid
+        self._prepared: _Prepared | None = None
         try:
             level = REPORT.unpack(_recv_exact(ours, REPORT.size))[0]
         except OSError:
@@ -122,75 +132,103 @@ class Spawner:
             return None
         return spawner
 
+    def prepare(self, cgroup_dir: int | None) -> None:
+        """Have the next command's process made now, in the cgroup whose directory is open as
+        ``cgroup_dir``: it is cloned and set up while the worker does other things (the command before it
+        runs), and waits for its program. Does not wait; an error shows at ``spawn``."""
+        self.discard()
+        pipes: list[tuple[int, int]] = []
+        try:
+            for _ in range(4):  # stdout, stderr, report: to us; go: to it
+                pipes.append(os.pipe2(os.O_CLOEXEC))
+        except OSError:
+            for pipe in pipes:
+                os.close(pipe[0])
+                os.close(pipe[1])
+            raise
+        mine = [pipes[0][0], pipes[1][0], pipes[2][0], pipes[3][1]]
+        theirs = [pipes[0][1], pipes[1][1], pipes[2][1], pipes[3][0]]
+        sent = True
+        try:
+            self._ctl.sendmsg([_PREPARE], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array(
+                "i", theirs + ([cgroup_dir] if cgroup_dir is not None else [])))])
+        except OSError:
+            sent = False  # the spawner is gone: ``_take`` finds out and starts a new one
+        for fd in theirs:
+            os.close(fd)
+        self._prepared = _Prepared(*mine, cgroup_dir=cgroup_dir, sent=sent)
+
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cgroup_dir: int | None
               ) -> tuple[int, int, int, int]:
         """Start ``argv`` with the handler's environment plus ``env``, born in the cgroup whose directory is
-        open as ``cgroup_dir``. Returns once the command's process is in its own session and process group
-        and has its PDEATHSIG, just before its ``execve``: (pid, stdout, stderr, report), read ends of pipes.
-        Whether ``execve`` failed is read from ``report`` once the process has exited (``exec_error``): the
-        worker does not wait for the ``execve`` (a millisecond or more) on its loop.
+        open as ``cgroup_dir`` (a process made by ``prepare`` for that cgroup, else one made now). Returns
+        once the command's process is in its own session and process group and has its PDEATHSIG, before
+        its ``execve``: (pid, stdout, stderr, report), the read ends of its pipes. Whether ``execve``
+        failed is read from ``report`` once the process has exited (``exec_error``).
 
         Raises OSError with the errno alone when the process could not be created (``EAGAIN``, ``ENOMEM``,
-        a cgroup that refuses it), or as ``subprocess`` does (errno, ``argv[0]`` as filename) in the rare
-        case that a dead spawner's child was adopted and its ``execve`` failed."""
-        request = _spawn_message(argv, env)
-        try:
-            return self._spawn(request, argv[0], cgroup_dir)
-        except _SpawnerGone:
-            self._restart()
+        a cgroup that refuses it)."""
+        request = _request(argv, env)
+        for _ in range(3):
+            if self._prepared is None or self._prepared.cgroup_dir != cgroup_dir:
+                self.prepare(cgroup_dir)
             try:
-                return self._spawn(request, argv[0], cgroup_dir)
+                pid, ready = self._take()
             except _SpawnerGone:
-                raise OSError(errno.EAGAIN, "the command spawner died twice in a row") from None
-
-    def _spawn(self, request: bytes, program: str, cgroup_dir: int | None) -> tuple[int, int, int, int]:
-        mine: list[int] = []
-        theirs: list[int] = []
-        try:
-            for _ in range(3):  # stdout, stderr, report
-                r, w = os.pipe2(os.O_CLOEXEC)
-                mine.append(r)
-                theirs.append(w)
-            fds = theirs + ([cgroup_dir] if cgroup_dir is not None else [])
-            gone = False
+                self._restart()
+                continue
             try:
-                self._ctl.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            except OSError:
-                gone = True
-            for fd in theirs:
-                os.close(fd)
-            theirs.clear()
-            pid = code = 0
-            if not gone:
-                try:
-                    pid, code = REPLY.unpack(_recv_exact(self._ctl, REPLY.size))
-                except OSError:  # died, or hung past REPLY_TIMEOUT
-                    gone = True
-            if gone:
-                # Did a child come of the request? Only the report can tell, and it ends for sure once the
-                # spawner is dead: the child either runs (pid, then the end of file at its execve) or
-                # never was.
-                self._kill()
-                report = _read_all(mine[2])
-                if len(report) < REPORT.size:
-                    raise _SpawnerGone()
-                pid = REPORT.unpack_from(report)[0]
-                failure = exec_error(report[REPORT.size:])
-                if failure is not None:
-                    os.waitpid(pid, 0)
-                    raise OSError(failure, os.strerror(failure), program)
-            elif pid == 0:
-                raise OSError(code, os.strerror(code))
-            elif len(_read_exact(mine[2], REPORT.size)) < REPORT.size:
-                # The child died before it was set up (killed from outside): nothing of the command ran.
+                _write_all(ready.go, request)
+            except BrokenPipeError:  # it was killed while it waited: nothing of the command ran
+                ready.close_all()
                 os.waitpid(pid, 0)
-                raise OSError(errno.ECHILD, "the command's process died before it could start")
-            started = (pid, *mine)
-            mine.clear()
-            return started  # type: ignore[return-value]
-        finally:
-            for fd in mine + theirs:
-                os.close(fd)
+                continue
+            finally:
+                os.close(ready.go)
+            return pid, ready.stdout, ready.stderr, ready.report
+        raise OSError(errno.EAGAIN, "the command spawner died three times in a row")
+
+    def _take(self) -> tuple[int, _Prepared]:
+        """The prepared process, once it is set up: (its pid, its pipes)."""
+        ready, self._prepared = self._prepared, None
+        assert ready is not None
+        gone = not ready.sent
+        pid = code = 0
+        if not gone:
+            try:
+                pid, code = REPLY.unpack(_recv_exact(self._ctl, REPLY.size))
+            except OSError:  # died, or hung past REPLY_TIMEOUT
+                gone = True
+        if gone:
+            # Did a process come of the request? Only the report can tell, and it says so for sure once
+            # the spawner is dead: the process writes its pid, or nobody holds the pipe any more.
+            self._kill()
+            said = _read_exact(ready.report, REPORT.size)
+            if len(said) < REPORT.size:
+                ready.close_all()
+                raise _SpawnerGone()
+            return REPORT.unpack(said)[0], ready
+        if pid == 0:
+            ready.close_all()
+            raise OSError(code, os.strerror(code))
+        if len(_read_exact(ready.report, REPORT.size)) < REPORT.size:
+            # It died before it was set up (killed from outside): nothing of the command ran.
+            ready.close_all()
+            os.waitpid(pid, 0)
+            raise OSError(errno.ECHILD, "the command's process died before it could start")
+        return pid, ready
+
+    def discard(self) -> None:
+        """End a prepared process that will not be used (a different cgroup is asked for, or the worker
+        is done): it leaves at the end of file of its ``go`` pipe, and is reaped."""
+        if self._prepared is None:
+            return
+        try:
+            pid, ready = self._take()
+        except (OSError, _SpawnerGone):
+            return
+        ready.close_all()
+        os.waitpid(pid, 0)
 
     def _kill(self) -> None:
         self._proc.kill()
@@ -209,9 +247,25 @@ class Spawner:
         return self._proc.poll() is None
 
     def close(self) -> None:
-        """Stop the spawner (no command is its child: none is harmed)."""
+        """End the prepared process and stop the spawner (no command is its child: none is harmed)."""
+        self.discard()
         self._ctl.close()
         self._kill()
+
+
+class _Prepared:
+    """A process being made (or made) by the spawner for the next command: the worker's ends of its pipes."""
+
+    def __init__(self, stdout: int, stderr: int, report: int, go: int, *, cgroup_dir: int | None,
+                 sent: bool) -> None:
+        self.stdout, self.stderr, self.report, self.go = stdout, stderr, report, go
+        self.cgroup_dir = cgroup_dir
+        self.sent = sent  # False: the request never reached the spawner
+
+    def close_all(self) -> None:
+        for fd in (self.stdout, self.stderr, self.report, self.go):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class _SpawnerGone(Exception):
@@ -223,13 +277,22 @@ def _env_message(env: Mapping[str, str]) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def _spawn_message(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
+_PREPARE = HEADER.pack(1) + b"P"
+
+
+def _request(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
+    """What a prepared process is told to run: argc, argv, then this attempt's variables, NUL-separated."""
     fields = [str(len(argv)).encode(), *map(os.fsencode, argv),
               *(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items())]
     if any(b"\0" in field for field in fields):
         raise ValueError("embedded null byte")  # as subprocess says
-    payload = b"S" + b"\0".join(fields)
-    return HEADER.pack(len(payload)) + payload
+    return b"\0".join(fields)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -251,13 +314,6 @@ def exec_error(rest: bytes) -> int | None:
 def _read_exact(fd: int, size: int) -> bytes:
     data = b""
     while len(data) < size and (chunk := os.read(fd, size - len(data))):
-        data += chunk
-    return data
-
-
-def _read_all(fd: int) -> bytes:
-    data = b""
-    while chunk := os.read(fd, 64):
         data += chunk
     return data
 
@@ -321,34 +377,27 @@ class _Server:
                     if name:
                         self.env[name] = value
                 self.path = [os.fsencode(d) for d in os.get_exec_path(self.env)]  # type: ignore[arg-type]
-            elif payload[:1] == b"S":
-                self.spawn(payload[1:].split(b"\0"))
+            elif payload[:1] == b"P":
+                self.prepare()
 
-    def spawn(self, fields: list[bytes]) -> None:
-        argc = int(fields[0])
-        argv = fields[1:1 + argc]
-        env = dict(self.env)
-        for item in fields[1 + argc:]:
-            name, _, value = item.partition(b"=")
-            env[name] = value
+    def prepare(self) -> None:
+        """Clone the next command's process (descriptors: stdout, stderr, report, go, and the cgroup)."""
         fds, self.fds = self.fds, []
-        out, err, report = fds[:3]
-        cgroup = fds[3] if len(fds) > 3 else None
-        program = argv[0]
-        candidates = [program] if b"/" in program else [os.path.join(d, program) for d in self.path]
+        out, err, report, go = fds[:4]
+        cgroup = fds[4] if len(fds) > 4 else None
         flags = CLONE_PARENT | (CLONE_INTO_CGROUP if cgroup is not None else 0)
         args = CLONE_ARGS.pack(flags, 0, 0, 0, 0, 0, 0, 0, 0, 0, cgroup if cgroup is not None else 0)
         pid = self.syscall(SYS_CLONE3, args, len(args))
         if pid == 0:
-            self.child(argv, env, candidates, out, err, report)  # never returns
+            self.child(out, err, report, go)  # never returns
         code = ctypes.get_errno() if pid < 0 else 0
-        for fd in fds:  # the child has its copies; ours would keep the report pipe from ending
+        for fd in fds:  # the child has its copies; ours would keep its pipes from ending
             os.close(fd)
         self.ctl.sendall(REPLY.pack(max(pid, 0), code), socket.MSG_NOSIGNAL)
 
-    def child(self, argv: list[bytes], env: dict[bytes, bytes], candidates: list[bytes], out: int, err: int,
-              report: int) -> None:
-        """In the new process, born in its cgroup, a child of the worker: the few steps before ``execve``."""
+    def child(self, out: int, err: int, report: int, go: int) -> None:
+        """In the new process, born in its cgroup, a child of the worker: set up, say so, wait for the
+        command on ``go``, run it."""
         try:
             os.setsid()
             self.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -358,8 +407,23 @@ class _Server:
             os.dup2(out, 1)
             os.dup2(err, 2)
             os.write(report, REPORT.pack(os.getpid()))
+            request = b""
+            while chunk := os.read(go, 1 << 16):
+                request += chunk
+            if not request:
+                os._exit(0)  # discarded: the worker closed ``go`` without a command
+            fields = request.split(b"\0")
+            argc = int(fields[0])
+            argv = fields[1:1 + argc]
+            env = dict(self.env)
+            for item in fields[1 + argc:]:
+                name, _, value = item.partition(b"=")
+                env[name] = value
+            program = argv[0]
             first = last = 0
-            for path in candidates:  # as subprocess does: the first error other than "not there", else the last
+            # As subprocess does: the program on the PATH the command gets; the first error other than
+            # "not there", else the last.
+            for path in [program] if b"/" in program else [os.path.join(d, program) for d in self.path]:
                 try:
                     os.execve(path, argv, env)
                 except OSError as e:

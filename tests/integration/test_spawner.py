@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from onward import cgroups
 from onward.cgroups import own_cgroup
 from tests.conftest import onward_argv, run_onward, wait_for
 
@@ -100,6 +101,7 @@ def test_a_command_gets_the_same_process_either_way(tmp_path: Path, mode: dict[s
     assert ("/attempt-" in out) == CGROUP_WRITABLE, out
     spawner_listed = "spawner.py" in out  # ps --ppid: the worker's children, the spawner among them
     assert spawner_listed == (mode == {}), out
+    assert spawners_of(p.pid) == []  # the spawner and the process it had made ahead are gone with the worker
 
 
 @pytest.mark.parametrize("mode", SPAWN_MODES)
@@ -236,3 +238,55 @@ def test_onward_run_of_commands_never_loads_asyncio(tmp_path: Path) -> None:
     assert "onward.command_handler" in imported and "onward.spawner" in imported  # the profile is there
     assert not {name for name in imported if name == "asyncio" or name.startswith("asyncio.")}
     assert "onward.attempts" not in imported and "onward.steps" not in imported
+
+
+@needs_cgroup2
+def test_a_live_worker_that_reclaims_a_dead_workers_task_kills_what_left_its_group_first(
+        tmp_path: Path, marker: str) -> None:
+    """The sweep of dead workers' cgroups no longer runs before every command, but where their task is
+    reclaimed: worker B runs `x`, whose command leaves a `setsid sleep` behind in B's attempt cgroup; B is
+    SIGKILLed (no supervisor); worker A, started while B was alive (so its own start swept nothing),
+    reclaims `x` and must kill that sleep before `x` runs again."""
+    db = str(tmp_path / "s.db")
+    escaped = f"{marker}1"
+    script = tmp_path / "task.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = x ] && [ "$ONWARD_ATTEMPT" = 1 ]; then setsid sleep ' + escaped + " & exec sleep " + marker
+        + "; fi\n"
+        'if [ "$1" = x ]; then echo again; exit 0; fi\n'
+        "sleep 0.2\n")
+    script.chmod(0o755)
+    assert run_onward("add", "--db", db, "x").returncode == 0
+    assert own is not None
+    # The two workers run in a cgroup of this test's own: any other worker starting in ours (another
+    # test's) would sweep B's leftovers as it starts, and hide whether A does.
+    scratch = os.path.join(own, f"onward-test-reclaim-{os.getpid()}")
+    os.mkdir(scratch)
+
+    def inside(argv: list[str]) -> list[str]:
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', scratch, *argv]
+
+    b = subprocess.Popen(inside(onward_argv("run", "--db", db, "--", str(script), "{task}")),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    a = None
+    try:
+        wait_for(lambda: processes_with(escaped), 30, "x's escaped sleep in worker B")
+        assert run_onward("add", "--db", db, *[f"f{i}" for i in range(30)]).returncode == 0
+        a = subprocess.Popen(inside(onward_argv("run", "--db", db, "--heartbeat", "0.5", "--", str(script),
+                                                "{task}")),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_for(lambda: spawners_of(a.pid), 30, "worker A to start commands")
+        assert processes_with(escaped), "the escaped sleep runs before B dies"
+        b.kill()
+        b.wait()
+        wait_for(lambda: not processes_with(escaped), 30, "worker A to kill B's escaped sleep as it reclaims x")
+        _, err = a.communicate(timeout=120)
+        assert a.returncode == 0, err.decode()
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        cgroups.remove(scratch)
+    assert run_onward("result", "--db", db, "x").stdout == b"again\n"

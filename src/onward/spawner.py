@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import ctypes
 import errno
 import os
 import signal
@@ -323,6 +322,9 @@ class _Server:
     def __init__(self, ctl: socket.socket, worker: int) -> None:
         self.ctl = ctl
         self.worker = worker
+        import ctypes  # here: the worker's end (imported by every worker) never needs it
+
+        self.get_errno = ctypes.get_errno
         libc = ctypes.CDLL(None, use_errno=True)
         self.prctl = libc.prctl
         # Called with the GIL held (PyDLL): the child returns into this interpreter, which must find the
@@ -344,7 +346,7 @@ class _Server:
         args = CLONE_ARGS.pack(CLONE_PARENT | CLONE_INTO_CGROUP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x7FFFFFFF)
         if self.syscall(SYS_CLONE3, args, len(args)) == 0:
             os._exit(0)  # cannot happen (no such descriptor); were it a child, it must not serve
-        code = ctypes.get_errno()
+        code = self.get_errno()
         return {errno.EBADF: CLONE3_INTO_CGROUP, errno.E2BIG: CLONE3, errno.EINVAL: CLONE3}.get(code, NO_CLONE3)
 
     def message(self) -> bytes | None:
@@ -390,7 +392,7 @@ class _Server:
         pid = self.syscall(SYS_CLONE3, args, len(args))
         if pid == 0:
             self.child(out, err, report, go)  # never returns
-        code = ctypes.get_errno() if pid < 0 else 0
+        code = self.get_errno() if pid < 0 else 0
         for fd in fds:  # the child has its copies; ours would keep its pipes from ending
             os.close(fd)
         self.ctl.sendall(REPLY.pack(max(pid, 0), code), socket.MSG_NOSIGNAL)

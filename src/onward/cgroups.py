@@ -104,17 +104,28 @@ _handlers = itertools.count(1)
 
 
 class AttemptCgroup:
-    """A leaf that one attempt's command runs in. ``cgroup.procs`` is opened before the fork, so the child
-    only has to write to an open descriptor to move itself in (``enter``), before it can start anything."""
+    """A leaf that one attempt's command runs in. Its directory is kept open for the spawner, which has
+    the command born in it (``CLONE_INTO_CGROUP``); and so is ``cgroup.procs``, for a forked child, which
+    only has to write to an open descriptor to move itself in (``enter``) before it can start anything."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         os.mkdir(path)
         try:
-            self._procs = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+            self._dir = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             os.rmdir(path)
             raise
+        try:
+            self._procs = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            os.close(self._dir)
+            os.rmdir(path)
+            raise
+
+    def directory(self) -> int:
+        """The open directory of this cgroup (for ``clone3``'s ``CLONE_INTO_CGROUP``)."""
+        return self._dir
 
     def enter(self) -> None:
         """In the child, between fork and exec: move the calling process (``0``) into this cgroup, so
@@ -125,10 +136,11 @@ class AttemptCgroup:
         kill(self.path)
 
     def close(self) -> None:
-        """Close the descriptor (the cgroup itself stays: ``remove`` it)."""
+        """Close the descriptors (the cgroup itself stays: ``remove`` it)."""
         if self._procs >= 0:
             os.close(self._procs)
-            self._procs = -1
+            os.close(self._dir)
+            self._procs = self._dir = -1
 
 
 class WorkerCgroups:
@@ -143,6 +155,7 @@ class WorkerCgroups:
         self._idle: list[AttemptCgroup] = []  # empty leaves, ready for the next attempt
         self._made = 0
         self._leftovers: list[str] = []  # leaves that did not empty in time: removed later
+        self._next: AttemptCgroup | None = None  # chosen for the next attempt (``next_attempt``)
 
     @classmethod
     def create(cls) -> WorkerCgroups | None:
@@ -162,16 +175,25 @@ class WorkerCgroups:
         return cls(path)
 
     def attempt(self) -> AttemptCgroup:
-        """An empty leaf for one attempt. Dead workers' directories beside ours are killed first: the
-        task may be one of theirs, reclaimed, and two attempts of a task must never overlap (this costs
-        a listing of our own cgroup, little next to a fork)."""
-        sweep_dead_workers(os.path.dirname(self.path))
+        """An empty leaf for one attempt: the one ``next_attempt`` chose, if any. (A dead worker's
+        leftovers, which a reclaimed task of theirs must not overlap, are swept where the task is
+        reclaimed, ``reclaim``: not here, on every start.)"""
+        if self._next is not None:
+            chosen, self._next = self._next, None
+            return chosen
         if self._leftovers:
             self._leftovers = [path for path in self._leftovers if not remove(path, wait=0)]
         if self._idle:
             return self._idle.pop()
         self._made += 1
         return AttemptCgroup(os.path.join(self.path, f"attempt-{self._made}"))
+
+    def next_attempt(self) -> AttemptCgroup:
+        """The leaf that the next ``attempt`` will return, chosen now: the spawner makes the next command's
+        process in it ahead of time."""
+        if self._next is None:
+            self._next = self.attempt()
+        return self._next
 
     def finished(self, cgroup: AttemptCgroup, reusable: bool = True) -> None:
         """The attempt is over and its main process reaped: kill whatever it left, and keep the leaf for
@@ -184,6 +206,9 @@ class WorkerCgroups:
 
     def close(self) -> None:
         """The worker is leaving: kill every attempt cgroup left and remove the directory."""
+        if self._next is not None:
+            self._idle.append(self._next)
+            self._next = None
         for cgroup in self._idle:
             cgroup.close()
         self._idle.clear()

@@ -6,7 +6,7 @@ output folder are all checked before the store is created or a single task is ad
 
 from __future__ import annotations
 
-from .attempts import CommandHandler, check_command
+from .command_handler import CommandHandler, check_command
 from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import StoreMissing, UsageError
 from .keepawake import marker_path

@@ -5,11 +5,8 @@ that never outlive their parent.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import signal
-import socket
 import time
 from collections.abc import Container
 from functools import cache
@@ -67,8 +64,9 @@ def process_alive(pid: int | None, start: int | None) -> bool:
 
 @cache
 def hostname() -> str:
-    """This host's name, as shown to people (in the journal, status, logs)."""
-    return socket.gethostname()
+    """This host's name, as shown to people (in the journal, status, logs): ``gethostname(2)``, which on
+    Linux is the node name of ``uname(2)`` (read so, without loading the socket module)."""
+    return os.uname().nodename
 
 
 @cache
@@ -101,8 +99,11 @@ def owner_alive(owner: Owner) -> bool | None:
 
 @cache
 def _prctl():
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return libc.prctl
+    import ctypes  # only where prctl is called: ``onward status`` and the like never load it
+
+    # The process's own symbols, libc's among them: no search for the library (``find_library`` runs
+    # ldconfig in a subprocess).
+    return ctypes.CDLL(None, use_errno=True).prctl
 
 
 def die_with_parent_preexec() -> None:

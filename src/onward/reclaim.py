@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 
+from .cgroups import sweep_dead_workers
 from .log import Log, quote
 from .proc import kill_group, owner_alive, process_alive
 from .store.base import RunningTask, Store
@@ -37,7 +38,12 @@ def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: L
 
 
 def _end_old_attempt(task: RunningTask, alive: bool | None) -> None:
-    """Two attempts of one task must never overlap: the old command's process group goes first."""
+    """Two attempts of one task must never overlap: the old command's process group goes first, and when
+    its worker died on this host, that worker's cgroups (what left the group: ``setsid``, a double fork).
+    This is the one path by which a dead worker's task runs again, so the sweep is done here rather than
+    before every command a worker starts."""
+    if alive is False:
+        sweep_dead_workers()
     if task.child_pid and (alive is not None or task.owner is None) and process_alive(
             task.child_pid, task.child_start):
         kill_group(task.child_pid)

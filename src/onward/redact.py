@@ -5,11 +5,9 @@ Backend-neutral: the CLI, the supervisor and the PostgreSQL store all use it.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 from collections.abc import Sequence
-from urllib.parse import unquote
 
 # A password in a URL is whatever follows ``scheme://user:`` up to the "@" before the host, whatever it holds:
 # libpq takes ``#``, ``?`` and ``/`` unencoded, and a malformed URL (a space in the password) must be
@@ -36,6 +34,10 @@ def url_secrets(text: str) -> list[str]:
     found += [raw.split("@", 1)[0] for raw in found]  # libpq reads up to the first "@", and quotes that
     if os.environ.get("PGPASSWORD"):
         found.append(os.environ["PGPASSWORD"])
+    if not found:
+        return []  # the usual case (a path, or a URL without a password): urllib is not even loaded
+    from urllib.parse import unquote
+
     secrets = {s for raw in found for s in (raw, unquote(raw)) if s}
     return sorted(secrets, key=len, reverse=True)  # longest first: a secret may contain a shorter one
 
@@ -55,6 +57,8 @@ def hide_secrets_in_argv(secrets: Sequence[str]) -> None:
     ``~/.pgpass`` or ``ONWARD_DB`` to a password on the command line."""
     if not secrets:
         return
+    import ctypes  # here: only a command line with a password needs it
+
     try:
         with open("/proc/self/stat", "rb") as f:
             stat = f.read()

@@ -1,0 +1,283 @@
+"""Running one attempt of a command: a child process in its own session and process group, started by
+the worker's spawner (``onward.spawn``), watched from the worker loop through its pidfd and pipes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+
+from .attempt import ERROR_TAIL_BYTES, Attempt, Loop, Outcome, error_tail
+from .cgroups import WorkerCgroups
+from .config import DEFAULT_MAX_RESULT_BYTES
+from .errors import UsageError
+from .proc import kill_group, pid_exists, pid_start_time
+from .spawn import RESOURCE_ERRNOS, CommandStarter
+from .store.base import Claim
+
+
+class CommandAttempt(Attempt):
+    """A child process in its own process group (and session), killed with its parent (PDEATHSIG), and in
+    a cgroup of its own where ``cgroups`` is given (everything it starts ends with the attempt)."""
+
+    def __init__(self, claim: Claim, argv: list[str], env: dict[str, str], heartbeat_file: str | None,
+                 loop: Loop, max_result_bytes: int, starter: CommandStarter,
+                 cgroups: WorkerCgroups | None = None) -> None:
+        super().__init__(claim)
+        self._worker = loop
+        self._program = argv[0]
+        self._max_result = max_result_bytes
+        self._stdout = bytearray()
+        self._overflow = False
+        self._stderr = bytearray()
+        self._stderr_cut = False  # its beginning was dropped
+        self._heartbeat_file = heartbeat_file
+        self._heartbeat_mtime = self._mtime()
+        self._reported = False
+        self._killed = False
+        self._proc_exited = False
+        self._cgroups = cgroups
+        self._cgroup = cgroups.attempt() if cgroups is not None else None
+        try:
+            self._proc = starter.start(argv, env, self._cgroup)
+        except BaseException:
+            if cgroups is not None and self._cgroup is not None:
+                cgroups.finished(self._cgroup, reusable=False)
+            raise
+        self.child_pid = self._proc.pid
+        self._open: dict[int, Callable[[bytes], None]] = {}  # a pipe's fd -> where its bytes go
+        pidfd = -1
+        try:
+            self.child_start = pid_start_time(self._proc.pid)
+            pidfd = os.pidfd_open(self._proc.pid)
+            for fd, sink in ((self._proc.stdout, self._on_stdout), (self._proc.stderr, self._on_stderr)):
+                os.set_blocking(fd, False)
+                self._worker.register(fd, _bind(self._read, fd))
+                self._open[fd] = sink
+            self._worker.register(pidfd, self._on_exit)
+        except BaseException:
+            # Out of descriptors or memory after the command was spawned: it must not run on unwatched (the
+            # attempt is given back, and the task would run twice at once).
+            self._discard(pidfd)
+            raise
+        self._pidfd = pidfd
+
+    def _discard(self, pidfd: int) -> None:
+        """Undo a start that failed after the spawn: kill and reap the command, close what was opened."""
+        kill_group(self._proc.pid)
+        self._proc.wait()
+        if self._cgroups is not None and self._cgroup is not None:
+            self._cgroups.finished(self._cgroup)  # kills what the command started outside its group
+        for fd in list(self._open):
+            self._close_fd(fd)
+        self._proc.close_pipes()
+        if pidfd >= 0:
+            os.close(pidfd)
+
+    def _mtime(self) -> int | None:
+        if self._heartbeat_file is None:
+            return None
+        try:
+            return os.stat(self._heartbeat_file).st_mtime_ns
+        except OSError:
+            return None
+
+    def last_progress(self) -> float:
+        mtime = self._mtime()
+        if mtime != self._heartbeat_mtime:  # the command touched $ONWARD_HEARTBEAT_FILE
+            self._heartbeat_mtime = mtime
+            self._progress = time.monotonic()
+        return self._progress
+
+    def _on_stdout(self, data: bytes) -> None:
+        if len(self._stdout) + len(data) > self._max_result:
+            self._overflow = True  # keep draining so the child never blocks on a full pipe
+        else:
+            self._stdout += data
+
+    def _on_stderr(self, data: bytes) -> None:
+        self._stderr += data
+        if len(self._stderr) > 2 * ERROR_TAIL_BYTES:
+            del self._stderr[:-ERROR_TAIL_BYTES]
+            self._stderr_cut = True
+
+    def _read(self, fd: int) -> bool:
+        """Read what the pipe has; False once it reached end of file (and was closed)."""
+        if fd not in self._open:
+            return False  # closed by an earlier event of the same select() round
+        sink = self._open[fd]
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return True
+            except OSError:
+                data = b""
+            if not data:
+                self._close_fd(fd)
+                return False
+            self._progress = time.monotonic()
+            sink(data)
+
+    def _close_fd(self, fd: int) -> None:
+        if self._open.pop(fd, None) is not None:
+            self._worker.unregister(fd)
+            self._proc.close_pipe(fd)
+
+    def _on_exit(self) -> None:
+        if self._proc_exited:
+            return
+        self._proc_exited = True
+        self._worker.unregister(self._pidfd)
+        os.close(self._pidfd)
+        # The step is over once its main process is: whatever it left running in its group goes too
+        # (the exited leader, not yet reaped, keeps the group id from being reused meanwhile), and so
+        # does whatever left the group but not the attempt's cgroup.
+        kill_group(self._proc.pid)
+        self._drain()
+        status = self._proc.wait()
+        if self._cgroups is not None and self._cgroup is not None:
+            self._cgroups.finished(self._cgroup)
+        if self._heartbeat_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._heartbeat_file)
+        self._report(self._outcome(status, self._proc.exec_error()))
+
+    def _drain(self) -> None:
+        for fd in list(self._open):
+            self._read(fd)
+            self._close_fd(fd)
+
+    def _outcome(self, status: int, exec_error: OSError | None) -> Outcome:
+        cut = self._stderr_cut or len(self._stderr) > ERROR_TAIL_BYTES
+        tail = error_tail(bytes(self._stderr[-ERROR_TAIL_BYTES:]).decode("utf-8", "replace"), cut,
+                          self._worker.secrets).strip()
+        if status == 0 and not self._killed:
+            if self._overflow:
+                return Outcome.failure(f"result exceeds the limit of {self._max_result} bytes of stdout")
+            return Outcome.done(bytes(self._stdout), "bytes")
+        if self.abandon_reason is not None:
+            return Outcome.released(self.abandon_reason)
+        if exec_error is not None:
+            # The program could not be run (the spawner reports this after the fact): the same outcome, in
+            # the same words, as a fork's error raised at start (``Runner._start``).
+            if exec_error.errno in RESOURCE_ERRNOS:
+                return Outcome.released(f"worker out of resources: {exec_error.strerror}")
+            return Outcome.failure(f"cannot run {self._program}: {exec_error.strerror}")
+        if self.cancel_reason is not None:
+            what = self.cancel_reason
+        elif status < 0:
+            what = f"killed by signal {signal.Signals(-status).name}"
+        else:
+            what = f"exit status {status}"
+        return Outcome.failure(f"{what}\n{tail}".strip())
+
+    abandon_reason: str | None = None
+
+    def _report(self, outcome: Outcome) -> None:
+        if not self._reported:
+            self._reported = True
+            self._worker.post(self, outcome)
+
+    def cancel(self, reason: str) -> None:
+        super().cancel(reason)
+        self._kill()
+
+    def _kill(self) -> None:
+        if not self._proc_exited:
+            self._killed = True
+            kill_group(self._proc.pid)
+            if self._cgroup is not None:
+                self._cgroup.kill()
+
+    def abandon(self, reason: str) -> None:
+        if self._reported:
+            return
+        self.abandon_reason = reason
+        self._kill()
+        self._on_exit()  # SIGKILL cannot be caught: reaping now takes no time
+
+
+def check_command(argv: list[str]) -> None:
+    """Refuse a command that cannot run before anything is written: its first word must name an executable
+    file, as a path (with a ``/``) or on the PATH the command gets (the worker's own: ``CommandHandler``
+    passes the environment on with PATH unchanged). A first word made of the task text (``{task}``) is
+    only known per attempt; a program that vanishes later fails its attempts with its name."""
+    program = argv[0]
+    if "{task}" in program:
+        return
+    if "/" not in program:
+        if shutil.which(program, path=os.pathsep.join(os.get_exec_path())) is None:
+            raise UsageError(f"command not found: {program} (no executable file of that name on PATH)")
+    elif not os.path.exists(program):
+        raise UsageError(f"command not found: {program}")
+    elif os.path.isdir(program):
+        raise UsageError(f"command is a directory: {program}")
+    elif not os.access(program, os.X_OK):
+        raise UsageError(f"command is not executable: {program}")
+
+
+class CommandHandler:
+    """Runs ``argv`` with every ``{task}`` replaced by the task text, never through a shell."""
+
+    def __init__(self, argv: list[str], db_url: str, max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+                 job: str | None = None) -> None:
+        self.argv = argv
+        self.max_result_bytes = max_result_bytes
+        _remove_stale_beat_dirs()
+        # The heartbeat files live in a private folder of this worker (mkdtemp makes it 0700).
+        self._beat_dir = tempfile.mkdtemp(prefix=f"{BEAT_DIR_PREFIX}{os.getpid()}-")
+        env = dict(os.environ, ONWARD_DB=db_url)
+        if job is not None:
+            env["ONWARD_JOB"] = job  # an `onward` the command runs works on the same job
+        # Variables meant for the worker itself must not leak to the task: a task speaking sd_notify
+        # would otherwise pose as the worker to systemd.
+        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID"):
+            env.pop(name, None)
+        self._cgroups = WorkerCgroups.create()
+        self._starter = CommandStarter(env, self._cgroups)
+
+    def start(self, claim: Claim, loop: Loop) -> Attempt:
+        argv = [arg.replace("{task}", claim.name) for arg in self.argv]
+        # Not created here (a file per task would cost a create and a delete each): the command creates
+        # or touches it to show progress, and the runner removes it when the attempt ends.
+        beat_file = os.path.join(self._beat_dir, f"task-{claim.task_id}-{claim.fence}")
+        env = {"ONWARD_TASK": claim.name, "ONWARD_ATTEMPT": str(claim.attempt), "ONWARD_HEARTBEAT_FILE": beat_file}
+        return CommandAttempt(claim, argv, env, beat_file, loop, self.max_result_bytes, self._starter, self._cgroups)
+
+    def close(self) -> None:
+        self._starter.close()
+        shutil.rmtree(self._beat_dir, ignore_errors=True)
+        if self._cgroups is not None:
+            self._cgroups.close()
+
+
+BEAT_DIR_PREFIX = "onward-beat-"
+
+
+def _remove_stale_beat_dirs() -> None:
+    """Heartbeat folders of workers that died without cleaning up (kill -9) are removed by the next one."""
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(BEAT_DIR_PREFIX):
+            continue
+        pid = name[len(BEAT_DIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) > 0 and not pid_exists(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+
+
+def _bind(read: Callable[[int], bool], fd: int) -> Callable[[], None]:
+    def on_ready() -> None:
+        read(fd)
+    return on_ready

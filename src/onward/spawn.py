@@ -1,0 +1,152 @@
+"""Starting a command's process for one attempt: through the worker's spawner process (``onward.spawner``),
+or, where the system cannot serve that, by the old fork with a ``preexec_fn``. Either way the command gets
+its own session and process group, stdin from /dev/null, stdout and stderr on pipes to the worker, SIGKILL
+when its worker dies (PDEATHSIG, with the parent check), and, where an attempt cgroup is given, that cgroup
+from before its first instruction. It is a child of the worker either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .cgroups import AttemptCgroup, WorkerCgroups
+from .proc import die_with_parent_preexec, prepare_die_with_parent
+from .spawner import Spawner, exec_error
+
+# "fork" makes every command start the old way (a fork of the worker with a preexec_fn): an escape hatch,
+# and how the tests run that path on systems where the spawner works.
+SWITCH = "ONWARD_SPAWN"
+
+
+class CommandProcess:
+    """A started command as its attempt sees it: its pid (which is also its process group's id), the read
+    ends of its stdout and stderr pipes, ``wait`` to reap it (it is always the worker's own child), and
+    whether its ``execve`` failed (``exec_error``, known once it has exited)."""
+
+    def __init__(self, pid: int, stdout: int, stderr: int, report: int = -1, popen: Any = None) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self._report = report  # the spawner path: the child's report pipe, past its pid
+        self._popen = popen  # the fork path's Popen, which keeps the exit status it reaped
+        self._status: int | None = None
+        self._open = {stdout, stderr} | ({report} if report >= 0 else set())
+
+    def exec_error(self) -> OSError | None:
+        """After the process exited: the error of its ``execve`` if that failed, as ``subprocess`` raises
+        it (errno, message, the program as filename); None if its program ran (or it died before trying).
+        On the fork path ``execve`` errors are raised by ``start`` itself."""
+        if self._report < 0 or self._report not in self._open:
+            return None
+        rest = b""
+        while chunk := os.read(self._report, 64):  # all written: the process is gone, and its end with it
+            rest += chunk
+        self.close_pipe(self._report)
+        failure = exec_error(rest)
+        return None if failure is None else OSError(failure, os.strerror(failure))
+
+    def wait(self) -> int:
+        """Reap the command; its exit status, negative for a signal (as ``Popen.returncode``)."""
+        if self._popen is not None:
+            return int(self._popen.wait())
+        if self._status is None:
+            self._status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self._status
+
+    def close_pipe(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            os.close(fd)
+
+    def close_pipes(self) -> None:
+        for fd in list(self._open):
+            self.close_pipe(fd)
+
+
+class CommandStarter:
+    """Starts one handler's commands, all with the environment ``env`` plus each attempt's own variables.
+
+    The spawner is started with the first command, from the thread that starts commands (the worker
+    loop's): a command's PDEATHSIG follows the thread that started the spawner, as it followed the thread
+    that forked it before. Where the spawner cannot be used (``Spawner.start`` says None, or ``SWITCH``),
+    commands are forked."""
+
+    def __init__(self, env: Mapping[str, str], cgroups: WorkerCgroups | None) -> None:
+        self._env = dict(env)
+        self._cgroups = cgroups
+        self._spawner: Spawner | None = None
+        self._fork = os.environ.get(SWITCH) == "fork"
+        prepare_die_with_parent()  # for the fork path: libc's prctl is loaded before any fork
+
+    @property
+    def forks(self) -> bool:
+        """Whether commands are started by fork (known for sure once the first command started)."""
+        return self._fork
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cgroup: AttemptCgroup | None) -> CommandProcess:
+        if not self._fork and self._spawner is None:
+            self._spawner = Spawner.start(self._env, self._cgroups is not None)
+            self._fork = self._spawner is None
+        if self._spawner is None:
+            return spawn_forked(list(argv), dict(self._env, **env), cgroup)
+        try:
+            pid, stdout, stderr, report = self._spawner.spawn(argv, env, cgroup.directory() if cgroup else None)
+        except OSError as e:
+            if cgroup is not None and e.filename is None and e.errno not in RESOURCE_ERRNOS:
+                raise OSError(e.errno, f"cannot move the command into its cgroup {cgroup.path}: {e.strerror}"
+                              ) from e
+            raise
+        # The next command's process is cloned and set up now, beside the loop, while this one runs: then
+        # starting it costs the loop a write, not a wait.
+        with contextlib.suppress(OSError):
+            self._spawner.prepare(self._cgroups.next_attempt().directory() if self._cgroups else None)
+        return CommandProcess(pid, stdout, stderr, report)
+
+    def close(self) -> None:
+        if self._spawner is not None:
+            self._spawner.close()
+            self._spawner = None
+
+
+# The process could not be created for want of resources: not the cgroup's fault (attempts.py gives such
+# an attempt back uncounted).
+RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
+
+
+def spawn_forked(argv: list[str], env: dict[str, str], cgroup: AttemptCgroup | None) -> CommandProcess:
+    """The fork path: ``subprocess`` with a ``preexec_fn`` (so CPython forks the whole worker)."""
+    import subprocess
+
+    pipes: list[int] = []
+    try:
+        for _ in range(2):
+            pipes += os.pipe2(os.O_CLOEXEC)
+        try:
+            popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=pipes[1], stderr=pipes[3], env=env, close_fds=True,
+                start_new_session=True, preexec_fn=_in_child(cgroup))
+        except subprocess.SubprocessError as e:  # only the preexec function raises it: the cgroup step
+            raise OSError(f"cannot move the command into its cgroup {cgroup.path if cgroup else ''}") from e
+    except BaseException:
+        for fd in pipes:
+            os.close(fd)
+        raise
+    os.close(pipes[1])
+    os.close(pipes[3])
+    return CommandProcess(popen.pid, pipes[0], pipes[2], popen=popen)
+
+
+def _in_child(cgroup: AttemptCgroup | None) -> Callable[[], None]:
+    """What the child does between fork and exec: enter the attempt's cgroup first, before it can fork
+    anything that would be born outside, then arrange to die with its parent."""
+    if cgroup is None:
+        return die_with_parent_preexec
+
+    def setup() -> None:
+        cgroup.enter()
+        die_with_parent_preexec()
+    return setup

@@ -1,0 +1,292 @@
+"""How commands are started (onward.spawn, onward.spawner): through the worker's spawner process, or by fork
+where that is switched off (``ONWARD_SPAWN=fork``), every guarantee of a command's process holds the same;
+the spawner's own failures (killed mid-run, its worker SIGKILLed right after a spawn) leave no task run
+twice and no process behind; and ``onward run`` of commands never loads asyncio."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from onward import cgroups
+from onward.cgroups import own_cgroup
+from tests.conftest import onward_argv, run_onward, wait_for
+
+CGROUP_WRITABLE = (own := own_cgroup()) is not None and os.access(os.path.join(own, "cgroup.procs"), os.W_OK)
+needs_cgroup2 = pytest.mark.skipif(
+    not CGROUP_WRITABLE and os.environ.get("CI") != "true",
+    reason="cgroup v2 is not mounted or our cgroup is not writable (needs root or a delegated subtree)")
+SPAWN_MODES = [pytest.param({}, id="spawner"), pytest.param({"ONWARD_SPAWN": "fork"}, id="fork")]
+
+
+def processes_with(word: str) -> list[int]:
+    """Live (not zombie) processes whose command line has ``word`` as one of its arguments or inside one."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+        except OSError:
+            continue
+        if any(word.encode() in arg for arg in args):
+            found.append(int(name))
+    return found
+
+
+def spawners_of(worker: int) -> list[int]:
+    """The spawner processes of the worker ``worker`` (its pid is their last argument)."""
+    found = []
+    for pid in processes_with("spawner.py"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().rstrip(b"\0").split(b"\0")
+        except OSError:
+            continue
+        if args[-1] == str(worker).encode():
+            found.append(pid)
+    return found
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A sleep duration no other test uses; any process still holding it at the end is killed."""
+    mark = f"60.{random.SystemRandom().randrange(10**12):012d}"
+    yield mark
+    for pid in processes_with(mark):
+        os.kill(pid, signal.SIGKILL)
+
+
+def write_tasks(path: Path, names: list[str]) -> Path:
+    path.write_text("".join(f"{n}\n" for n in names))
+    return path
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_a_command_gets_the_same_process_either_way(tmp_path: Path, mode: dict[str, str]) -> None:
+    """Its parent is the worker (never the spawner), it leads its own session and group, stdin is
+    /dev/null, no signal is ignored (Python ignores SIGPIPE; a command must
+    not inherit that), the worker's sd_notify variables are gone, and where cgroup v2 is writable it runs
+    in an attempt cgroup."""
+    script = ('echo "ppid=$PPID"; echo "ids=$(ps -o sid=,pgid= -p $$ | tr -s " ")"; grep SigIgn /proc/$$/status; read x; echo "read=$?"; echo "task=$ONWARD_TASK"; '
+              'echo "notify=${NOTIFY_SOCKET-unset}"; grep "^0::" /proc/$$/cgroup; echo "pid=$$"; '
+              'ps --ppid $PPID -o args=')
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "t.txt", ["a"])
+    p = subprocess.Popen(onward_argv("run", "--db", db, "--tasks", str(tasks), "--", "sh", "-c", script, "x",
+                                     "{task}"),
+                         env=dict(os.environ, NOTIFY_SOCKET="/nonexistent/notify", **mode),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err.decode()
+    out = run_onward("result", "--db", db, "a").stdout.decode()
+    lines = dict(line.split("=", 1) for line in out.splitlines() if "=" in line and not line.startswith("/"))
+    pid = lines["pid"]
+    assert lines["ppid"] == str(p.pid), out
+    assert lines["ids"].split() == [pid, pid], out  # session id and process group id: its own pid
+    assert "SigIgn:\t0000000000000000" in out, out
+    assert lines["read"] == "1", out  # end of file at once: /dev/null
+    assert lines["task"] == "a" and lines["notify"] == "unset", out
+    assert ("/attempt-" in out) == CGROUP_WRITABLE, out
+    spawner_listed = "spawner.py" in out  # ps --ppid: the worker's children, the spawner among them
+    assert spawner_listed == (mode == {}), out
+    assert spawners_of(p.pid) == []  # the spawner and the process it had made ahead are gone with the worker
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_a_command_holds_no_descriptor_but_stdin_stdout_and_stderr(tmp_path: Path, marker: str,
+                                                                   mode: dict[str, str]) -> None:
+    """Seen from outside (a shell looking at itself sees its own extra descriptors): the worker's store,
+    sockets and the spawner's channel never leak into a command."""
+    pidfile = tmp_path / "pid"
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "t.txt", ["a"])
+    p = subprocess.Popen(onward_argv("run", "--db", db, "--tasks", str(tasks), "--", "sh", "-c",
+                                     f"echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep {marker}"),
+                         env=dict(os.environ, **mode), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(pidfile.exists, 30, "the command to start")
+        pid = int(pidfile.read_text())
+        wait_for(lambda: Path(f"/proc/{pid}/comm").read_text() == "sleep\n", 10, "the command to exec its sleep")
+        assert sorted(os.listdir(f"/proc/{pid}/fd")) == ["0", "1", "2"]
+        assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_a_program_that_cannot_run_fails_its_attempt_naming_it_either_way(tmp_path: Path, mode: dict[str, str]
+                                                                           ) -> None:
+    """Through the spawner the ``execve`` error is known after the fact (the worker does not wait for it):
+    the same words as the fork path's, for a missing program, a directory, and a file that is not
+    executable (hostile twins: a name with spaces, with `..`)."""
+    plain = tmp_path / "plain.txt"
+    plain.write_text("not a program\n")
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "t.txt", ["/no/such prog", str(tmp_path), str(plain), "../../no/such", "true"])
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--max-attempts", "1", "--", "{task}", env=mode)
+    err = r.stderr.decode()
+    assert r.returncode == 3, err
+    for expected in ("cannot run /no/such prog: No such file or directory",
+                     f"cannot run {tmp_path}: Permission denied", f"cannot run {plain}: Permission denied",
+                     "cannot run ../../no/such: No such file or directory"):
+        assert expected in err, err
+    assert run_onward("list", "--db", db, "--state", "done").stdout == b"true\n"
+
+
+@needs_cgroup2
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_what_a_command_forks_at_once_is_in_its_attempt_cgroup_and_dies_with_it(
+        tmp_path: Path, marker: str, mode: dict[str, str]) -> None:
+    """`setsid -f`, the command's first act, forks a child that leaves the group and session: that child
+    is in the attempt's cgroup all the same (the command was born there), and is killed when the attempt
+    ends (the command waits only until its child has said where it runs)."""
+    where = tmp_path / "where.txt"
+    child = tmp_path / "child.sh"
+    child.write_text(f'#!/bin/sh\ngrep "^0::" /proc/$$/cgroup > {where}.tmp\nmv {where}.tmp {where}\n'
+                     f'exec sleep {marker}\n')
+    child.chmod(0o755)
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "t.txt", ["t"])
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--", "sh", "-c",
+                   f'setsid -f {child}; while [ ! -e {where} ]; do sleep 0.01; done', env=mode)
+    assert r.returncode == 0, r.stderr.decode()
+    wait_for(where.exists, 30, "the forked child to say where it runs")
+    assert "/onward-" in where.read_text() and "/attempt-" in where.read_text(), where.read_text()
+    wait_for(lambda: not processes_with(marker), 10, "the forked sleep to die with its attempt")
+
+
+def test_the_spawner_killed_mid_run_costs_no_task_and_runs_none_twice(tmp_path: Path) -> None:
+    """SIGKILL to the spawner, again and again at random moments (seeded): the worker starts a new one for
+    the next command; running commands are the worker's children and go on; every task runs exactly once
+    and the run ends as usual."""
+    seed = random.SystemRandom().randrange(2**32)
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    names = [f"t{i}" for i in range(60)]
+    ran = tmp_path / "ran.txt"
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "t.txt", names)
+    p = subprocess.Popen(onward_argv("run", "--db", db, "--tasks", str(tasks), "--concurrency", "2", "--", "sh",
+                                     "-c", f'echo "$1" >> {ran}; sleep 0.0$2', "x", "{task}", "5"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    killed = 0
+    try:
+        for _ in range(4):
+            spawner = wait_for(lambda: spawners_of(p.pid) or p.poll() is not None, 30, "a spawner")
+            if p.poll() is not None:
+                break
+            time.sleep(rng.uniform(0.0, 0.2))
+            for pid in spawners_of(p.pid):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            del spawner
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert killed >= 1, "the run ended before its spawner could be killed: make the tasks longer"
+    assert p.returncode == 0, err.decode()
+    assert sorted(ran.read_text().split()) == sorted(names), f"seed={seed}"
+    assert spawners_of(p.pid) == []
+
+
+def test_a_worker_killed_right_after_it_starts_commands_leaves_none_running(tmp_path: Path, marker: str) -> None:
+    """SIGKILL to the worker at random moments (seeded) while it starts commands four at a time: every
+    command it started, whatever step of its start it was at, dies with it (PDEATHSIG and the parent check
+    in the child), and so does its spawner. No supervisor here: nothing else would kill them."""
+    seed = random.SystemRandom().randrange(2**32)
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    for trial in range(4):
+        db = str(tmp_path / f"s{trial}.db")
+        tasks = write_tasks(tmp_path / f"t{trial}.txt", [f"t{i}" for i in range(40)])
+        # Each task either ends at once (so starts go on) or sleeps with the marker (so survivors are seen).
+        script = f'case "$1" in *[02468]) exec sleep {marker};; esac'
+        p = subprocess.Popen(onward_argv("run", "--db", db, "--tasks", str(tasks), "--concurrency", "4",
+                                         "--timeout", "1000", "--", "sh", "-c", script, "x", "{task}"),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: spawners_of(p.pid) or processes_with(marker), 30, "the worker to start commands")
+        time.sleep(rng.uniform(0.0, 0.05))
+        p.kill()
+        p.wait()
+        wait_for(lambda: not processes_with(marker), 10, f"the commands to die with their worker (seed={seed})")
+        wait_for(lambda: not spawners_of(p.pid), 10, f"the spawner to die with its worker (seed={seed})")
+
+
+def test_onward_run_of_commands_never_loads_asyncio(tmp_path: Path) -> None:
+    """Start-up: a worker that only runs commands imports no asyncio (nor the Python-task machinery)."""
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "t.txt", ["a"])
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--", "true", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert r.returncode == 0, r.stderr.decode()
+    imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.decode().splitlines()
+                if line.startswith("import time:") and "|" in line}
+    assert "onward.command_handler" in imported and "onward.spawner" in imported  # the profile is there
+    assert not {name for name in imported if name == "asyncio" or name.startswith("asyncio.")}
+    assert "onward.attempts" not in imported and "onward.steps" not in imported
+
+
+@needs_cgroup2
+def test_a_live_worker_that_reclaims_a_dead_workers_task_kills_what_left_its_group_first(
+        tmp_path: Path, marker: str) -> None:
+    """The sweep of dead workers' cgroups no longer runs before every command, but where their task is
+    reclaimed: worker B runs `x`, whose command leaves a `setsid sleep` behind in B's attempt cgroup; B is
+    SIGKILLed (no supervisor); worker A, started while B was alive (so its own start swept nothing),
+    reclaims `x` and must kill that sleep before `x` runs again."""
+    db = str(tmp_path / "s.db")
+    escaped = f"{marker}1"
+    script = tmp_path / "task.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = x ] && [ "$ONWARD_ATTEMPT" = 1 ]; then setsid sleep ' + escaped + " & exec sleep " + marker
+        + "; fi\n"
+        'if [ "$1" = x ]; then echo again; exit 0; fi\n'
+        "sleep 0.2\n")
+    script.chmod(0o755)
+    assert run_onward("add", "--db", db, "x").returncode == 0
+    assert own is not None
+    # The two workers run in a cgroup of this test's own: any other worker starting in ours (another
+    # test's) would sweep B's leftovers as it starts, and hide whether A does.
+    scratch = os.path.join(own, f"onward-test-reclaim-{os.getpid()}")
+    os.mkdir(scratch)
+
+    def inside(argv: list[str]) -> list[str]:
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', scratch, *argv]
+
+    b = subprocess.Popen(inside(onward_argv("run", "--db", db, "--", str(script), "{task}")),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    a = None
+    try:
+        wait_for(lambda: processes_with(escaped), 30, "x's escaped sleep in worker B")
+        assert run_onward("add", "--db", db, *[f"f{i}" for i in range(30)]).returncode == 0
+        a = subprocess.Popen(inside(onward_argv("run", "--db", db, "--heartbeat", "0.5", "--", str(script),
+                                                "{task}")),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_for(lambda: spawners_of(a.pid), 30, "worker A to start commands")
+        assert processes_with(escaped), "the escaped sleep runs before B dies"
+        b.kill()
+        b.wait()
+        wait_for(lambda: not processes_with(escaped), 30, "worker A to kill B's escaped sleep as it reclaims x")
+        _, err = a.communicate(timeout=120)
+        assert a.returncode == 0, err.decode()
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        cgroups.remove(scratch)
+    assert run_onward("result", "--db", db, "x").stdout == b"again\n"

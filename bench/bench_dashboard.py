@@ -1,6 +1,6 @@
 """Benchmark of the dashboard (issue 10's targets) on a store of a million tasks. Prints a Markdown section.
 
-    python bench/dashboard_bench.py [--quick] [--keep]
+    python bench/bench_dashboard.py [--quick] [--keep]
 
 In a temporary folder under ``$ONWARD_BENCH_DIR`` (default ``bench/out/``):
 
@@ -199,7 +199,7 @@ def render(n: int, added: float, api: list[tuple[str, str, list[float], str]],
             f" the counts of the job on screen (status answered through the event stream)"
             f" {ms(statistics.median(counts))}, from navigation start.",
         ]
-    lines += ["", "Reproduce: `.venv/bin/python bench/dashboard_bench.py` (`--quick`: 20k tasks)."]
+    lines += ["", "Reproduce: `.venv/bin/python bench/bench_dashboard.py` (`--quick`: 20k tasks)."]
     return "\n".join(lines)
 
 

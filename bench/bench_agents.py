@@ -2,7 +2,7 @@
 SDK call, against the local stub server, recording and replaying, and the bytes recorded per call. Prints
 a Markdown section on stdout; progress goes to stderr.
 
-    python bench/agents_bench.py [--quick]
+    python bench/bench_agents.py [--quick]
 
 What it measures, in one process talking to ``examples/stub_server.py`` (a subprocess on 127.0.0.1 that
 answers at once), on fresh SQLite files under ``$ONWARD_BENCH_DIR`` (default ``bench/out/``):
@@ -159,7 +159,7 @@ def main() -> int:
         return f"{statistics.median(values) * 1e6:,.0f}"
 
     out: list[str] = ["## Durable model clients (issue 11)", "",
-                      f"Command: `python bench/agents_bench.py{' --quick' if args.quick else ''}`. One process, "
+                      f"Command: `python bench/bench_agents.py{' --quick' if args.quick else ''}`. One process, "
                       "OpenAI SDK against `examples/stub_server.py` on 127.0.0.1 (answers at once); "
                       f"{n} calls per run, median over {runs} runs, the kinds interleaved. Load average "
                       f"(1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on "

@@ -2,7 +2,7 @@
 its 80-column view) and `onward metrics`, on a store of 1M tasks whose journal holds a claim and a
 completion for each, with a live worker running a few more.
 
-Usage: ``.venv/bin/python bench/watch_bench.py [--quick] [--keep]`` from the repository root. Prints a
+Usage: ``.venv/bin/python bench/bench_watch.py [--quick] [--keep]`` from the repository root. Prints a
 Markdown section on stdout, progress on stderr. Files go under $ONWARD_BENCH_DIR (default bench/out/).
 Target (issue 10): a refresh costs < 50 ms per tick on 1M tasks.
 """

@@ -366,3 +366,24 @@ def test_a_search_reads_one_window_of_ids_per_request_and_goes_on_from_there(tmp
     last = tasks(store, {"q": "0150", "after": "280"}, search_window=40)
     assert last["tasks"] == [] and last["next_after"] is None  # nothing beyond: the search is over
     store.close()
+
+
+def test_metrics_route_serves_the_text_of_onward_metrics_with_the_values_of_status(finished: Job,
+                                                                                    dashboard: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    served: Served = dashboard(finished.db, "--token", "metrics-token")
+    assert served.get("/metrics", token="").status == 401  # the token guards the scrape too
+    answer = served.get("/metrics")
+    assert answer.status == 200 and answer.headers["Content-Type"].startswith("text/plain")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(answer.body.decode()) for s in family.samples}
+    expected = status_of(finished.db)
+    for state in ("pending", "running", "done", "failed", "cancelled"):
+        assert samples[("onward_tasks", (("job", "default"), ("state", state)))] == expected[state], state
+    assert samples[("onward_paused", (("job", "default"),))] == 0
+    once = run_onward("metrics", "--db", finished.db)
+    assert once.returncode == 0, once.stderr
+    printed = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(once.stdout.decode()) for s in family.samples}
+    assert printed == samples  # the same text, from the same store

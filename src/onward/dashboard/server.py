@@ -252,14 +252,11 @@ class Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, data, content_type)
 
     def _metrics(self) -> None:
-        try:
-            from ..metrics import metrics_text  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            self._error(HTTPStatus.NOT_FOUND, "metrics are not available in this version")
-            return
+        from ..metrics import metrics_text  # loaded on the first scrape: prometheus-client is not small
+
         answered, text = self._call(metrics_text)
         if answered:
-            self._send(HTTPStatus.OK, str(text).encode(), "text/plain; version=0.0.4; charset=utf-8")
+            self._send(HTTPStatus.OK, text, "text/plain; version=0.0.4; charset=utf-8")
 
     def _events(self) -> None:
         """``GET /api/events``: a server-sent event ``status`` (the object of ``/api/status``) at once and

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from onward.store import open_store
-from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING
+from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING
 from tests import pgutil
 from tests.conftest import result_bytes, run_onward, wait_for
 
@@ -245,7 +245,7 @@ def test_hosts_cut_off_or_killed_mid_run_lose_nothing_and_complete_nothing_twice
         store = open_store(local_url, create=False)
         try:
             journal = store.events(limit=1_000_000)
-            assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: N_TASKS, FAILED: 0, CANCELLED: 0}
+            assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: N_TASKS, FAILED: 0, CANCELLED: 0, WAITING: 0}
             results = {n: result_bytes(store, n).decode() for n in names}
         finally:
             store.close()

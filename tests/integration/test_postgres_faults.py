@@ -27,7 +27,7 @@ import pytest
 from onward.errors import NotAStore, SchemaTooOld, StoreError
 from onward.proc import current_owner
 from onward.store import open_store
-from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, Lease, Reclaimed, StepRecord, Store
+from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Lease, Reclaimed, StepRecord, Store
 from onward.store.postgres import SCHEMA_VERSION, PostgresStore
 from tests import pgutil
 from tests.conftest import onward_argv, result_bytes, run_onward, wait_for
@@ -121,7 +121,7 @@ def test_a_run_survives_a_server_restart(tmp_path: Path, seed: int) -> None:
         store = open_store(url, create=False)
         # The restart landed mid-job: tasks were completed after the server came back.
         assert any(e.kind == "done" and e.at > restarted_at for e in store.events(limit=100_000))
-        assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 400, FAILED: 0, CANCELLED: 0}
+        assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 400, FAILED: 0, CANCELLED: 0, WAITING: 0}
         assert all(result_bytes(store, n) == n.encode() for n in rng.sample(names, 40))
         store.close()
 
@@ -193,7 +193,7 @@ def test_a_worker_that_cannot_renew_its_lease_stops_its_tasks_and_commits_nothin
 
     store = open_store(pg_url, create=False)
     try:
-        assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 2, FAILED: 0, CANCELLED: 0}
+        assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 2, FAILED: 0, CANCELLED: 0, WAITING: 0}
         for name in ("slow-a", "slow-b"):
             assert result_bytes(store, name) == b"attempt 2"
         # Committed once each, by the takeover's attempt (B's, or A's own once it could connect again).
@@ -236,7 +236,7 @@ def test_a_late_completion_is_rejected(pg_url: str) -> None:
         assert b.complete(cb.task_id, cb.fence, b"on time", "str")
         assert not a.complete(ca.task_id, ca.fence, b"later still", "str")
         assert result_bytes(a, "job") == b"on time"
-        assert a.counts() == {PENDING: 0, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0}
+        assert a.counts() == {PENDING: 0, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0, WAITING: 0}
     finally:
         a.close()
         b.close()

@@ -13,7 +13,7 @@ import pytest
 
 from onward.proc import current_owner
 from onward.store import open_store
-from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, Owner, SourceMark, Store
+from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Owner, SourceMark, Store
 from tests import pgutil
 from tests.conftest import run_onward
 
@@ -38,10 +38,10 @@ def v2_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 def test_a_version_2_store_is_refused_until_upgraded_then_keeps_every_fact(v2_store: str) -> None:
     r = run_onward("status", "--db", v2_store)
-    assert r.returncode == 2 and "schema version 2, older than this onward's 3; run `onward db upgrade`" in \
+    assert r.returncode == 2 and "schema version 2, older than this onward's 4; run `onward db upgrade`" in \
         r.stderr.decode(), r.stderr
     r = run_onward("db", "upgrade", "--db", v2_store)
-    assert r.returncode == 0 and "upgraded from schema version 2 to 3" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and "upgraded from schema version 2 to 4" in r.stderr.decode(), r.stderr
     store = open_store(v2_store, create=False)
     try:
         assert store.job == "default"
@@ -50,7 +50,7 @@ def test_a_version_2_store_is_refused_until_upgraded_then_keeps_every_fact(v2_st
     finally:
         store.close()
     r = run_onward("db", "upgrade", "--db", v2_store)
-    assert r.returncode == 0 and "up to date (schema version 3)" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and "up to date (schema version 4)" in r.stderr.decode(), r.stderr
     assert run_onward("result", "--db", v2_store, "done-1").stdout == b'{"ok": 1}'
     # The upgraded store takes new jobs, whose task names may repeat the old job's.
     assert run_onward("add", "--db", v2_store, "--job", "next", "done-1").returncode == 0
@@ -70,7 +70,13 @@ def test_a_version_2_store_is_refused_until_upgraded_then_keeps_every_fact(v2_st
         reclaimed = store.reclaim(running.task_id, running.fence, "owner died")
         assert reclaimed is not None and (reclaimed.state, reclaimed.counted) == (PENDING, False)
         assert store.retry(["failed-1"]) == 1
-        assert store.counts() == {PENDING: 5, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0}
+        assert store.counts() == {PENDING: 5, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0, WAITING: 0}
+        # Version 4 (durable waits) on the upgraded store: a task parks on a wait and a sent value wakes it.
+        (claim,) = store.claim(store.register_worker(_owner(), "test"), 1, 30, 3)
+        assert store.park(claim.task_id, claim.fence, "approval", None) == WAITING
+        assert store.counts()[WAITING] == 1
+        assert store.send(claim.name, "approval", "true") == "delivered"
+        assert store.counts()[WAITING] == 0 and store.counts()[PENDING] == 5
     finally:
         store.close()
 
@@ -85,7 +91,7 @@ def check_facts(store: Store) -> None:
     assert tasks["done-1"].result_kind == "json" and tasks["done-1"].finished_at is not None
     result = store.result("done-1")
     assert result is not None and (result.kind, result.data) == ("json", b'{"ok": 1}')
-    assert store.counts() == {PENDING: 3, RUNNING: 1, DONE: 1, FAILED: 1, CANCELLED: 0}
+    assert store.counts() == {PENDING: 3, RUNNING: 1, DONE: 1, FAILED: 1, CANCELLED: 0, WAITING: 0}
     (running,) = store.running_tasks()
     assert (running.name, running.fence, running.note, running.child_pid, running.child_start) == (
         "running-1", 1, "halfway", 4242, 99)

@@ -16,6 +16,7 @@ from onward.store.base import (
     FAILED,
     PENDING,
     RUNNING,
+    WAITING,
     Claim,
     Lease,
     Reclaimed,
@@ -40,7 +41,7 @@ def test_add_is_idempotent_and_counted(store: Store) -> None:
     assert store.add(["a", "b", "c"]) == 3
     assert store.add(["b", "c", "d"]) == 1
     assert store.add([]) == 0
-    assert store.counts() == {PENDING: 4, RUNNING: 0, DONE: 0, FAILED: 0, CANCELLED: 0}
+    assert store.counts() == {PENDING: 4, RUNNING: 0, DONE: 0, FAILED: 0, CANCELLED: 0, WAITING: 0}
     assert [t.name for t in store.iter_tasks()] == ["a", "b", "c", "d"]
 
 
@@ -238,7 +239,7 @@ def test_batch_is_one_transaction(store: Store) -> None:
         (a, b) = store.claim(w, 2, 30, 3)
         store.complete(a.task_id, a.fence, b"1", "bytes")
         store.fail(b.task_id, b.fence, "x", 0)
-    assert store.counts() == {PENDING: 1, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0}
+    assert store.counts() == {PENDING: 1, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0, WAITING: 0}
 
 
 def test_retry_failed_tasks(store: Store) -> None:
@@ -250,7 +251,7 @@ def test_retry_failed_tasks(store: Store) -> None:
     assert store.retry(["b"]) == 1
     assert store.retry(["b"]) == 0  # not failed any more
     assert store.retry(None) == 2
-    assert store.counts() == {PENDING: 3, RUNNING: 0, DONE: 0, FAILED: 0, CANCELLED: 0}
+    assert store.counts() == {PENDING: 3, RUNNING: 0, DONE: 0, FAILED: 0, CANCELLED: 0, WAITING: 0}
     assert all(t.attempts == 0 for t in store.iter_tasks())
 
 
@@ -351,9 +352,9 @@ def test_db_upgrade_brings_a_version_1_store_up_and_keeps_how_far_its_agents_got
     with pytest.raises(SchemaTooOld, match="onward db upgrade"):
         open_store(store_url)
     r = run_onward("db", "upgrade", "--db", store_url)
-    assert r.returncode == 0 and "upgraded from schema version 1 to 3" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and "upgraded from schema version 1 to 4" in r.stderr.decode(), r.stderr
     r = run_onward("db", "upgrade", "--db", store_url)
-    assert r.returncode == 0 and "up to date (schema version 3)" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and "up to date (schema version 4)" in r.stderr.decode(), r.stderr
 
     store = open_store(store_url)
     try:

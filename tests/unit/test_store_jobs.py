@@ -12,7 +12,7 @@ import pytest
 from onward.errors import StoreMissing, UsageError
 from onward.proc import current_owner
 from onward.store import open_store
-from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, STATES, JobRow, Store, Totals
+from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, STATES, JobRow, Store, Totals
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_jobs_in_one_store_are_independent(store_url: str) -> None:
         assert a.result("same").data == b"from alpha"  # type: ignore[union-attr]
         assert b.result("same").data == b"from beta"  # type: ignore[union-attr]
         assert a.counts()[DONE] == 1 and a.counts()[PENDING] == 1
-        assert b.counts() == {PENDING: 0, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0}
+        assert b.counts() == {PENDING: 0, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0, WAITING: 0}
         assert [t.name for t in b.iter_tasks()] == ["same"]
         assert b.task("only-a") is None
         assert a.set_paused(True)
@@ -126,13 +126,13 @@ def test_cancel_pending_running_finished_and_unknown(store: Store) -> None:
                        "failed": "already failed", "twice": "already cancelled", "nobody": "unknown"}
     assert store.task("pending").state == CANCELLED  # type: ignore[union-attr]
     assert store.task("running").state == RUNNING  # type: ignore[union-attr]
-    assert store.counts() == {PENDING: 0, RUNNING: 1, DONE: 1, FAILED: 1, CANCELLED: 2}
+    assert store.counts() == {PENDING: 0, RUNNING: 1, DONE: 1, FAILED: 1, CANCELLED: 2, WAITING: 0}
     run = claims["running"]
     assert store.cancelling(w) == [run.task_id]
     # The worker stops the attempt; its failure ends the task cancelled, not retried (attempts were left).
     assert store.fail(run.task_id, run.fence, "cancelled by request", 5) == CANCELLED
     assert store.cancelling(w) == []
-    assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 1, FAILED: 1, CANCELLED: 3}
+    assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 1, FAILED: 1, CANCELLED: 3, WAITING: 0}
     assert store.claim(w, 5, 30, 3) == []  # cancelled is final
     kinds = [e.kind for e in store.events()]
     assert kinds.count("cancelled") == 2 and kinds.count("cancel requested") == 1
@@ -152,7 +152,7 @@ def test_a_cancel_requested_task_ends_cancelled_however_its_attempt_ends(store: 
     assert store.complete(c.task_id, c.fence, b"finished first", "bytes")  # its work is there: done wins
     assert {t.name: t.state for t in store.iter_tasks()} == {
         "released": CANCELLED, "reclaimed": CANCELLED, "completed": DONE}
-    assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 2}
+    assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 2, WAITING: 0}
 
 
 def test_retry_brings_cancelled_tasks_back_when_named(store: Store) -> None:
@@ -165,7 +165,7 @@ def test_retry_brings_cancelled_tasks_back_when_named(store: Store) -> None:
     assert store.task("a").state == CANCELLED  # type: ignore[union-attr]
     assert store.retry(["a"]) == 1
     assert store.task("a").state == PENDING and store.task("a").attempts == 0  # type: ignore[union-attr]
-    assert store.counts() == {PENDING: 2, RUNNING: 0, DONE: 0, FAILED: 0, CANCELLED: 1}
+    assert store.counts() == {PENDING: 2, RUNNING: 0, DONE: 0, FAILED: 0, CANCELLED: 1, WAITING: 0}
     assert [x.name for x in store.claim(w, 5, 30, 3)] == ["a", "f"]
 
 

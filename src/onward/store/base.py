@@ -23,9 +23,11 @@ from typing import Protocol
 # Task states, as stored. A task moves pending -> running -> done | failed, and running -> pending on a
 # retry, a release (graceful stop) or a reclaim. ``cancel`` ends a pending task as cancelled at once, and a
 # running one once its worker stopped it (its outcome, whatever it was but done, is then cancelled).
-# Done, failed and cancelled are final; ``retry`` brings failed and cancelled tasks back to pending.
-PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
-STATES = (PENDING, RUNNING, DONE, FAILED, CANCELLED)
+# Done, failed and cancelled are final; ``retry`` brings failed and cancelled tasks back to pending. A running
+# task that waits for a value (``ctx.wait``) parks: running -> waiting (no worker, no lease, the attempt not
+# counted) -> pending once the value is sent or the wait's deadline passed; ``cancel`` ends a waiting task.
+PENDING, RUNNING, WAITING, DONE, FAILED, CANCELLED = "pending", "running", "waiting", "done", "failed", "cancelled"
+STATES = (PENDING, RUNNING, WAITING, DONE, FAILED, CANCELLED)
 FINAL_STATES = (DONE, FAILED, CANCELLED)
 
 # How a result's bytes are to be read back (see onward.results).
@@ -124,6 +126,15 @@ class Totals:
     step_replays: int  # recorded steps replayed (not run again) by resumed attempts: the sum of the counts in
     # their 'replayed' journal events (one per attempt that replayed, written when it first runs a step for
     # real, or when it ends having only replayed)
+
+
+@dataclass(frozen=True)
+class WaitRow:
+    """A waiting task and what it waits for, for ``Store.waits``."""
+
+    name: str
+    key: str
+    until: float | None  # the wait's deadline (store clock), None: none
 
 
 @dataclass(frozen=True)
@@ -339,6 +350,40 @@ class StepJournal(Protocol):
         Bounded."""
 
 
+class Waits(Protocol):
+    """Durable waits: values sent to tasks from outside (``onward send``), and tasks parked while they wait
+    for one. A value is kept per (task, key) in the job's mailbox until the task takes it with the record of
+    its wait; a waiting task holds no worker and no lease."""
+
+    def send(self, name: str, key: str, value: str) -> str:
+        """Store ``value`` (JSON text, checked by the caller) for task ``name``'s wait on ``key``, durably.
+        Returns ``"delivered"`` (the task waited for it: pending now, idle workers woken, NOTIFY where the
+        backend can), ``"stored"`` (kept until the task waits for it), or, with nothing stored: ``"unknown"``,
+        ``"already sent"`` (a value for that key was not taken yet: it is not replaced), ``"already done"`` /
+        ``"already failed"`` / ``"already cancelled"``. Journals ``sent`` when stored."""
+
+    def mail(self, task_id: int, key: str) -> tuple[str | None, float | None]:
+        """For a running task's wait on ``key``: the value sent for it (or None), and the deadline recorded
+        when the task last parked on that key (or None). Bounded."""
+
+    def record_wait(self, task_id: int, fence: int, step: StepRecord, key: str) -> bool:
+        """Record the outcome of a wait (a step record) and, in the same transaction, take the value for
+        ``key`` out of the mailbox and clear the task's parked wait. False if fenced out. Bounded."""
+
+    def park(self, task_id: int, fence: int, key: str, until: float | None) -> str | None:
+        """Give the claim back uncounted and park the task on its wait for ``key`` until the value comes or
+        ``until`` (store clock) passes. Returns the new state: ``waiting``; ``pending`` when the value was
+        sent meanwhile; ``cancelled`` when a cancel was requested; None if fenced out. Bounded."""
+
+    def wake_due(self) -> int:
+        """Make every waiting task whose deadline passed pending (it runs again and records its timeout).
+        Returns how many. Bounded."""
+
+    def waits(self, limit: int = 100) -> list[WaitRow]:
+        """The job's waiting tasks (the first ``limit``, in id order) and what each waits for. Cheap: reads
+        the index of waiting tasks only."""
+
+
 class Reporting(Protocol):
     """Reading what happened, for status, list, logs and results. Reads only; each call is cheap on a store
     of millions of tasks (``iter_tasks`` streams page by page)."""
@@ -421,5 +466,5 @@ class ImportMarks(Protocol):
         """Record how far a tasks file was imported (call in the same batch as the ``add``)."""
 
 
-class Store(Connection, WorkQueue, StepJournal, Reporting, Jobs, Browsing, ImportMarks, Protocol):
+class Store(Connection, WorkQueue, StepJournal, Waits, Reporting, Jobs, Browsing, ImportMarks, Protocol):
     """A durable task store: every role above, on one connection. Use it from one thread."""

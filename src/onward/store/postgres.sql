@@ -176,6 +176,26 @@ ALTER TABLE onward.sources
     ADD PRIMARY KEY (job_id, path);
 ALTER TABLE onward.sources ALTER COLUMN job_id DROP DEFAULT;
 
+-- name: migrate_to_4
+-- Durable waits (see the SQLite schema): the state 'waiting' (ready_at its deadline, 1e300 for none), the
+-- wait a task parked on, and the mailbox of values sent to tasks. The counts need no row: a job's count is
+-- the sum of its deltas.
+ALTER TABLE onward.tasks
+    ADD COLUMN wait_key text,
+    ADD COLUMN wait_until float8,
+    DROP CONSTRAINT tasks_state_check,
+    ADD CONSTRAINT tasks_state_check
+        CHECK (state IN ('pending', 'running', 'waiting', 'done', 'failed', 'cancelled'));
+CREATE INDEX tasks_waiting ON onward.tasks (job_id, ready_at, id) WHERE state = 'waiting';
+CREATE TABLE onward.mailbox (
+    task_id bigint NOT NULL,
+    key     text   NOT NULL,
+    job_id  bigint NOT NULL,
+    value   text   NOT NULL,   -- JSON text
+    sent_at float8 NOT NULL,
+    PRIMARY KEY (task_id, key)
+);
+
 -- name: session
 -- Run once on every new connection. Durable writes need synchronous_commit on whatever the server's
 -- default; crash-safe writes turn it off for their own transaction only (SET LOCAL). The timeouts make a
@@ -272,6 +292,19 @@ WITH changed AS (
     SELECT %(job)s, 'cancelled', count(*) FROM changed HAVING count(*) > 0
     UNION ALL
     SELECT %(job)s, 'pending', -count(*) FROM changed HAVING count(*) > 0
+)
+SELECT id FROM changed;
+
+-- name: cancel_waiting
+WITH changed AS (
+    UPDATE onward.tasks SET state = 'cancelled', finished_at = onward.epoch()
+     WHERE job_id = %(job)s AND key = %(key)s AND state = 'waiting'
+    RETURNING id
+), counted AS (
+    INSERT INTO onward.counts (job_id, state, n)
+    SELECT %(job)s, 'cancelled', count(*) FROM changed HAVING count(*) > 0
+    UNION ALL
+    SELECT %(job)s, 'waiting', -count(*) FROM changed HAVING count(*) > 0
 )
 SELECT id FROM changed;
 
@@ -722,3 +755,83 @@ WITH holds AS (
     DELETE FROM onward.steps WHERE task_id = %(task_id)s AND idx >= %(from_idx)s AND EXISTS (SELECT 1 FROM holds)
 )
 SELECT count(*) FROM holds;
+
+-- name: park
+-- A task that waits for a value gives its claim back uncounted and parks (see the SQLite version). The row
+-- lock taken by the UPDATE orders it against a send: a value committed first makes the task pending here,
+-- a send after it finds the task waiting and delivers.
+WITH mail AS (
+    SELECT EXISTS (SELECT 1 FROM onward.mailbox AS m WHERE m.task_id = %(task_id)s AND m.key = %(wait_key)s) AS sent
+), changed AS (
+    UPDATE onward.tasks
+       SET state = CASE WHEN cancel_requested THEN 'cancelled' WHEN (SELECT sent FROM mail) THEN 'pending'
+                        ELSE 'waiting' END,
+           ready_at = CASE WHEN (SELECT sent FROM mail) THEN 0 ELSE coalesce(%(until)s, 1e300) END,
+           finished_at = CASE WHEN cancel_requested THEN onward.epoch() ELSE finished_at END,
+           wait_key = %(wait_key)s, wait_until = %(until)s,
+           attempts = attempts - 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
+     WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
+    RETURNING job_id, state
+), counted AS (
+    INSERT INTO onward.counts (job_id, state, n)
+    SELECT job_id, state, count(*) FROM changed GROUP BY job_id, state
+    UNION ALL
+    SELECT job_id, 'running', -count(*) FROM changed GROUP BY job_id
+)
+SELECT state FROM changed;
+
+-- name: wake_due
+-- Waits whose deadline passed become claimable (the task runs again and records the timeout).
+WITH changed AS (
+    UPDATE onward.tasks SET state = 'pending'
+     WHERE id IN (SELECT id FROM onward.tasks
+                   WHERE job_id = %(job)s AND state = 'waiting' AND ready_at <= onward.epoch()
+                     FOR UPDATE SKIP LOCKED)
+    RETURNING job_id
+), counted AS (
+    INSERT INTO onward.counts (job_id, state, n)
+    SELECT %(job)s, 'pending', count(*) FROM changed HAVING count(*) > 0
+    UNION ALL
+    SELECT %(job)s, 'waiting', -count(*) FROM changed HAVING count(*) > 0
+)
+SELECT count(*) FROM changed;
+
+-- name: mail
+-- The value waiting for a task's wait, and the deadline recorded when it parked on that wait.
+SELECT (SELECT m.value FROM onward.mailbox AS m WHERE m.task_id = t.id AND m.key = %(wait_key)s),
+       CASE WHEN t.wait_key = %(wait_key)s THEN t.wait_until END
+  FROM onward.tasks AS t WHERE t.id = %(task_id)s;
+
+-- name: take_mail
+-- With the wait's record (same transaction): the value is taken...
+DELETE FROM onward.mailbox WHERE task_id = %(task_id)s AND key = %(wait_key)s;
+
+-- name: wait_done
+-- ...and the task waits for nothing.
+UPDATE onward.tasks SET wait_key = NULL, wait_until = NULL WHERE id = %(task_id)s;
+
+-- name: send
+INSERT INTO onward.mailbox (task_id, key, job_id, value, sent_at)
+VALUES (%(task_id)s, %(wait_key)s, %(job)s, %(value)s, onward.epoch())
+ON CONFLICT (task_id, key) DO NOTHING
+RETURNING 1;
+
+-- name: deliver
+-- The task waits for this value: claimable at once (ready_at 0: it goes before tasks added after it).
+WITH changed AS (
+    UPDATE onward.tasks SET state = 'pending', ready_at = 0
+     WHERE id = %(task_id)s AND state = 'waiting' AND wait_key = %(wait_key)s
+    RETURNING id, job_id
+), counted AS (
+    INSERT INTO onward.counts (job_id, state, n)
+    SELECT job_id, 'pending', 1 FROM changed
+    UNION ALL
+    SELECT job_id, 'waiting', -1 FROM changed
+)
+SELECT id FROM changed;
+
+-- name: waits
+-- Waiting tasks and what they wait for (status), from their own index.
+SELECT name, wait_key, wait_until FROM onward.tasks
+ WHERE job_id = %(job)s AND state = 'waiting'
+ ORDER BY id LIMIT %(limit)s;

@@ -22,6 +22,7 @@ from .base import (
     DONE,
     FAILED,
     PENDING,
+    FINAL_STATES,
     RUNNING,
     STATES,
     Claim,
@@ -35,12 +36,13 @@ from .base import (
     StoredResult,
     TaskRow,
     Totals,
+    WaitRow,
     WorkerRow,
 )
 from .rows import running_task_of, step_of, task_row_of, worker_of
 
 # The schema both backends write; each one's .sql file holds its migrations to it (see sql.migration).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Tasks per page when listing: each page is its own statement, so a long listing pins no old snapshot.
 PAGE_SIZE = 1000
 # How long one store call may be kept waiting (for a lock, or by the network), in ms: a quarter of the lease
@@ -272,6 +274,11 @@ class SqlStore:
                     outcome[name] = CANCELLED
                     self._journal("cancelled", task_id=row[0], detail="cancelled while pending")
                     continue
+                row = self._exec("cancel_waiting", {**self._clock(), "key": key}).fetchone()
+                if row is not None:
+                    outcome[name] = CANCELLED
+                    self._journal("cancelled", task_id=row[0], detail="cancelled while waiting")
+                    continue
                 row = self._exec("cancel_running", {"key": key}).fetchone()
                 if row is not None:
                     outcome[name] = "cancelling"
@@ -438,6 +445,59 @@ class SqlStore:
 
     def steps(self, task_id: int) -> list[StepRecord]:
         return [step_of(r) for r in self._exec("steps", {"task_id": task_id})]
+
+    # --- durable waits -------------------------------------------------------------------------------
+    def send(self, name: str, key: str, value: str) -> str:
+        with self._write():
+            task = self._exec("task", {"key": self._key(name)}).fetchone()
+            if task is None:
+                return "unknown"
+            task_id, state = task[0], task[2]
+            if state in FINAL_STATES:
+                return f"already {state}"
+            params = {**self._clock(), "task_id": task_id, "wait_key": key, "value": value}
+            if self._exec("send", params).fetchone() is None:
+                return "already sent"
+            delivered = self._exec("deliver", {"task_id": task_id, "wait_key": key}).fetchone() is not None
+            self._journal("sent", task_id=task_id,
+                          detail=f"a value for {key!r} ({len(value.encode())} bytes)"
+                          + ("; the task waited for it: runnable again" if delivered else "; kept until it waits"))
+            if delivered:
+                self._work_ready()
+        return "delivered" if delivered else "stored"
+
+    def mail(self, task_id: int, key: str) -> tuple[str | None, float | None]:
+        row = self._exec("mail", {"task_id": task_id, "wait_key": key}).fetchone()
+        return (None, None) if row is None else (row[0], row[1])
+
+    def record_wait(self, task_id: int, fence: int, step: StepRecord, key: str) -> bool:
+        with self.batch():
+            if not self.record_step(task_id, fence, step):
+                return False
+            self._exec("take_mail", {"task_id": task_id, "wait_key": key})
+            self._exec("wait_done", {"task_id": task_id})
+        return True
+
+    def park(self, task_id: int, fence: int, key: str, until: float | None) -> str | None:
+        with self._write():
+            row = self._exec("park", {**self._clock(), "task_id": task_id, "fence": fence, "wait_key": key,
+                                      "until": until}).fetchone()
+            if row is not None and row[0] == PENDING:
+                self._work_ready()
+        return str(row[0]) if row is not None else None
+
+    def wake_due(self) -> int:
+        with self._write():
+            cur = self._exec("wake_due", self._clock())
+            row = cur.fetchone() if cur.description else None
+            woken = int(row[0]) if row is not None else max(cur.rowcount, 0)
+            if woken:
+                self._work_ready()
+        return woken
+
+    def waits(self, limit: int = 100) -> list[WaitRow]:
+        return [WaitRow(name=r[0], key=r[1], until=None if r[2] is None else float(r[2]))
+                for r in self._exec("waits", {"limit": limit}).fetchall()]
 
 
 _translate_public_methods(SqlStore)

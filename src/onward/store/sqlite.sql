@@ -213,6 +213,25 @@ INSERT INTO sources_v3 SELECT 1, path, identity, size, lines, mtime_ns, head_dig
 DROP TABLE sources;
 ALTER TABLE sources_v3 RENAME TO sources;
 
+-- name: migrate_to_4
+-- Durable waits (ctx.wait / onward send). A task waiting for a value is parked in the state 'waiting': it
+-- holds no worker and no lease, and ready_at is its deadline (1e300: none), so that a wait that times out
+-- is claimed like a due retry. wait_key and wait_until name the wait it parked on (kept while it runs again,
+-- so that its deadline survives the round trip; cleared once the wait is recorded). Values sent from
+-- outside wait in the mailbox, one per (task, key), until the task takes them.
+ALTER TABLE tasks ADD COLUMN wait_key TEXT;
+ALTER TABLE tasks ADD COLUMN wait_until REAL;
+CREATE INDEX tasks_waiting ON tasks (job_id, ready_at, id) WHERE state = 'waiting';
+CREATE TABLE mailbox (
+    task_id INTEGER NOT NULL,
+    key     TEXT    NOT NULL,
+    job_id  INTEGER NOT NULL,
+    value   TEXT    NOT NULL,   -- JSON text
+    sent_at REAL    NOT NULL,
+    PRIMARY KEY (task_id, key)
+) WITHOUT ROWID;
+INSERT OR IGNORE INTO counts (job_id, state, n) SELECT id, 'waiting', 0 FROM jobs;
+
 -- name: set_meta
 INSERT INTO meta (key, value) VALUES ('app', 'onward'), ('schema_version', :version)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;
@@ -228,7 +247,8 @@ INSERT INTO jobs (name, created_at) VALUES (:name, :now) ON CONFLICT (name) DO N
 
 -- name: create_job_counts
 INSERT OR IGNORE INTO counts (job_id, state, n)
-VALUES (:job, 'pending', 0), (:job, 'running', 0), (:job, 'done', 0), (:job, 'failed', 0), (:job, 'cancelled', 0);
+VALUES (:job, 'pending', 0), (:job, 'running', 0), (:job, 'done', 0), (:job, 'failed', 0), (:job, 'cancelled', 0),
+       (:job, 'waiting', 0);
 
 -- name: jobs
 SELECT j.name, j.paused, c.state, c.n FROM jobs AS j LEFT JOIN counts AS c ON c.job_id = j.id ORDER BY j.name;
@@ -338,6 +358,11 @@ RETURNING id;
 -- name: cancel_pending
 UPDATE tasks SET state = 'cancelled', finished_at = :now
  WHERE job_id = :job AND name = :key AND state = 'pending'
+RETURNING id;
+
+-- name: cancel_waiting
+UPDATE tasks SET state = 'cancelled', finished_at = :now
+ WHERE job_id = :job AND name = :key AND state = 'waiting'
 RETURNING id;
 
 -- name: cancel_running
@@ -537,3 +562,56 @@ DELETE FROM steps
 
 -- name: fence_holds
 SELECT 1 FROM tasks WHERE id = :task_id AND fence = :fence AND state = 'running';
+
+-- name: park
+-- A task that waits for a value gives its claim back uncounted (as a release) and parks: 'waiting' until the
+-- value comes (send) or its deadline (:until, NULL for none) passes (wake_due). A value already in the
+-- mailbox (sent between the task's look and this) makes it pending at once; a cancel request ends it.
+UPDATE tasks
+   SET state = CASE WHEN cancel_requested THEN 'cancelled'
+                    WHEN EXISTS (SELECT 1 FROM mailbox AS m WHERE m.task_id = :task_id AND m.key = :wait_key)
+                    THEN 'pending' ELSE 'waiting' END,
+       ready_at = CASE WHEN EXISTS (SELECT 1 FROM mailbox AS m WHERE m.task_id = :task_id AND m.key = :wait_key)
+                       THEN 0 ELSE coalesce(:until, 1e300) END,
+       finished_at = CASE WHEN cancel_requested THEN :now ELSE finished_at END,
+       wait_key = :wait_key, wait_until = :until,
+       attempts = attempts - 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
+ WHERE id = :task_id AND fence = :fence AND state = 'running'
+RETURNING state;
+
+-- name: wake_due
+-- Waits whose deadline passed become claimable (the task runs again and records the timeout).
+UPDATE tasks SET state = 'pending'
+ WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_waiting
+               WHERE job_id = :job AND state = 'waiting' AND ready_at <= :now);
+
+-- name: mail
+-- The value waiting for a task's wait, and the deadline recorded when it parked on that wait.
+SELECT (SELECT m.value FROM mailbox AS m WHERE m.task_id = t.id AND m.key = :wait_key),
+       CASE WHEN t.wait_key = :wait_key THEN t.wait_until END
+  FROM tasks AS t WHERE t.id = :task_id;
+
+-- name: take_mail
+-- With the wait's record (same transaction): the value is taken...
+DELETE FROM mailbox WHERE task_id = :task_id AND key = :wait_key;
+
+-- name: wait_done
+-- ...and the task waits for nothing.
+UPDATE tasks SET wait_key = NULL, wait_until = NULL WHERE id = :task_id;
+
+-- name: send
+INSERT INTO mailbox (task_id, key, job_id, value, sent_at) VALUES (:task_id, :wait_key, :job, :value, :now)
+ON CONFLICT (task_id, key) DO NOTHING
+RETURNING 1;
+
+-- name: deliver
+-- The task waits for this value: claimable at once (ready_at 0: it goes before tasks added after it).
+UPDATE tasks SET state = 'pending', ready_at = 0
+ WHERE id = :task_id AND state = 'waiting' AND wait_key = :wait_key
+RETURNING id;
+
+-- name: waits
+-- Waiting tasks and what they wait for (status), from their own index.
+SELECT name, wait_key, wait_until FROM tasks INDEXED BY tasks_waiting
+ WHERE job_id = :job AND state = 'waiting'
+ ORDER BY id LIMIT :limit;

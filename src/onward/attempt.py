@@ -24,10 +24,12 @@ ERROR_TAIL_BYTES = 4096
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # "done", "failed" or "released" (given back uncounted on a graceful stop)
+    kind: str  # "done", "failed", "released" (given back uncounted on a graceful stop) or "parked"
     result: bytes = b""
     result_kind: str = "bytes"
     error: str = ""
+    wait_key: str = ""  # parked: the key of the wait, and its deadline (store clock; None: none)
+    wait_until: float | None = None
 
     @classmethod
     def done(cls, data: bytes, kind: str) -> Outcome:
@@ -40,6 +42,10 @@ class Outcome:
     @classmethod
     def released(cls, reason: str) -> Outcome:
         return cls("released", error=reason)
+
+    @classmethod
+    def parked(cls, key: str, until: float | None) -> Outcome:
+        return cls("parked", wait_key=key, wait_until=until)
 
     @property
     def error_line(self) -> str:
@@ -66,6 +72,17 @@ def error_tail(text: str, cut: bool, secrets: Sequence[str]) -> str:
 
 class Cancelled(OnwardError):
     """Raised by ``ctx.check()`` in a task that was asked to stop (timeout, stall, lease lost, SIGTERM)."""
+
+
+class Parked(BaseException):
+    """Raised by ``ctx.wait`` when no value is there yet: the attempt ends and the task parks until the value
+    comes or the wait's deadline passes, then runs again and replays up to the wait. A BaseException, like
+    asyncio's CancelledError, so that a task's ``except Exception`` does not swallow it."""
+
+    def __init__(self, key: str, until: float | None) -> None:
+        super().__init__(key)
+        self.key = key
+        self.until = until
 
 
 class Attempt:

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import results
 from . import steps as durable
-from .attempt import Attempt, Cancelled, Loop, Outcome, error_tail
+from .attempt import Attempt, Cancelled, Loop, Outcome, Parked, error_tail
 from .context import AsyncTaskContext, ContextBase, TaskContext
 from .errors import StepDrift, UsageError
 from .spawn import spawn_forked
@@ -96,6 +96,8 @@ class PythonAttempt(Attempt):
         return Outcome.done(data, kind)
 
     def _failed(self, e: BaseException) -> Outcome:
+        if isinstance(e, Parked) and self.cancel_reason is None:
+            return Outcome.parked(e.key, e.until)
         if isinstance(e, Cancelled):
             if self.cancel_reason is not None:
                 return Outcome.failure(self.cancel_reason)

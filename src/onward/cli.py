@@ -65,6 +65,7 @@ class LazyGroup(click.Group):
         "pause": ("onward.steer_cli", "pause_command"),
         "resume": ("onward.steer_cli", "resume_command"),
         "cancel": ("onward.steer_cli", "cancel_command"),
+        "send": ("onward.steer_cli", "send_command"),
         "jobs": ("onward.steer_cli", "jobs_command"),
         "dashboard": ("onward.dashboard.command", "dashboard_command"),
     }

@@ -14,7 +14,9 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
 
 from . import steps as durable
-from .attempt import Cancelled, Loop
+from . import waits
+from .attempt import Cancelled, Loop, Parked
+from .step_records import WAIT
 from .store.base import Claim
 
 T = TypeVar("T")
@@ -111,6 +113,18 @@ class ContextBase:
             await self._attempt.wait_stop_async(min(left, 1.0))
 
 
+    def _wait_begin(self, key: str, timeout: float | None) -> tuple[int, Any]:
+        durable.not_in_step("ctx.wait")
+        waits.check_key(key)
+        waits.check_timeout(timeout)
+        return self.step_log.begin(key, WAIT)
+
+    def _wait_end(self, key: str, payload: bytes | None, until: float | None) -> Any:
+        if payload is None:
+            raise Parked(key, until)  # the attempt ends here; the task runs again once the value comes
+        return waits.outcome(key, payload)
+
+
 class TaskContext(ContextBase):
     """What a Python task function receives as ``ctx``."""
 
@@ -152,6 +166,23 @@ class TaskContext(ContextBase):
         self.pause(deadline - self.step_log.store_now(), "sleeping")
 
 
+    def wait(self, key: str, timeout: float | None = None) -> Any:
+        """A durable wait: the JSON value sent for ``key`` from outside (``onward send TASK KEY JSON``,
+        ``Job.send``). A value sent earlier is returned at once. Otherwise the task is parked (state
+        ``waiting``: it holds no worker slot and no lease, and this attempt ends) and runs again once the
+        value arrives, replaying its recorded steps up to here. ``timeout`` (seconds): raise ``WaitTimeout``
+        when no value came by then. Either outcome is recorded: a resumed task gets it again here without
+        waiting."""
+        if not self.step_log.loaded:
+            self.step_log.load()
+        index, record = self._wait_begin(key, timeout)
+        if record is not None:
+            return waits.outcome(key, self.step_log.replayed_one(record).payload)
+        self.check()
+        payload, until = self.step_log.receive(index, key, timeout)
+        return self._wait_end(key, payload, until)
+
+
 class AsyncTaskContext(ContextBase):
     """``ctx`` of an ``async def`` task: ``step``, ``checkpoint`` and ``sleep`` are awaited; commits wait in
     a thread, so the other tasks on the event loop run on meanwhile."""
@@ -189,3 +220,13 @@ class AsyncTaskContext(ContextBase):
         if callable(deadline):
             deadline = await asyncio.to_thread(deadline)
         await self.apause(deadline - self.step_log.store_now(), "sleeping")
+
+    async def wait(self, key: str, timeout: float | None = None) -> Any:
+        """A durable wait (see ``TaskContext.wait``)."""
+        await self.load()
+        index, record = self._wait_begin(key, timeout)
+        if record is not None:
+            return waits.outcome(key, self.step_log.replayed_one(record).payload)
+        self.check()
+        payload, until = await asyncio.to_thread(self.step_log.receive, index, key, timeout)
+        return self._wait_end(key, payload, until)

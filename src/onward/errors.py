@@ -93,3 +93,13 @@ class WedgedTask(OnwardError):
     def __init__(self, task: str, reason: str) -> None:
         super().__init__(f"task {task!r} ignored cancellation ({reason}); exiting so a supervisor restarts"
                          " the worker")
+
+
+class WaitTimeout(OnwardError):
+    """``ctx.wait(key, timeout=...)``: no value was sent for ``key`` before the deadline. Recorded like a
+    step's outcome: a resumed task gets it again at the same call, without waiting."""
+
+
+class NotSent(OnwardError):
+    """``send`` refused a value, storing nothing: the task is finished (done, failed, cancelled), or a value
+    for that key was sent before and not received yet (it is never replaced). Exit status 1."""

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar, overload
 
-from . import results
+from . import results, waits
 from .attempts import PythonHandler
 from .config import RunConfig
 from .context import TaskContext
@@ -143,6 +143,13 @@ class Job:
     def cancel(self, tasks: Iterable[str]) -> dict[str, str]:
         """Cancel tasks by name: what was done for each (see ``Store.cancel``)."""
         return self.store.cancel(list(tasks))
+
+    def send(self, task: str, key: str, value: Any) -> str:
+        """Send ``value`` (JSON-able, at most 64 KiB of JSON) to ``task``'s ``ctx.wait(key)``, durably:
+        ``"delivered"`` when the task was waiting for it (it runs again at once), ``"stored"`` when it is
+        kept until the task waits for it. Raises ``UnknownTask`` for a task not in the job, ``NotSent`` for a
+        finished task or a second value for a key whose first was not received yet; nothing is stored then."""
+        return waits.send(self.store, task, key, waits.value_text(value))
 
     def close(self) -> None:
         self.store.close()

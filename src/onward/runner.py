@@ -32,7 +32,7 @@ from .outdir import OutDir
 from .proc import current_owner, owner_alive
 from .reclaim import mark_dead_workers, reclaim_abandoned
 from .settle import RunSummary, Settler
-from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, Claim, Store
+from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Claim, Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SavedSignals = tuple[dict[signal.Signals, Any], "int | None"]  # handlers and wakeup fd to restore
@@ -93,6 +93,7 @@ class Runner:
         self.counts_seen: tuple[dict[str, int], int, int] = ({}, 0, 0)
         self._paused = False  # the job is paused (onward pause), as last read: claims return nothing then
         self._marker_held = False  # this worker made the keep-awake marker exist
+        self._waits_seen = False  # the job had waiting tasks at the last heartbeat, or one parked here since
 
     # --- called from other threads -------------------------------------------------------------------
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
@@ -295,6 +296,11 @@ class Runner:
                     after_commit.append(_resolve_later(future, fn, self.store))
                 for attempt, outcome in finished:
                     after_commit.append(self.settler.settle(attempt, outcome))
+                    self._waits_seen = self._waits_seen or outcome.kind == "parked"
+                if want > 0 and self._waits_seen:
+                    # Waits whose deadline passed become claimable (one statement on a small index, and
+                    # only while the job has waiting tasks, as of the last heartbeat or parked since).
+                    self.store.wake_due()
                 claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
                                           self.config.max_attempts) if want > 0 else []
                 for claim in claims:
@@ -316,6 +322,11 @@ class Runner:
         if claims:
             # A claim's lease runs from (at the latest) the moment we asked for it.
             self.leases.claimed(started)
+            if self.keep_awake is not None and not self._marker_held:
+                # Work again after every task waited (the marker was released): restore it now, not at
+                # the next heartbeat.
+                self.keep_awake.hold(self.store.url)
+                self._marker_held = True
         for attempt, _ in finished:
             self.attempts.pop(attempt.claim.task_id, None)
         for report in after_commit:
@@ -453,9 +464,11 @@ class Runner:
 
     def _notify_status(self, counts: dict[str, int]) -> None:
         self.counts_seen = (counts, self.summary.done, self.summary.failed)
+        self._waits_seen = bool(counts.get(WAITING, 0))
         cancelled = f", {counts[CANCELLED]} cancelled" if counts.get(CANCELLED) else ""
+        waiting = f" {counts[WAITING]} waiting," if counts.get(WAITING) else ""
         self.notifier.status(f"{counts.get(DONE, 0)}/{sum(counts.values())} done, {counts.get(RUNNING, 0)} running,"
-                             f" {counts.get(FAILED, 0)} failed{cancelled}" + (", paused" if self._paused else ""))
+                             f"{waiting} {counts.get(FAILED, 0)} failed{cancelled}" + (", paused" if self._paused else ""))
 
     def _obey_cancels(self) -> None:
         """Stop the attempts whose tasks were cancelled (``onward cancel``) like a timed-out attempt: a command's
@@ -486,27 +499,31 @@ class Runner:
         reclaim_abandoned(self.store, self.worker_id, self.attempts, self.log)
 
     def _nothing_left(self) -> bool:
-        """Nothing pending and nothing running anywhere. Other workers' running tasks keep this one
-        waiting: they may fail and come back, or their owner may die and leave them to be reclaimed."""
+        """Nothing pending, running or waiting anywhere. Other workers' running tasks keep this one
+        waiting: they may fail and come back, or their owner may die and leave them to be reclaimed. So do
+        waiting tasks (ctx.wait): the worker stays (a supervisor or systemd sees no exit) and polls for them
+        about once a second, or is woken by NOTIFY, until their values come."""
         try:
             counts = self.store.counts()
         except StoreError as e:
             self.store_errors.warning("store unavailable", str(e))
             return False
-        return counts.get(PENDING, 0) == 0 and counts.get(RUNNING, 0) == 0
+        return counts.get(PENDING, 0) == 0 and counts.get(RUNNING, 0) == 0 and counts.get(WAITING, 0) == 0
 
     def _update_keep_awake(self, counts: dict[str, int], paused: bool) -> None:
         """Hold the marker while the job has work that will get done: running tasks, or pending ones unless
         the job is paused. A paused job with nothing running keeps nobody awake: it waits for a person to
         resume it, and the machine may sleep meanwhile (its workers go on when it wakes and the job is
         resumed). Released once, when the pause takes effect, so that a worker of another job holding the
-        same marker is not fought every heartbeat."""
+        same marker is not fought every heartbeat. Likewise when every task left waits for a value
+        (ctx.wait): nothing will happen until someone sends it, and the machine may sleep until then; the
+        marker comes back as soon as a task is claimed again (``_settle_and_claim``)."""
         if self.keep_awake is None:
             return
         if _work_left(counts, paused):
             self.keep_awake.hold(self.store.url)
             self._marker_held = True
-        elif paused and self._marker_held:
+        elif (paused or counts.get(WAITING, 0)) and self._marker_held:
             self.keep_awake.release()
             self._marker_held = False
 

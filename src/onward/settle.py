@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .attempt import Attempt, Outcome
 from .log import NORMAL, Log, quote
 from .outdir import OutDir, file_name
-from .store.base import CANCELLED, DONE, FAILED, PENDING, Claim, Store
+from .store.base import CANCELLED, DONE, FAILED, PENDING, WAITING, Claim, Store
 
 Report = Callable[[], None]  # what to tell once the batch holding the outcome is committed
 
@@ -25,6 +25,7 @@ class RunSummary:
     released: int = 0  # attempts given back on a graceful stop
     cancelled: int = 0  # tasks this run stopped because they were cancelled (onward cancel)
     fenced: int = 0  # completions refused because the task was taken over
+    parked: int = 0  # attempts that ended in a wait (ctx.wait): their tasks wait for a value, uncounted
     stopped: bool = False  # a stop signal ended the run
     counts: dict[str, int] = field(default_factory=dict)  # the store's counts at the end
 
@@ -60,6 +61,8 @@ class Settler:
             return self._done(attempt.claim, outcome, seconds)
         if outcome.kind == "released":
             return self._released(attempt.claim, outcome)
+        if outcome.kind == "parked":
+            return self._parked(attempt.claim, outcome)
         return self._failed(attempt.claim, outcome)
 
     def _done(self, claim: Claim, outcome: Outcome, seconds: float) -> Report:
@@ -94,6 +97,31 @@ class Settler:
             self.summary.released += 1
             self.log.info(f"released task={quote(claim.name)}: {outcome.error}")
         return report_released
+
+    def _parked(self, claim: Claim, outcome: Outcome) -> Report:
+        """A task waits for a value (``ctx.wait``): its claim is given back uncounted and it parks."""
+        key, until = outcome.wait_key, outcome.wait_until
+        state = self.store.park(claim.task_id, claim.fence, key, until)
+        if state is None:
+            return self._fenced(claim)
+        if state == CANCELLED:
+            self.store.log_event("cancelled", task_id=claim.task_id, worker_id=self.worker_id,
+                                 attempt=claim.attempt, detail=f"cancelled while it began to wait for {key!r}")
+
+            def report_cancelled() -> None:
+                self.summary.cancelled += 1
+                self.log.info(f"cancelled task={quote(claim.name)} attempt={claim.attempt}: not waiting, not retried")
+            return report_cancelled
+        deadline = "" if until is None else f" (until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(until))})"
+        detail = (f"waiting for {key!r}{deadline}" if state == WAITING
+                  else f"waiting for {key!r}: the value is there, runnable again")
+        self.store.log_event("waiting", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
+                             detail=detail)
+
+        def report_parked() -> None:
+            self.summary.parked += 1
+            self.log.info(f"task={quote(claim.name)} {detail}; its slot is free meanwhile")
+        return report_parked
 
     def _failed(self, claim: Claim, outcome: Outcome) -> Report:
         delay = min(self.retry_delay * 2 ** (claim.attempt - 1), self.max_retry_delay)

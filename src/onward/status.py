@@ -11,7 +11,7 @@ from .errors import StoreError
 from .log import iso_time, one_line, printable
 from .proc import owner_alive
 from .progress import duration
-from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, Event, Store, TaskRow, WorkerRow
+from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Event, Store, TaskRow, WorkerRow
 
 # A worker on another host cannot be checked by its pid: one whose heartbeat is older than this (twelve
 # default heartbeats) is taken for gone when judging whether anyone is working, so that a machine that died
@@ -23,7 +23,7 @@ def status_dict(store: Store) -> dict[str, Any]:
     """The status as plain data; ``onward status --json`` prints exactly this."""
     stats = store.stats()
     now = store.now()
-    counts = {state: stats.counts.get(state, 0) for state in (PENDING, RUNNING, DONE, FAILED, CANCELLED)}
+    counts = {state: stats.counts.get(state, 0) for state in (PENDING, RUNNING, WAITING, DONE, FAILED, CANCELLED)}
     rate = stats.done_last_minute / stats.rate_window
     left = counts[PENDING] + counts[RUNNING]
     workers = []
@@ -56,6 +56,9 @@ def status_dict(store: Store) -> dict[str, Any]:
              "progress_age": round(t.progress_age, 1) if t.progress_age is not None else None}
             for t in stats.running_tasks
         ],
+        # What the waiting tasks wait for (ctx.wait): read from their own index, and only when there are some.
+        "tasks_waiting": [{"task": w.name, "key": w.key, "until": None if w.until is None else iso_time(w.until)}
+                          for w in (store.waits() if counts[WAITING] else [])],
         "errors": [{"at": iso_time(e.at), "kind": e.kind, "task": e.task, "attempt": e.attempt,
                     "error": one_line(e.detail, 200)} for e in stats.errors],
         "restarts": stats.restarts,
@@ -126,6 +129,7 @@ def render_status(report: dict[str, Any]) -> None:
     console.print(head)
     console.print(
         f"  total {report['total']}   pending {report[PENDING]}   running {report[RUNNING]}   "
+        + (f"waiting {report[WAITING]}   " if report.get(WAITING) else "") +
         f"[green]done {done}[/green]   [red]failed {failed}[/red]"
         + (f"   cancelled {cancelled}" if cancelled else "")
         + f"   ({100 * (done + failed + cancelled) / total:.1f}% finished)"

@@ -48,6 +48,38 @@ def _set_paused(db: str | None, job: str, paused: bool) -> None:
         click.echo(f"job {job!r} {word}: its workers claim again", err=True)
 
 
+@click.command("send")
+@db_option
+@job_option
+@click.argument("task", type=TASK_TEXT)
+@click.argument("key")
+@click.argument("value", metavar="JSON")
+def send_command(db: str | None, job: str, task: str, key: str, value: str) -> None:
+    """Send a JSON value to a task's durable wait (ctx.wait(KEY)). A task waiting for it runs again at once
+    (it was parked, holding no worker); a task not waiting yet gets it when it waits.
+
+    \b
+    Refused, nothing stored: bad JSON (NaN, infinity, over 64 KiB) or key: exit 2; a task not in the job, a
+    finished task, or a second value for a key whose first was not received yet: exit 1.
+    Example:
+      onward send report-42 approval '{"approved": true, "by": "ana"}'
+    """
+    from .store import open_store
+    from .waits import check_key, parse_value_text, send
+
+    check_key(key)
+    text = parse_value_text(value)
+    store = open_store(db, create=False, job=job)
+    try:
+        outcome = send(store, task, key, text)
+    finally:
+        store.close()
+    if outcome == "delivered":
+        click.echo(f"sent {key!r} to task {task!r}: it was waiting and runs again", err=True)
+    else:
+        click.echo(f"sent {key!r} to task {task!r}: kept until it waits for it", err=True)
+
+
 @click.command("cancel")
 @db_option
 @job_option

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .errors import Fenced, OnwardError, StepDrift
-from .step_records import CHECKPOINT, ERROR, VALUE, Frame, frame, ordinals, unframe
+from .step_records import CHECKPOINT, ERROR, VALUE, WAIT, Frame, frame, ordinals, unframe
 from .store.base import Claim, StepRecord, Store
+from .waits import received_payload, timeout_payload
 
 # Replay policies (``@job.task(replay=...)``).
 STRICT, PREFIX = "strict", "prefix"
@@ -175,6 +176,38 @@ class StepLog:
                 self._checkpoint = (index, written)
         self._beat()
         return written
+
+    def receive(self, index: int, key: str, timeout: float | None) -> tuple[bytes | None, float | None]:
+        """A wait reached for real (no record at ``index``): in one store call, take the value sent for
+        ``key`` or, once the wait's deadline passed, its timeout, and record it (durable when this returns).
+        Returns (the record's payload, None), or (None, the deadline) when the task must park and wait;
+        the deadline (store clock; None: none) is the one recorded when it parked on ``key`` before, else
+        now + ``timeout``."""
+        task_id, fence, attempt = self.task_id, self.fence, self.attempt
+
+        def look(store: Store) -> tuple[bytes | None, float | None] | None:
+            value, until = store.mail(task_id, key)
+            now = store.now()
+            if value is not None:
+                payload = received_payload(value)
+            else:
+                if until is None and timeout is not None:
+                    until = now + timeout
+                if until is None or now < until:
+                    return None, until
+                payload = timeout_payload(timeout)
+            record = StepRecord(index, key, WAIT, frame("json", 0.0, attempt, fence, payload), now)
+            if not store.record_wait(task_id, fence, record, key):
+                return None
+            return payload, None
+
+        payload, until = self._call(look, f"wait {key} was not recorded")
+        if payload is not None:
+            with self._lock:
+                self.recorded += 1
+                self._history.append(StepRecord(index, key, WAIT, frame("json", 0.0, attempt, fence, payload), 0.0))
+            self._beat()
+        return payload, until
 
     def _replay_note(self) -> str | None:
         """Once per attempt, when the first step runs for real after replayed ones: a journal line."""

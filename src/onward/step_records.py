@@ -20,7 +20,7 @@ from .errors import OnwardError, StoreError, UsageError
 from .store.base import StepRecord
 
 # Record kinds (StepRecord.kind).
-VALUE, ERROR, CHECKPOINT, SLEEP = "value", "error", "checkpoint", "sleep"
+VALUE, ERROR, CHECKPOINT, SLEEP, WAIT = "value", "error", "checkpoint", "sleep", "wait"
 
 
 class StepError(OnwardError):

@@ -17,7 +17,7 @@ from .errors import StoreError
 from .log import iso_time, printable
 from .progress import Progress, bar_line, duration, progress_of_status
 from .status import cut_middle, status_dict
-from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING
+from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -91,7 +91,8 @@ def plain_line(report: dict[str, Any], trouble: str | None = None) -> str:
     if report.get("job") not in (None, "default"):
         parts.append(f"job {report['job']}")
     parts += [f"total {report['total']}", f"pending {report[PENDING]}",
-             f"running {report[RUNNING]}", f"done {report[DONE]}", f"failed {report[FAILED]}"]
+             f"running {report[RUNNING]}", f"waiting {report.get(WAITING, 0)}", f"done {report[DONE]}",
+             f"failed {report[FAILED]}"]
     parts.append(f"cancelled {report[CANCELLED]}")
     parts.append(f"rate {progress.rate:.1f}/s")
     parts.append("no worker running" if progress.no_worker else
@@ -120,7 +121,7 @@ def render_view(report: dict[str, Any], width: int, trouble: str | None = None) 
     parts.append(header)
     progress = progress_of_status(report)
     parts.append(_bar(progress, width))
-    counts = (f"pending {report[PENDING]}  running {report[RUNNING]}  done {report[DONE]}  "
+    counts = (f"pending {report[PENDING]}  running {report[RUNNING]}  waiting {report.get(WAITING, 0)}  done {report[DONE]}  "
               f"failed {report[FAILED]}  cancelled {report[CANCELLED]}  restarts {report['restarts']}")
     parts.append(Text(counts[:width]))
     if trouble:

@@ -27,7 +27,18 @@ import pytest
 from onward.errors import NotAStore, SchemaTooOld, StoreError
 from onward.proc import current_owner
 from onward.store import open_store
-from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Lease, Reclaimed, StepRecord, Store
+from onward.store.base import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    WAITING,
+    Lease,
+    Reclaimed,
+    StepRecord,
+    Store,
+)
 from onward.store.postgres import SCHEMA_VERSION, PostgresStore
 from tests import pgutil
 from tests.conftest import onward_argv, result_bytes, run_onward, wait_for

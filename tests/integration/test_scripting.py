@@ -13,6 +13,8 @@ import threading
 from datetime import datetime
 from pathlib import Path
 
+from onward.proc import current_owner
+from onward.store import open_store
 from tests.conftest import onward_argv, run_onward, wait_for
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -132,6 +134,14 @@ def documented_status_keys() -> dict[str, set[str]]:
 def test_status_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
     db = str(tmp_path / "s.db")
     gate = tmp_path / "gate"
+    # A task parked in a durable wait (as ctx.wait leaves it), for the tasks_waiting entries.
+    assert run_onward("add", "--db", db, "waits").returncode == 0
+    store = open_store(db, create=False)
+    try:
+        (claim,) = store.claim(store.register_worker(current_owner(), "test"), 1, 30, 3)
+        assert store.park(claim.task_id, claim.fence, "approval", None) == "waiting"
+    finally:
+        store.close()
     assert run_onward("add", "--db", db, "fails", "runs").returncode == 0
     worker = subprocess.Popen(
         onward_argv("run", "--db", db, "--max-attempts", "1", "--", "sh", "-c",
@@ -144,6 +154,7 @@ def test_status_json_keys_are_the_documented_ones(tmp_path: Path) -> None:
         real = wait_for(report, 30, "a running task and an error")
     finally:
         gate.touch()
+        worker.send_signal(signal.SIGTERM)  # it would wait on, with the waiting task
         worker.wait(60)
     assert isinstance(real, dict)
     documented = documented_status_keys()

@@ -219,7 +219,7 @@ def test_named_jobs_in_one_store_are_isolated(store_url: str, tmp_path: Path) ->
     assert (jobs["beta"]["done"], jobs["beta"]["pending"], jobs["beta"]["paused"]) == (3, 1, True)
     assert jobs["default"]["total"] == 0
     table = run_onward("jobs", "--db", store_url).stdout.decode().splitlines()
-    assert table[0].split() == ["job", "paused", "total", "pending", "running", "done", "failed", "cancelled"]
+    assert table[0].split() == ["job", "paused", "total", "pending", "running", "waiting", "done", "failed", "cancelled"]
     assert [line.split()[:3] for line in table[1:]] == [["alpha", "no", "3"], ["beta", "yes", "4"],
                                                         ["default", "no", "0"]]
     # A paused job's worker claims nothing: it waits (here, stopped by SIGTERM once it said so).

@@ -12,7 +12,18 @@ import pytest
 from onward.errors import StoreMissing, UsageError
 from onward.proc import current_owner
 from onward.store import open_store
-from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, STATES, JobRow, Store, Totals
+from onward.store.base import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    STATES,
+    WAITING,
+    JobRow,
+    Store,
+    Totals,
+)
 
 
 @pytest.fixture

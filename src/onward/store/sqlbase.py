@@ -21,8 +21,8 @@ from .base import (
     CANCELLED,
     DONE,
     FAILED,
-    PENDING,
     FINAL_STATES,
+    PENDING,
     RUNNING,
     STATES,
     Claim,
@@ -172,6 +172,10 @@ class SqlStore:
 
     def now(self) -> float:
         """The store's clock (see ``Connection.now``)."""
+        raise NotImplementedError
+
+    def record_step(self, task_id: int, fence: int, step: StepRecord) -> bool:
+        """See ``StepJournal.record_step``: the backend checks the fence its own way."""
         raise NotImplementedError
 
     def _work_ready(self) -> None:

@@ -1,0 +1,102 @@
+"""Durable waits: what ``ctx.wait`` and ``onward send`` agree on. The checks of a wait's key and of a sent
+value (JSON text, at most ``MAX_VALUE_BYTES``), and the record a wait leaves in the step journal.
+
+A wait's record (kind ``wait`` in the task's steps, named by its key) holds ``{"value": V}`` once a value
+was received, or ``{"timeout": SECONDS}`` once its deadline passed; replay returns V or raises
+``WaitTimeout`` again, without waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .errors import NotSent, UnknownTask, UsageError, WaitTimeout
+from .store.base import Store
+
+MAX_KEY_CHARS = 200
+MAX_VALUE_BYTES = 64 * 1024  # a sent value's JSON text: a decision or a small document, not a data set
+
+
+def check_key(key: object) -> str:
+    """A wait's key: 1 to MAX_KEY_CHARS printable characters. ``UsageError`` otherwise (one line)."""
+    if not isinstance(key, str) or not key:
+        raise UsageError("a wait's key must be a non-empty string")
+    if len(key) > MAX_KEY_CHARS:
+        raise UsageError(f"a wait's key is at most {MAX_KEY_CHARS} characters (got {len(key)})")
+    if not key.isprintable():
+        raise UsageError(f"a wait's key must be printable text (got {key!r})")
+    return key
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+            or timeout <= 0:
+        raise UsageError(f"a wait's timeout must be a finite number of seconds above 0, or None (got {timeout!r})")
+    return float(timeout)
+
+
+def value_text(value: Any) -> str:
+    """The JSON text sent for ``value`` (``Job.send``): compact, no NaN or infinity, at most MAX_VALUE_BYTES."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"the value to send is not JSON: {e}") from None
+    return _capped(text)
+
+
+def parse_value_text(text: str) -> str:
+    """Check JSON text given on the command line or to the dashboard; the compact text to store."""
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+    try:
+        value = json.loads(text, parse_constant=refuse)
+    except ValueError as e:  # JSONDecodeError is one
+        raise UsageError(f"the value is not valid JSON: {str(e).splitlines()[0]}") from None
+    return value_text(value)
+
+
+def _capped(text: str) -> str:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_VALUE_BYTES:
+        raise UsageError(f"the value is {size} bytes of JSON; at most {MAX_VALUE_BYTES} can be sent")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError("the value holds text that is not valid Unicode (a lone surrogate)") from None
+    return text
+
+
+def received_payload(value_json: str) -> bytes:
+    return ('{"value":' + value_json + "}").encode()
+
+
+def timeout_payload(seconds: float | None) -> bytes:
+    return json.dumps({"timeout": seconds}).encode()
+
+
+def outcome(key: str, payload: bytes) -> Any:
+    """What a wait returns for its record: the value, or ``WaitTimeout`` raised."""
+    record = json.loads(payload)
+    if "value" in record:
+        return record["value"]
+    raise WaitTimeout(f"no value for {key!r} arrived in time")
+
+
+def send(store: Store, task: str, key: str, text: str) -> str:
+    """Send the JSON ``text`` (checked: ``value_text`` or ``parse_value_text``) to ``task``'s wait on
+    ``key``: ``"delivered"`` (it waited: runnable again) or ``"stored"`` (kept until it waits). Raises
+    ``UnknownTask`` or ``NotSent`` (one line each) when nothing was stored."""
+    check_key(key)
+    outcome = store.send(task, key, text)
+    if outcome == "unknown":
+        raise UnknownTask(f"no task {task!r} in {store.url}; nothing was sent")
+    if outcome == "already sent":
+        raise NotSent(f"task {task!r} has a value for {key!r} it did not receive yet; nothing was sent"
+                      " (a value is never replaced)")
+    if outcome.startswith("already "):
+        raise NotSent(f"task {task!r} is {outcome.removeprefix('already ')}: it waits for nothing; nothing was sent")
+    return outcome

@@ -1,0 +1,234 @@
+"""Durable waits (ctx.wait / onward send) with real worker processes on each backend: a waiting task is
+parked (no slot, no lease), survives SIGKILL and a supervisor restart, receives a value sent before it
+waited, replays a recorded timeout, lets the keep-awake marker go while every task waits; `onward send`'s
+refusals store nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onward.store import open_store
+from tests.conftest import onward_argv, run_onward, wait_for
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+# A Python worker. Each task counts its attempts and its one step in files beside; "plain*" tasks just
+# finish; the others wait for "approval" (with a 1 s timeout for "timeout*"), and "*-hang" ones then stay
+# until the file "go" exists (so that a test can look, or kill, after the wait).
+WORKER = textwrap.dedent('''
+    import asyncio, os, sys, time
+    from onward import Job
+    from onward.errors import WaitTimeout
+    url, side, concurrency, flavour = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    marker = sys.argv[5] if len(sys.argv) > 5 else None
+    job = Job(url, heartbeat=0.3, concurrency=concurrency, keep_awake=marker)
+
+    def note(task, what):
+        with open(os.path.join(side, task + "." + what), "a") as f:
+            f.write("x")
+
+    def hang(task):
+        while task.endswith("-hang") and not os.path.exists(os.path.join(side, "go")):
+            time.sleep(0.02)
+
+    if flavour == "sync":
+        @job.task
+        def handle(task, ctx):
+            note(task, "runs")
+            if task.startswith("plain"):
+                return "plain"
+            ctx.step("before", lambda: note(task, "before"))
+            try:
+                value = ctx.wait("approval", timeout=1.0 if task.startswith("timeout") else None)
+            except WaitTimeout:
+                value = "timed out"
+            note(task, "after")
+            hang(task)
+            return {"got": value}
+    else:
+        @job.task
+        async def handle(task, ctx):
+            note(task, "runs")
+            await ctx.step("before", lambda: note(task, "before"))
+            value = await ctx.wait("approval")
+            note(task, "after")
+            return {"got": value}
+
+    sys.exit(job.run().exit_code)
+''')
+
+
+class Worker:
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.log_path = log
+        with open(log, "ab") as err:
+            self.proc = subprocess.Popen(argv, stderr=err, stdout=subprocess.DEVNULL,
+                                         env={**os.environ, "PYTHONPATH": SRC}, start_new_session=True)
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Any]:
+    started: list[Worker] = []
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+
+    def go(url: str, side: Path, *, concurrency: int = 1, flavour: str = "sync", marker: Path | None = None,
+           supervised: bool = False) -> Worker:
+        argv = [sys.executable, str(script), url, str(side), str(concurrency), flavour,
+                *([str(marker)] if marker else [])]
+        if supervised:
+            argv = onward_argv("supervise", "--db", url, "--restart-delay", "0.2", "--", *argv)
+        started.append(Worker(argv, tmp_path / f"worker{len(started)}.log"))
+        return started[-1]
+
+    yield go
+    for w in started:
+        w.kill()
+
+
+def status(url: str) -> dict[str, Any]:
+    r = run_onward("status", "--db", url, "--json")
+    assert r.returncode == 0, r.stderr
+    report: dict[str, Any] = json.loads(r.stdout)
+    return report
+
+
+def count(side: Path, task: str, what: str) -> int:
+    path = side / f"{task}.{what}"
+    return len(path.read_text()) if path.exists() else 0
+
+
+def result(url: str, task: str) -> Any:
+    r = run_onward("result", "--db", url, task)
+    if r.returncode != 0:
+        return None
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        return r.stdout.decode()  # a str result is printed as it is
+
+
+def send(url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return run_onward("send", "--db", url, *args)
+
+
+@pytest.fixture
+def side(tmp_path: Path) -> Path:
+    path = tmp_path / "side"
+    path.mkdir()
+    return path
+
+
+def test_a_waiting_task_frees_its_slot_survives_sigkill_and_lets_the_sandbox_sleep(
+        store_url: str, side: Path, tmp_path: Path, start: Any) -> None:
+    assert run_onward("add", "--db", store_url, "w1-hang", "plain1").returncode == 0
+    marker = tmp_path / "keep-awake"
+    first = start(store_url, side, concurrency=1, marker=marker)
+    # With one slot, the waiting task does not hold it: the plain task runs meanwhile.
+    wait_for(lambda: result(store_url, "plain1") == "plain", 60, f"plain1 to run; log:\n{first.log}")
+    report = wait_for(lambda: (s := status(store_url))["waiting"] == 1 and s, 30, "w1 to wait")
+    assert isinstance(report, dict) and report["running"] == 0
+    assert report["tasks_waiting"] == [{"task": "w1-hang", "key": "approval", "until": None}]
+    wait_for(lambda: not marker.exists(), 30, "the keep-awake marker to go while every task waits")
+    assert first.proc.poll() is None  # the worker stays up, waiting with its tasks
+    first.kill()
+    second = start(store_url, side, concurrency=1, marker=marker)
+    wait_for(lambda: "worker started" in second.log, 30, "the second worker")
+    r = send(store_url, "w1-hang", "approval", '{"ok": true, "by": "ana"}')
+    assert r.returncode == 0 and b"runs again" in r.stderr, r.stderr
+    wait_for(lambda: count(side, "w1-hang", "after") == 1, 60, f"w1 to resume; log:\n{second.log}")
+    wait_for(marker.exists, 30, "the keep-awake marker back once a task runs")
+    (side / "go").touch()
+    wait_for(lambda: result(store_url, "w1-hang") is not None, 60, "w1 to finish")
+    assert result(store_url, "w1-hang") == {"got": {"ok": True, "by": "ana"}}
+    assert count(side, "w1-hang", "before") == 1  # the step before the wait ran once, then was replayed
+    store = open_store(store_url, create=False)
+    try:
+        row = store.task("w1-hang")
+        assert row is not None and row.attempts == 1  # parking is not a failed attempt
+    finally:
+        store.close()
+    r = send(store_url, "w1-hang", "approval", "1")
+    assert r.returncode == 1 and r.stderr.count(b"\n") == 1 and b"done" in r.stderr, r.stderr
+
+
+def test_a_wait_survives_a_supervisor_restart(store_url: str, side: Path, start: Any) -> None:
+    assert run_onward("add", "--db", store_url, "w2").returncode == 0
+    sup = start(store_url, side, supervised=True)
+    wait_for(lambda: status(store_url)["waiting"] == 1, 60, f"w2 to wait; log:\n{sup.log}")
+    pids = re.findall(r"worker (\d+) started: ", sup.log)
+    assert pids, sup.log
+    os.kill(int(pids[-1]), signal.SIGKILL)
+    wait_for(lambda: len(re.findall(r"worker (\d+) started: ", sup.log)) >= 2, 60,
+             f"the supervisor to restart its worker; log:\n{sup.log}")
+    assert send(store_url, "w2", "approval", '"yes"').returncode == 0
+    wait_for(lambda: result(store_url, "w2") is not None, 60, f"w2 to finish; log:\n{sup.log}")
+    assert result(store_url, "w2") == {"got": "yes"} and count(side, "w2", "before") == 1
+
+
+def test_a_value_sent_before_the_wait_is_received_and_refusals_store_nothing(
+        store_url: str, side: Path, start: Any) -> None:
+    assert run_onward("add", "--db", store_url, "early", "other").returncode == 0
+    for bad in ("nan", "NaN", "{", "", "[1, Infinity]", "x" * 10, json.dumps("x" * 70_000)):
+        r = send(store_url, "early", "approval", bad)
+        assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"Traceback" not in r.stderr, (bad[:20], r.stderr)
+    r = subprocess.run([*onward_argv("send", "--db", store_url, "early", "approval"), b'"\xff\xfe"'],
+                       capture_output=True, env={**os.environ, "PYTHONPATH": SRC})
+    assert r.returncode == 2 and r.stderr.count(b"\n") == 1, r.stderr
+    for key in ("", "a\nb", "k" * 201):
+        r = send(store_url, "early", key, "1")
+        assert r.returncode == 2 and r.stderr.count(b"\n") == 1, (key, r.stderr)
+    r = send(store_url, "nobody", "approval", "1")
+    assert r.returncode == 1 and b"nothing was sent" in r.stderr, r.stderr
+    r = send(store_url, "early", "approval", '{"n": 1}')
+    assert r.returncode == 0 and b"kept until it waits" in r.stderr, r.stderr
+    r = send(store_url, "early", "approval", '{"n": 2}')  # a second value before the first was received
+    assert r.returncode == 1 and b"never replaced" in r.stderr, r.stderr
+    worker = start(store_url, side, flavour="async")
+    wait_for(lambda: result(store_url, "early") is not None, 60, f"early to finish; log:\n{worker.log}")
+    assert result(store_url, "early") == {"got": {"n": 1}}
+    assert status(store_url)["waiting"] == 1  # "other" waits; nothing was sent to it
+    assert send(store_url, "other", "approval", "[]").returncode == 0
+    wait_for(lambda: result(store_url, "other") == {"got": []}, 60, f"other to finish; log:\n{worker.log}")
+
+
+def test_a_timeout_is_recorded_and_replayed_after_a_kill(store_url: str, side: Path, start: Any) -> None:
+    assert run_onward("add", "--db", store_url, "timeout-hang").returncode == 0
+    first = start(store_url, side)
+    wait_for(lambda: count(side, "timeout-hang", "after") == 1, 60, f"the wait to time out; log:\n{first.log}")
+    first.kill()
+    second = start(store_url, side)
+    wait_for(lambda: count(side, "timeout-hang", "after") == 2, 60, f"the task to resume; log:\n{second.log}")
+    (side / "go").touch()
+    wait_for(lambda: result(store_url, "timeout-hang") is not None, 60, "the task to finish")
+    assert result(store_url, "timeout-hang") == {"got": "timed out"}
+    store = open_store(store_url, create=False)
+    try:
+        # It parked once (until its deadline); the resumed attempt replayed the recorded timeout.
+        kinds = [e.kind for e in store.events(task="timeout-hang")]
+        assert kinds.count("waiting") == 1, kinds
+        task_id = store.task_id("timeout-hang")
+        assert task_id is not None
+        assert [s.kind for s in store.steps(task_id)] == ["value", "wait"]
+    finally:
+        store.close()

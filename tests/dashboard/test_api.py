@@ -379,7 +379,7 @@ def test_metrics_route_serves_the_text_of_onward_metrics_with_the_values_of_stat
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(answer.body.decode()) for s in family.samples}
     expected = status_of(finished.db)
-    for state in ("pending", "running", "done", "failed", "cancelled"):
+    for state in ("pending", "running", "waiting", "done", "failed", "cancelled"):
         assert samples[("onward_tasks", (("job", "default"), ("state", state)))] == expected[state], state
     assert samples[("onward_paused", (("job", "default"),))] == 0
     once = run_onward("metrics", "--db", finished.db)

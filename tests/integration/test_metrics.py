@@ -82,7 +82,7 @@ def test_metrics_equal_status_json_on_the_same_store(store_url: str, tmp_path: P
 
     tasks = {labels["state"]: value for labels, value in samples["onward_tasks"]}
     assert all(labels["job"] == "default" for labels, _ in samples["onward_tasks"])
-    assert tasks == {state: before[state] for state in ("pending", "running", "done", "failed", "cancelled")}
+    assert tasks == {state: before[state] for state in ("pending", "running", "waiting", "done", "failed", "cancelled")}
     assert one(samples, "onward_task_completions_total") == before["done"]
     assert one(samples, "onward_task_failures_total") == before["failed"]
     assert one(samples, "onward_task_cancellations_total") == before["cancelled"]

@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .. import waits
+from ..errors import NotSent, UnknownTask, UsageError
 from ..log import iso_time
 from ..status import status_dict
 from ..store.base import CANCELLED, FAILED, STATES, Event, Store, TaskRow
@@ -144,6 +146,30 @@ def cancel(store: Store, body: object) -> dict[str, Any]:
     if "tasks" not in fields:
         raise ApiError(400, 'give {"tasks": [...]}')
     return {"tasks": store.cancel(_names(fields["tasks"]))}
+
+
+def send(store: Store, body: object) -> dict[str, Any]:
+    """``POST /api/send`` with ``{"task": NAME, "key": KEY, "value": JSON}``: the value for the task's
+    ``ctx.wait(KEY)`` (what ``onward send`` does). Answers ``{"sent": "delivered"}`` (the task waited: it runs
+    again) or ``{"sent": "stored"}`` (kept until it waits); 404 for a task not in the job, 409 for a finished
+    task or a second value for a key not received yet; 400 for a bad key or value (over 64 KiB of JSON).
+    Nothing is stored when refused."""
+    fields = _object(body, allowed={"task", "key", "value"})
+    if set(fields) != {"task", "key", "value"}:
+        raise ApiError(400, 'give {"task": NAME, "key": KEY, "value": JSON}')
+    task, key = fields["task"], fields["key"]
+    if not isinstance(task, str) or task_name_problem(task) is not None:
+        raise ApiError(400, '"task" must be a task name')
+    try:
+        waits.check_key(key)
+        text = waits.value_text(fields["value"])
+        return {"sent": waits.send(store, task, key, text)}
+    except UsageError as e:
+        raise ApiError(400, str(e)) from None
+    except UnknownTask as e:
+        raise ApiError(404, str(e)) from None
+    except NotSent as e:
+        raise ApiError(409, str(e)) from None
 
 
 def pause(store: Store, body: object, paused: bool) -> dict[str, Any]:

@@ -131,6 +131,7 @@ class Handler(BaseHTTPRequestHandler):
         actions: dict[str, Callable[[Store, object], dict[str, Any]]] = {
             "/api/retry": api.retry,
             "/api/cancel": api.cancel,
+            "/api/send": api.send,
             "/api/pause": lambda store, body: api.pause(store, body, True),
             "/api/resume": lambda store, body: api.pause(store, body, False),
         }

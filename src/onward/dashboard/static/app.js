@@ -114,7 +114,7 @@
     $("token-needed").hidden = true;
     $("store").textContent = s.store;
     $("job").textContent = s.job ? "job " + s.job : "";
-    for (const state of ["total", "pending", "running", "done", "failed", "cancelled"]) {
+    for (const state of ["total", "pending", "running", "waiting", "done", "failed", "cancelled"]) {
       $("count-" + state).textContent = String(s[state] === undefined ? 0 : s[state]);
     }
     const total = s.total || 0;

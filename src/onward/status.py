@@ -64,7 +64,8 @@ def status_dict(store: Store) -> dict[str, Any]:
         "restarts": stats.restarts,
         "rate_per_second": round(rate, 2),
         "workers_alive": working,
-        "eta_seconds": _eta(left, rate, working),
+        # Waiting tasks end when someone sends their value: the ETA is for the others; with only those left, none.
+        "eta_seconds": None if not left and counts[WAITING] else _eta(left, rate, working),
     }
 
 
@@ -149,6 +150,13 @@ def render_status(report: dict[str, Any]) -> None:
             alive = {True: "yes", False: "no (dead)", None: "?"}[w["alive"]]
             table.add_row(str(w["id"]), shown(w["host"]), str(w["pid"]), f"{w['heartbeat_age']}s ago",
                           str(w["running"]), str(w["done"]), alive)
+        console.print(table)
+    if report.get("tasks_waiting"):
+        table = Table(title="waiting", title_justify="left", box=None, pad_edge=False)
+        for col in ("task", "waits for", "until"):
+            table.add_column(col, no_wrap=True)
+        for t in report["tasks_waiting"][:20]:
+            table.add_row(shown(t["task"]), shown(t["key"]), t["until"] or "-")
         console.print(table)
     if report["tasks_running"]:
         table = Table(title="running", title_justify="left", box=None, pad_edge=False)

@@ -149,6 +149,7 @@ def test_a_waiting_task_frees_its_slot_survives_sigkill_and_lets_the_sandbox_sle
     report = wait_for(lambda: (s := status(store_url))["waiting"] == 1 and s, 30, "w1 to wait")
     assert isinstance(report, dict) and report["running"] == 0
     assert report["tasks_waiting"] == [{"task": "w1-hang", "key": "approval", "until": None}]
+    assert run_onward("list", "--db", store_url, "--state", "waiting").stdout == b"w1-hang\n"
     wait_for(lambda: not marker.exists(), 30, "the keep-awake marker to go while every task waits")
     assert first.proc.poll() is None  # the worker stays up, waiting with its tasks
     first.kill()
@@ -230,5 +231,48 @@ def test_a_timeout_is_recorded_and_replayed_after_a_kill(store_url: str, side: P
         task_id = store.task_id("timeout-hang")
         assert task_id is not None
         assert [s.kind for s in store.steps(task_id)] == ["value", "wait"]
+    finally:
+        store.close()
+
+
+BAD_WAITS = textwrap.dedent('''
+    import sys
+    from onward import Job
+    job = Job(sys.argv[1], heartbeat=0.3, max_attempts=1)
+
+    @job.task
+    def handle(task, ctx):
+        if task == "bad-key":
+            return ctx.wait("a\\nb")
+        if task == "empty-key":
+            return ctx.wait("")
+        if task == "nan-timeout":
+            return ctx.wait("k", timeout=float("nan"))
+        if task == "zero-timeout":
+            return ctx.wait("k", timeout=0)
+        if task == "in-step":
+            return ctx.step("outer", lambda: ctx.wait("k"))
+        return ctx.wait("k" * 201)
+
+    sys.exit(job.run().exit_code)
+''')
+
+
+def test_bad_waits_fail_the_attempt_with_one_line(store_url: str, tmp_path: Path) -> None:
+    script = tmp_path / "bad.py"
+    script.write_text(BAD_WAITS)
+    names = {"bad-key": "printable", "empty-key": "non-empty", "nan-timeout": "finite", "zero-timeout": "above 0",
+             "in-step": "inside a step's body", "long-key": "at most 200"}
+    assert run_onward("add", "--db", store_url, *names).returncode == 0
+    r = subprocess.run([sys.executable, str(script), store_url], capture_output=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": SRC})
+    assert r.returncode == 3, r.stderr
+    store = open_store(store_url, create=False)
+    try:
+        for name, says in names.items():
+            row = store.task(name)
+            assert row is not None and row.state == "failed" and row.error is not None, name
+            assert says in row.error.strip().splitlines()[-1], (name, row.error)
+        assert store.counts()["waiting"] == 0
     finally:
         store.close()

@@ -96,3 +96,15 @@ def test_jobs_keep_their_mail_apart(store_url: str) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_task_page_finds_waiting_tasks_from_their_index(store: Store) -> None:
+    store.add([f"t{i}" for i in range(5)])
+    w = store.register_worker(current_owner(), "test")
+    claims = store.claim(w, 3, 30, 3)
+    for c in claims[:2]:
+        store.park(c.task_id, c.fence, "k", None)
+    assert [r.name for r in store.task_page(WAITING, None, 0, 10)] == ["t0", "t1"]
+    assert [r.name for r in store.task_page(WAITING, "T1", 0, 10)] == ["t1"]
+    first = store.task_page(WAITING, None, 0, 1)
+    assert [r.name for r in store.task_page(WAITING, None, first[0].task_id, 10)] == ["t1"]

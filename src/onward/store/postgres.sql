@@ -835,3 +835,13 @@ SELECT id FROM changed;
 SELECT name, wait_key, wait_until FROM onward.tasks
  WHERE job_id = %(job)s AND state = 'waiting'
  ORDER BY id LIMIT %(limit)s;
+
+-- name: iter_waiting_tasks
+-- Waiting tasks, from their own index (tasks_waiting), as iter_running_tasks does for running ones.
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM onward.tasks WHERE job_id = %(job)s AND state = 'waiting' AND id > %(after)s
+)
+SELECT t.id, t.name, t.state, t.attempts, t.added_at, t.started_at, t.finished_at, t.error, t.result_kind
+  FROM chosen JOIN onward.tasks AS t ON t.id = chosen.id
+ WHERE t.state = 'waiting' AND (%(pattern)s::text IS NULL OR t.name ILIKE %(pattern)s ESCAPE '\')
+ ORDER BY t.id LIMIT %(limit)s;

@@ -25,6 +25,7 @@ from .base import (
     PENDING,
     RUNNING,
     STATES,
+    WAITING,
     Claim,
     HostRestarts,
     JobRow,
@@ -365,13 +366,15 @@ class SqlStore:
     def task_page(self, state: str | None, search: str | None, after: int, limit: int,
                   until: int | None = None) -> list[TaskRow]:
         # Keyset paging on the id: a page costs the same wherever it starts. Running, failed and cancelled
-        # tasks are read from their own small indexes, and pending ones from theirs while they are few (a
+        # tasks are read from their own small indexes (waiting ones too), and pending ones from theirs while they are few (a
         # job near its end has them all at its end: walking the ids would pass every done task first); the
         # rest walk the ids from ``after`` and stop once the page is full (see the SQL).
         params = {"after": after, "limit": limit, "state": state, "until": NO_TASK_ID if until is None else until,
                   "pattern": like_pattern(search) if search else None}
         if state == RUNNING:
             name = "iter_running_tasks"
+        elif state == WAITING:
+            name = "iter_waiting_tasks"
         elif state == PENDING and self.counts().get(PENDING, 0) <= FEW_PENDING:
             name = "iter_pending_tasks"
         elif state in (FAILED, CANCELLED):

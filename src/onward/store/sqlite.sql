@@ -615,3 +615,11 @@ RETURNING id;
 SELECT name, wait_key, wait_until FROM tasks INDEXED BY tasks_waiting
  WHERE job_id = :job AND state = 'waiting'
  ORDER BY id LIMIT :limit;
+
+-- name: iter_waiting_tasks
+-- Waiting tasks, from their own index, as iter_running_tasks does for running ones.
+SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
+  FROM tasks INDEXED BY tasks_waiting
+ WHERE job_id = :job AND state = 'waiting' AND id > :after
+   AND (:pattern IS NULL OR name LIKE :pattern ESCAPE '\')
+ ORDER BY id LIMIT :limit;

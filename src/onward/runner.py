@@ -50,6 +50,8 @@ STOP_COMMIT_SECONDS = 5.0
 # claims nothing for RESOURCE_PAUSE seconds.
 WORKER_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 RESOURCE_PAUSE = 1.0
+# How often a worker looks for waits whose deadline passed (ctx.wait's timeout), while its job has some.
+WAKE_DUE_EVERY = 1.0
 
 
 class Runner:
@@ -94,6 +96,7 @@ class Runner:
         self._paused = False  # the job is paused (onward pause), as last read: claims return nothing then
         self._marker_held = False  # this worker made the keep-awake marker exist
         self._waits_seen = False  # the job had waiting tasks at the last heartbeat, or one parked here since
+        self._wake_due_at = 0.0  # monotonic time before which waits' deadlines are not looked at again
 
     # --- called from other threads -------------------------------------------------------------------
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
@@ -297,9 +300,11 @@ class Runner:
                 for attempt, outcome in finished:
                     after_commit.append(self.settler.settle(attempt, outcome))
                     self._waits_seen = self._waits_seen or outcome.kind == "parked"
-                if want > 0 and self._waits_seen:
-                    # Waits whose deadline passed become claimable (one statement on a small index, and
-                    # only while the job has waiting tasks, as of the last heartbeat or parked since).
+                if want > 0 and self._waits_seen and started >= self._wake_due_at:
+                    # Waits whose deadline passed become claimable: one statement on a small index, at most
+                    # once a second, and only while the job has waiting tasks (as of the last heartbeat, or
+                    # parked here since).
+                    self._wake_due_at = started + WAKE_DUE_EVERY
                     self.store.wake_due()
                 claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
                                           self.config.max_attempts) if want > 0 else []

@@ -108,3 +108,13 @@ def test_task_page_finds_waiting_tasks_from_their_index(store: Store) -> None:
     assert [r.name for r in store.task_page(WAITING, "T1", 0, 10)] == ["t1"]
     first = store.task_page(WAITING, None, 0, 1)
     assert [r.name for r in store.task_page(WAITING, None, first[0].task_id, 10)] == ["t1"]
+
+
+def test_a_retried_task_starts_its_wait_afresh(store: Store) -> None:
+    store.add(["t"])
+    task_id, fence = claim_one(store)
+    store.park(task_id, fence, "k", store.now() - 1)  # a deadline long gone
+    store.cancel(["t"])
+    assert store.retry(["t"]) == 1
+    task_id, fence = claim_one(store)
+    assert store.mail(task_id, "k") == (None, None)  # no old deadline: the wait's timeout starts again

@@ -480,7 +480,8 @@ SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid
 
 -- name: retry_failed
 WITH changed AS (
-    UPDATE onward.tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL
+    UPDATE onward.tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL,
+                            wait_key = NULL, wait_until = NULL  -- a retry starts its waits afresh
      WHERE job_id = %(job)s AND state = 'failed'
     RETURNING job_id, state
 ), counted AS (
@@ -499,7 +500,8 @@ WITH old AS (
        FOR UPDATE
 ), changed AS (
     UPDATE onward.tasks AS t
-       SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL, cancel_requested = false
+       SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL, cancel_requested = false,
+       wait_key = NULL, wait_until = NULL
       FROM old
      WHERE t.id = old.id AND t.state = old.state
     RETURNING t.job_id, old.state AS old_state

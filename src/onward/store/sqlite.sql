@@ -345,13 +345,15 @@ SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid
  WHERE t.job_id = :job AND t.state = 'running';
 
 -- name: retry_failed
-UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL
+UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL,
+                 wait_key = NULL, wait_until = NULL  -- a retry starts its waits afresh
  WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_ended_badly
               WHERE job_id = :job AND state IN ('failed', 'cancelled') AND state = 'failed')
 RETURNING id;
 
 -- name: retry_one
-UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL, cancel_requested = 0
+UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL, cancel_requested = 0,
+       wait_key = NULL, wait_until = NULL
  WHERE job_id = :job AND name = :name AND state IN ('failed', 'cancelled')
 RETURNING id;
 

@@ -135,7 +135,7 @@ def test_watch_through_a_pipe_prints_one_plain_line_per_refresh(tmp_path: Path) 
     assert watch.returncode == 0 and stderr == b"", stderr
     for line in lines:
         assert "\x1b" not in line and line.endswith("\n")
-        assert re.fullmatch(r"\S+Z total 3 pending 3 running 0 done 0 failed 0 cancelled 0 rate 0\.0/s no worker running "
+        assert re.fullmatch(r"\S+Z total 3 pending 3 running 0 waiting 0 done 0 failed 0 cancelled 0 rate 0\.0/s no worker running "
                             r"workers 0\n", line), line
 
 

@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(VENV)/bin/onward demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not torture" tests
+	$(PY) -m pytest -q -m "not torture" --durations=25 tests
 
 torture: $(STAMP)
 	$(PY) -m pytest -q -s -m torture tests

@@ -176,6 +176,12 @@ class Spawner:
             except _SpawnerGone:
                 self._restart()
                 continue
+            except OSError as e:
+                if e.errno != errno.ECHILD:
+                    raise
+                # The process made ahead was killed before it was set up (a cgroup it was made in was
+                # killed when an attempt there ended badly): nothing of a command ran; make another.
+                continue
             try:
                 _write_all(ready.go, request)
             except BrokenPipeError:  # it was killed while it waited: nothing of the command ran

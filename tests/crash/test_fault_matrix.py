@@ -34,7 +34,7 @@ ERRNOS = ["EIO", "ENOSPC", "EROFS", "EDQUOT"]
 # write or sync of any kind as a disk I/O error, and ENOSPC as a full disk).
 ERROR_WORDS = {
     "EIO": ("Input/output error", "disk I/O error"),
-    "ENOSPC": ("No space left on device", "database or disk is full"),
+    "ENOSPC": ("No space left on device", "database or disk is full", "disk I/O error"),
     "EROFS": ("Read-only file system", "disk I/O error"),
     "EDQUOT": ("Disk quota exceeded", "disk I/O error"),
 }

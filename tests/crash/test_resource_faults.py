@@ -195,12 +195,18 @@ def test_running_out_of_file_descriptors_gives_attempts_back_instead_of_failing_
     assert "worker out of resources: Too many open files" in journal, "the limit was never reached"
 
 
-@pytest.mark.parametrize("fault", ["clone:error=EAGAIN", "pidfd_open:error=EMFILE"])
+@pytest.mark.parametrize(("fault", "spawn"), [
+    ("clone:error=EAGAIN", "fork"),  # the worker forks each command itself (ONWARD_SPAWN=fork)
+    ("clone3:error=EAGAIN", "spawner"),  # the spawner process makes each command with clone3
+    ("pidfd_open:error=EMFILE", "spawner"),
+])
 def test_a_start_that_runs_out_of_resources_leaves_no_stray_command_and_burns_no_attempt(tmp_path: Path,
-                                                                                          fault: str) -> None:
-    """fork failing with EAGAIN, or the descriptor that watches a command refused after it was spawned
-    (strace injects both into the worker alone): the attempt is given back uncounted, and a command already
-    spawned is killed at once, so no task runs twice at the same time."""
+                                                                                          fault: str,
+                                                                                          spawn: str) -> None:
+    """The process of a command cannot be made (EAGAIN, in the worker when it forks, in the spawner when
+    it starts commands), or the descriptor that watches a command is refused after it was spawned: the
+    attempt is given back uncounted, and a command already spawned is killed at once, so no task runs
+    twice at the same time."""
     strace = require_tool("strace")
     db = tmp_path / "s.db"
     side_effects = tmp_path / "ran.log"
@@ -209,9 +215,12 @@ def test_a_start_that_runs_out_of_resources_leaves_no_stray_command_and_burns_no
     tasks.write_text("".join(n + "\n" for n in names))
     run = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--max-attempts", "1", "-q", "--", "sh", "-c",
                       f'sleep 0.5; echo "$1" >> {side_effects}', "x", "{task}")
-    # Without -f only the worker's main thread is traced: the loop that starts commands.
-    r = subprocess.run([strace, "-qq", "-o", "/dev/null", "-e", f"inject={fault}:when=2", *run],
-                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    # Without -f only the worker's main thread is traced: the loop that starts commands. The spawner is
+    # another process: -f follows it (clone3 is the spawner's alone; the worker's threads use clone).
+    follow = ["-f"] if fault.startswith("clone3") else []
+    r = subprocess.run([strace, *follow, "-qq", "-o", "/dev/null", "-e", f"inject={fault}:when=2", *run],
+                       env=dict(os.environ, PYTHONPATH=SRC, ONWARD_SPAWN=spawn), capture_output=True,
+                       timeout=120)
     err = r.stderr.decode()
     assert r.returncode == 0, err[-3000:]
     assert err.count("\n") == 1 and "out of resources" in err, err

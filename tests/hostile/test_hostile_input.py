@@ -157,7 +157,9 @@ def test_any_flag_value_is_taken_or_refused_in_one_line(scratch: Path, flag: str
         assert_one_line_refusal(done)
         assert not db.parent.exists(), "a refused flag must not create a store"
     else:
-        assert done.returncode == 0, (flag, value, done.stderr)
+        # 3: the value was taken and the task failed by it (a timeout too short for `true` to finish).
+        assert done.returncode in (0, 3), (flag, value, done.stderr)
+        assert b"Traceback" not in done.stderr
         assert store_names(db) == ["a"]
 
 

@@ -158,6 +158,10 @@ DROP INDEX onward.tasks_ready;
 CREATE INDEX tasks_ready ON onward.tasks (job_id, ready_at, id) WHERE state = 'pending';
 DROP INDEX onward.tasks_running;
 CREATE INDEX tasks_running ON onward.tasks (job_id, worker_id) WHERE state = 'running';
+-- A job's tasks in the order they were added: listing and paging (iter_tasks, task_page) walk it from
+-- "after". Without it the planner, misled by statistics older than a big import, read every task of the
+-- job and sorted them for each page: `onward list` of 600,000 tasks went from 5 s to over 2 minutes.
+CREATE INDEX tasks_job_order ON onward.tasks (job_id, id);
 -- Failed and cancelled tasks are few: the dashboard's filter on them needs no scan of a million done ones.
 CREATE INDEX tasks_ended_badly ON onward.tasks (job_id, id) WHERE state IN ('failed', 'cancelled');
 -- The finish times of done tasks, for the chart of a job's life (activity): each completion adds one entry

@@ -21,6 +21,7 @@ test: $(STAMP)
 torture: $(STAMP)
 	$(PY) -m pytest -q -s -m torture tests
 	ONWARD_HYPOTHESIS_EXAMPLES=300 $(PY) -m pytest -q tests/hostile
+	ONWARD_FULL_FAULT_MATRIX=1 $(PY) -m pytest -q tests/crash/test_fault_matrix.py
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench tools

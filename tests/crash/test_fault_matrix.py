@@ -55,9 +55,15 @@ CELLS = [
 ]
 
 
-@pytest.mark.parametrize("errno_name", ERRNOS)
-@pytest.mark.parametrize(("target", "syscalls", "moment"), CELLS,
-                         ids=[f"{t}-{s.split(',')[0]}" for t, s, _ in CELLS])
+# The suite runs every system call with EIO and the other errnos on the two calls where SQLite and the
+# output folder tell them apart (a write, a create); `make torture` (ONWARD_FULL_FAULT_MATRIX=1) runs all.
+FULL = os.environ.get("ONWARD_FULL_FAULT_MATRIX") == "1"
+MATRIX = [(cell, errno_name) for cell in CELLS for errno_name in ERRNOS
+          if FULL or errno_name == "EIO" or cell[:2] in (("store", "pwrite64"), ("out", "openat"))]
+
+
+@pytest.mark.parametrize(("target", "syscalls", "moment", "errno_name"), [(*cell, e) for cell, e in MATRIX],
+                         ids=[f"{t}-{s.split(',')[0]}-{e}" for (t, s, _), e in MATRIX])
 def test_fault_cell(tmp_path: Path, seed: int, target: str, syscalls: str, moment: str, errno_name: str) -> None:
     strace = require_tool("strace")
     rng = random.Random(seed)

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import run_onward
 
-EXAMPLES = int(os.environ.get("ONWARD_HYPOTHESIS_EXAMPLES", "15"))
+EXAMPLES = int(os.environ.get("ONWARD_HYPOTHESIS_EXAMPLES", "8"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

@@ -388,7 +388,7 @@ def test_counts_stay_exact_under_concurrent_workers_and_compaction(pg_url: str) 
 
     def exact() -> None:
         real = dict(sql.execute("SELECT state, count(*) FROM onward.tasks GROUP BY state").fetchall())
-        assert store.counts() == {s: real.get(s, 0) for s in (PENDING, RUNNING, DONE, FAILED, CANCELLED)}
+        assert store.counts() == {s: real.get(s, 0) for s in (PENDING, RUNNING, WAITING, DONE, FAILED, CANCELLED)}
     try:
         exact()
         assert store.counts()[DONE] + store.counts()[FAILED] == 600

@@ -12,6 +12,7 @@ import pytest
 from onward import store
 from onward.errors import StoreMissing
 from onward.store.postgres import PostgresStore
+from onward.store.sqlbase import SCHEMA_VERSION
 from onward.store.sqlite import SqliteStore
 from tests import pgutil
 
@@ -51,8 +52,8 @@ def test_exists_leaves_postgresql_to_open_store(pg_url: str) -> None:
 
 def test_upgrade_names_the_store_without_its_password(tmp_path: Path, pg_url: str) -> None:
     path = tmp_path / "onward.db"
-    assert store.upgrade(f"sqlite:///{path}") == (str(path), 0, 3)
-    assert store.upgrade(str(path)) == (str(path), 3, 3)
+    assert store.upgrade(f"sqlite:///{path}") == (str(path), 0, SCHEMA_VERSION)
+    assert store.upgrade(str(path)) == (str(path), SCHEMA_VERSION, SCHEMA_VERSION)
     secret = pg_url.replace(f"{pgutil.PG_USER}@", f"{pgutil.PG_USER}:hunter2@", 1)
     shown, before, after = store.upgrade(secret)
-    assert (before, after) == (0, 3) and "hunter2" not in shown and "***" in shown
+    assert (before, after) == (0, SCHEMA_VERSION) and "hunter2" not in shown and "***" in shown

@@ -16,6 +16,7 @@ from typing import Any
 from . import results
 from . import steps as durable
 from .attempt import Attempt, Cancelled, Loop, Outcome, Parked, error_tail
+from .config import RunConfig
 from .context import AsyncTaskContext, ContextBase, TaskContext
 from .errors import StepDrift, UsageError
 from .spawn import spawn_forked
@@ -29,10 +30,12 @@ _spawn = spawn_forked
 
 # --- Python functions ---------------------------------------------------------------------------------
 class PythonAttempt(Attempt):
-    def __init__(self, claim: Claim, fn: Callable[..., Any], loop: Loop, replay: str = "strict") -> None:
+    def __init__(self, claim: Claim, fn: Callable[..., Any], loop: Loop, replay: str = "strict",
+                 park_sleeps_over: float = RunConfig.park_sleeps_over) -> None:
         super().__init__(claim)
         self.stop_requested = False
         self.replay = replay
+        self.park_sleeps_over = park_sleeps_over
         self.stop_event = threading.Event()  # set on stop, cancel or abandon: wakes durable sleeps
         self._worker = loop
         self._reported = False
@@ -154,17 +157,19 @@ class PythonHandler:
     """Runs a Python task function: a plain function in a thread of its own, an ``async def`` on the
     worker's event loop thread."""
 
-    def __init__(self, fn: Callable[..., Any], replay: str = "strict") -> None:
+    def __init__(self, fn: Callable[..., Any], replay: str = "strict",
+                 park_sleeps_over: float = RunConfig.park_sleeps_over) -> None:
         if replay not in durable.REPLAY_POLICIES:
             raise UsageError(f"replay must be one of {', '.join(durable.REPLAY_POLICIES)} (got {replay!r})")
         self.fn = fn
         self.replay = replay
+        self.park_sleeps_over = park_sleeps_over
         self.is_async = inspect.iscoroutinefunction(fn)
         self._pool = ThreadPool()
         self._event_loop: EventLoopThread | None = None
 
     def start(self, claim: Claim, loop: Loop) -> Attempt:
-        attempt = PythonAttempt(claim, self.fn, loop, self.replay)
+        attempt = PythonAttempt(claim, self.fn, loop, self.replay, self.park_sleeps_over)
         if self.is_async:
             if self._event_loop is None:
                 self._event_loop = EventLoopThread()

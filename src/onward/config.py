@@ -33,6 +33,10 @@ class RunConfig:
     lease: float | None = None  # lease length; default 3 heartbeats
     grace: float = 10.0  # on SIGTERM: how long running tasks may take to finish
     stall_timeout: float | None = None  # cancel a task with no sign of progress for this long
+    # A Python task's durable sleep (ctx.sleep) with more than this many seconds left parks the task (state
+    # waiting, no slot, no lease, the keep-awake marker free to go) until it is due; shorter ones sleep in
+    # the worker.
+    park_sleeps_over: float = 60.0
     install_signal_handlers: bool = True
 
     def __post_init__(self) -> None:
@@ -45,7 +49,7 @@ class RunConfig:
 
     def validate(self) -> None:
         """Refuse nonsense values with one line naming the setting."""
-        for name in ("retry_delay", "timeout", "heartbeat", "lease", "grace", "stall_timeout"):
+        for name in ("retry_delay", "timeout", "heartbeat", "lease", "grace", "stall_timeout", "park_sleeps_over"):
             value = getattr(self, name)
             # NaN passes every comparison below, and infinity overflows timers: only finite numbers are
             # durations.
@@ -65,6 +69,8 @@ class RunConfig:
             raise UsageError(f"retry delay cannot be negative (got {self.retry_delay})")
         if self.grace < 0:
             raise UsageError(f"grace cannot be negative (got {self.grace})")
+        if self.park_sleeps_over < 0:
+            raise UsageError(f"park sleeps over cannot be negative (got {self.park_sleeps_over})")
         _positive("heartbeat", self.heartbeat)
         for name, value in (("timeout", self.timeout), ("stall timeout", self.stall_timeout),
                             ("lease", self.lease)):

@@ -27,6 +27,7 @@ class TaskAttempt(Protocol):
 
     claim: Claim
     replay: str  # the replay policy of the task's steps
+    park_sleeps_over: float  # a durable sleep with more seconds left than this parks the task
     stop_requested: bool
     stop_event: threading.Event  # set on stop, cancel or abandon: wakes pauses
     cancel_reason: str | None
@@ -113,6 +114,17 @@ class ContextBase:
             await self._attempt.wait_stop_async(min(left, 1.0))
 
 
+    def _sleep_left(self, deadline: float) -> float:
+        """The seconds a durable sleep still sleeps in this attempt, holding its worker slot. More than
+        ``park_sleeps_over`` left: the task parks like a wait on the reserved key ``SLEEP_KEY`` whose
+        deadline is the wake-up time (state ``waiting``: no slot, no lease, and a sandbox whose tasks all
+        wait may sleep too). This attempt ends; the task is claimed again once the deadline passes and
+        replays up to this sleep, whose recorded deadline then leaves nothing (or a moment) to sleep."""
+        left = deadline - self.step_log.store_now()
+        if left > self._attempt.park_sleeps_over:
+            raise Parked(waits.SLEEP_KEY, deadline)
+        return left
+
     def _wait_begin(self, key: str, timeout: float | None) -> tuple[int, Any]:
         durable.not_in_step("ctx.wait")
         waits.check_key(key)
@@ -154,8 +166,11 @@ class TaskContext(ContextBase):
 
     def sleep(self, seconds: float) -> None:
         """A durable sleep: the wake-up time is recorded first, so after a crash only what is left is slept.
-        Raises ``Cancelled`` if the worker stops meanwhile (the next run sleeps the rest). Inside a step's
-        body it is a plain wait."""
+        Up to ``park_sleeps_over`` seconds (``Job``/``RunConfig``, default 60) it sleeps in the worker,
+        holding the task's slot, and raises ``Cancelled`` if the worker stops meanwhile (the next run sleeps
+        the rest). A longer sleep parks the task in state ``waiting`` until the wake-up time, as ``wait``
+        does: no slot, no lease; it runs again then, replaying its steps up to here. Inside a step's body it
+        is a plain wait."""
         if durable.in_step():
             return self.pause(seconds, "sleeping")
         if not self.step_log.loaded:
@@ -163,7 +178,7 @@ class TaskContext(ContextBase):
         deadline = durable.sleep_deadline(self.step_log, seconds)
         if callable(deadline):
             deadline = deadline()
-        self.pause(deadline - self.step_log.store_now(), "sleeping")
+        self.pause(self._sleep_left(deadline), "sleeping")
 
 
     def wait(self, key: str, timeout: float | None = None) -> Any:
@@ -219,7 +234,7 @@ class AsyncTaskContext(ContextBase):
         deadline = durable.sleep_deadline(self.step_log, seconds)
         if callable(deadline):
             deadline = await asyncio.to_thread(deadline)
-        await self.apause(deadline - self.step_log.store_now(), "sleeping")
+        await self.apause(self._sleep_left(deadline), "sleeping")
 
     async def wait(self, key: str, timeout: float | None = None) -> Any:
         """A durable wait (see ``TaskContext.wait``)."""

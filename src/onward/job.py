@@ -42,12 +42,14 @@ class Job:
                  max_attempts: int = RunConfig.max_attempts, retry_delay: float = RunConfig.retry_delay,
                  timeout: float | None = RunConfig.timeout, heartbeat: float = RunConfig.heartbeat,
                  grace: float = RunConfig.grace, stall_timeout: float | None = RunConfig.stall_timeout,
+                 park_sleeps_over: float = RunConfig.park_sleeps_over,
                  out: str | None = None, keep_awake: str | None = None, log_level: int = NORMAL) -> None:
         self.url = store_url(db)
         self.store: Store = open_store(self.url, job=name)
         self.name = self.store.job
         self.config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
-                                timeout=timeout, heartbeat=heartbeat, grace=grace, stall_timeout=stall_timeout)
+                                timeout=timeout, heartbeat=heartbeat, grace=grace, stall_timeout=stall_timeout,
+                                park_sleeps_over=park_sleeps_over)
         self.out = out
         self.keep_awake = keep_awake
         self.log = Log(log_level)
@@ -113,7 +115,7 @@ class Job:
         marker = marker_path(self.keep_awake)
         out = OutDir(self.out) if self.out else None
         try:
-            handler = PythonHandler(self._fn, replay=self._replay)
+            handler = PythonHandler(self._fn, replay=self._replay, park_sleeps_over=config.park_sleeps_over)
             return run_worker(self.store, handler, config, self.log, url=self.url, out=out, keep_awake=marker)
         finally:
             if out is not None:

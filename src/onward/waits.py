@@ -4,6 +4,11 @@ value (JSON text, at most ``MAX_VALUE_BYTES``), and the record a wait leaves in 
 A wait's record (kind ``wait`` in the task's steps, named by its key) holds ``{"value": V}`` once a value
 was received, or ``{"timeout": SECONDS}`` once its deadline passed; replay returns V or raises
 ``WaitTimeout`` again, without waiting.
+
+Keys beginning with ``RESERVED_PREFIX`` are onward's own: a durable sleep longer than the run's
+``park_sleeps_over`` parks its task on ``SLEEP_KEY`` with the wake-up time as the wait's deadline, so that a
+long sleep holds no worker slot and no lease and lets the sandbox sleep, like a wait. Nobody can send to
+such a key nor wait on one, so that nothing sent from outside can end a sleep early.
 """
 
 from __future__ import annotations
@@ -17,16 +22,22 @@ from .store.base import Store
 
 MAX_KEY_CHARS = 200
 MAX_VALUE_BYTES = 64 * 1024  # a sent value's JSON text: a decision or a small document, not a data set
+RESERVED_PREFIX = "onward:"
+SLEEP_KEY = RESERVED_PREFIX + "sleep"  # what a task parked in a long ctx.sleep waits for (see above)
 
 
 def check_key(key: object) -> str:
-    """A wait's key: 1 to MAX_KEY_CHARS printable characters. ``UsageError`` otherwise (one line)."""
+    """A wait's key: 1 to MAX_KEY_CHARS printable characters, not beginning with RESERVED_PREFIX.
+    ``UsageError`` otherwise (one line)."""
     if not isinstance(key, str) or not key:
         raise UsageError("a wait's key must be a non-empty string")
     if len(key) > MAX_KEY_CHARS:
         raise UsageError(f"a wait's key is at most {MAX_KEY_CHARS} characters (got {len(key)})")
     if not key.isprintable():
         raise UsageError(f"a wait's key must be printable text (got {key!r})")
+    if key.startswith(RESERVED_PREFIX):
+        raise UsageError(f"keys beginning with {RESERVED_PREFIX!r} are onward's own (a long ctx.sleep waits on"
+                         f" {SLEEP_KEY!r}); choose another key (got {key!r})")
     return key
 
 

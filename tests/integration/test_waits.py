@@ -276,3 +276,147 @@ def test_bad_waits_fail_the_attempt_with_one_line(store_url: str, tmp_path: Path
         assert store.counts()["waiting"] == 0
     finally:
         store.close()
+
+
+# A Python worker whose tasks sleep durably: "nap-S" sleeps S seconds between a step and the end, writing
+# the wall-clock time it woke; "*-hang" ones then stay until the file "go" exists. argv: the store, the side
+# folder, sync or async, the run's park_sleeps_over, and the keep-awake marker.
+SLEEPER = textwrap.dedent('''
+    import asyncio, os, sys, time
+    from onward import Job
+    url, side, flavour, over, marker = sys.argv[1:6]
+    job = Job(url, heartbeat=0.3, keep_awake=marker, park_sleeps_over=float(over))
+
+    def note(task, what, text="x"):
+        with open(os.path.join(side, task + "." + what), "a") as f:
+            f.write(text)
+
+    def woke(task):
+        note(task, "woke", f"{time.time()}\\n")
+        while task.endswith("-hang") and not os.path.exists(os.path.join(side, "go")):
+            time.sleep(0.02)
+
+    if flavour == "sync":
+        @job.task
+        def handle(task, ctx):
+            note(task, "runs")
+            ctx.step("before", lambda: note(task, "before"))
+            ctx.sleep(float(task.split("-")[1]))
+            woke(task)
+            return "rested"
+    else:
+        @job.task
+        async def handle(task, ctx):
+            note(task, "runs")
+            await ctx.step("before", lambda: note(task, "before"))
+            await ctx.sleep(float(task.split("-")[1]))
+            await asyncio.to_thread(woke, task)
+            return "rested"
+
+    sys.exit(job.run().exit_code)
+''')
+
+
+@pytest.fixture
+def start_sleeper(tmp_path: Path) -> Iterator[Any]:
+    started: list[Worker] = []
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+
+    def go(url: str, side: Path, marker: Path, *, flavour: str = "sync", park_over: float = 1.0) -> Worker:
+        argv = [sys.executable, str(script), url, str(side), flavour, str(park_over), str(marker)]
+        started.append(Worker(argv, tmp_path / f"sleeper{len(started)}.log"))
+        return started[-1]
+
+    yield go
+    for w in started:
+        w.kill()
+
+
+def sleep_record(url: str, task: str) -> tuple[float, list[str], list[str]]:
+    """The deadline the task's durable sleep recorded (store clock), its step kinds and its journal kinds."""
+    store = open_store(url, create=False)
+    try:
+        task_id = store.task_id(task)
+        assert task_id is not None
+        steps = store.steps(task_id)
+        deadline = float(json.loads(steps[-1].data.partition(b"\n")[2]))
+        return deadline, [s.kind for s in steps], [e.kind for e in store.events(task=task)]
+    finally:
+        store.close()
+
+
+def parked_sleep(url: str) -> tuple[str, str, float | None] | None:
+    """While the one task is parked (as `onward status` shows it): its name, key and deadline (store clock)."""
+    report = status(url)
+    if report["waiting"] != 1 or report["running"] != 0:
+        return None
+    store = open_store(url, create=False)
+    try:
+        [row] = store.waits()
+    finally:
+        store.close()
+    assert report["tasks_waiting"][0]["key"] == row.key
+    return row.name, row.key, row.until
+
+
+def test_a_long_sleep_parks_the_task_and_lets_the_sandbox_sleep(
+        store_url: str, side: Path, tmp_path: Path, start_sleeper: Any) -> None:
+    assert run_onward("add", "--db", store_url, "nap-3-hang").returncode == 0
+    marker = tmp_path / "keep-awake"
+    worker = start_sleeper(store_url, side, marker, park_over=1.0)
+    parked = wait_for(lambda: parked_sleep(store_url), 60, f"the sleep to park; log:\n{worker.log}")
+    deadline, kinds, _ = sleep_record(store_url, "nap-3-hang")
+    assert parked == ("nap-3-hang", "onward:sleep", pytest.approx(deadline))
+    assert kinds == ["value", "sleep"]
+    wait_for(lambda: not marker.exists(), 30, "the keep-awake marker to go while the only task sleeps")
+    assert worker.proc.poll() is None  # the worker stays up for its sleeping task
+    wait_for(lambda: count(side, "nap-3-hang", "woke"), 60, f"the task to wake; log:\n{worker.log}")
+    wait_for(marker.exists, 30, "the keep-awake marker back once the task runs again")
+    (side / "go").touch()
+    wait_for(lambda: result(store_url, "nap-3-hang") == "rested", 60, "the task to finish")
+    assert float((side / "nap-3-hang.woke").read_text()) >= deadline - 0.05  # it slept the whole time
+    _, kinds, events = sleep_record(store_url, "nap-3-hang")
+    assert kinds == ["value", "sleep"] and events.count("waiting") == 1
+    assert count(side, "nap-3-hang", "before") == 1 and count(side, "nap-3-hang", "runs") == 2
+    # onward's reserved keys cannot be sent to: nothing sent from outside ends a sleep early.
+    r = send(store_url, "nap-3-hang", "onward:sleep", "1")
+    assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"onward's own" in r.stderr, r.stderr
+
+
+def test_a_parked_sleep_survives_sigkill_and_sleeps_only_the_rest(
+        store_url: str, side: Path, tmp_path: Path, start_sleeper: Any) -> None:
+    assert run_onward("add", "--db", store_url, "nap-4").returncode == 0
+    marker = tmp_path / "keep-awake"
+    first = start_sleeper(store_url, side, marker, flavour="async", park_over=1.0)
+    parked = wait_for(lambda: parked_sleep(store_url), 60, f"the sleep to park; log:\n{first.log}")
+    first.kill()
+    second = start_sleeper(store_url, side, marker, flavour="async", park_over=1.0)
+    wait_for(lambda: result(store_url, "nap-4") == "rested", 60, f"the task to finish; log:\n{second.log}")
+    deadline, kinds, events = sleep_record(store_url, "nap-4")
+    assert parked == ("nap-4", "onward:sleep", pytest.approx(deadline))
+    # The deadline recorded before the kill held: one sleep record, woken after it, not a new 4 s sleep.
+    assert kinds == ["value", "sleep"] and count(side, "nap-4", "before") == 1
+    assert float((side / "nap-4.woke").read_text()) >= deadline - 0.05
+    store = open_store(store_url, create=False)
+    try:
+        details = [e.detail for e in store.events(task="nap-4") if e.kind == "waiting"]
+    finally:
+        store.close()
+    # Parked by the first worker; the second one, if it claimed it before the deadline, parked it again
+    # until the same moment (the journal names it to the second).
+    assert 1 <= len(details) <= 2 and len(set(details)) == 1, details
+    assert events.count("claimed") == len(details) + 1
+
+
+def test_a_short_sleep_stays_in_the_worker(store_url: str, side: Path, tmp_path: Path, start_sleeper: Any) -> None:
+    assert run_onward("add", "--db", store_url, "nap-1.5").returncode == 0
+    marker = tmp_path / "keep-awake"
+    worker = start_sleeper(store_url, side, marker, park_over=3.0)
+    wait_for(lambda: count(side, "nap-1.5", "before"), 60, f"the task to start; log:\n{worker.log}")
+    report = status(store_url)
+    assert report["running"] == 1 and report["waiting"] == 0 and marker.exists()
+    wait_for(lambda: result(store_url, "nap-1.5") == "rested", 60, f"the task to finish; log:\n{worker.log}")
+    deadline, kinds, events = sleep_record(store_url, "nap-1.5")
+    assert kinds == ["value", "sleep"] and "waiting" not in events
+    assert count(side, "nap-1.5", "runs") == 1 and float((side / "nap-1.5.woke").read_text()) >= deadline - 0.05

@@ -6,6 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from onward import waits
+from onward.config import RunConfig
+from onward.errors import UsageError
 from onward.proc import current_owner
 from onward.store import open_store
 from onward.store.base import CANCELLED, PENDING, RUNNING, WAITING, StepRecord, Store
@@ -118,3 +121,21 @@ def test_a_retried_task_starts_its_wait_afresh(store: Store) -> None:
     assert store.retry(["t"]) == 1
     task_id, fence = claim_one(store)
     assert store.mail(task_id, "k") == (None, None)  # no old deadline: the wait's timeout starts again
+
+
+def test_reserved_keys_cannot_be_sent_to_and_store_nothing(store: Store) -> None:
+    # A long ctx.sleep parks on waits.SLEEP_KEY: a value sent there from outside would end it early.
+    store.add(["t"])
+    for key in (waits.SLEEP_KEY, waits.RESERVED_PREFIX + "other"):
+        with pytest.raises(UsageError, match="onward's own"):
+            waits.send(store, "t", key, "1")
+    task_id, _ = claim_one(store)
+    assert store.mail(task_id, waits.SLEEP_KEY) == (None, None)
+    assert waits.send(store, "t", "onward", "1") == "stored"  # the prefix is "onward:", not any "onward"
+
+
+@pytest.mark.parametrize("seconds", [-1.0, float("nan"), float("inf"), 2_000_000.0])
+def test_park_sleeps_over_refuses_nonsense(seconds: float) -> None:
+    with pytest.raises(UsageError, match="park sleeps over"):
+        RunConfig(park_sleeps_over=seconds)
+    assert RunConfig(park_sleeps_over=0).park_sleeps_over == 0

@@ -4,7 +4,7 @@ The agent (a Python worker process) alternates 25 model calls, to a stub of an O
 served by this test on 127.0.0.1, and 25 tool calls, whose side effect is a line appended to a log. Each
 run is killed once it has made some new progress plus a random few milliseconds (so kills land inside step
 bodies, between steps and inside commits), and some runs are killed by strace at their N-th fdatasync,
-i.e. inside a commit. At the end:
+i.e. inside a commit (the kill loop: tests/kill_loop.py, shared with tests/integrations). At the end:
 
 - the final result equals that of an uninterrupted run against the same stub;
 - every step has one record, and no step body ran again after its record was committed (every model call
@@ -19,11 +19,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import signal
-import sqlite3
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -36,12 +31,11 @@ import pytest
 
 from onward.steps import idempotency_key
 from onward.store import open_store
-from tests.conftest import wait_for
+from tests.kill_loop import ForkServer, KillPlan, integrity, kill_until_done
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TURNS = 25  # 25 model calls + 25 tool calls = 50 steps
-RANDOM_KILLS = 14
-COMMIT_KILLS = 4
+PLAN = KillPlan(random_kills=14, commit_kills=4, max_new=5, max_pause=0.015)
 
 AGENT = r'''
 import hashlib, json, os, sys, time, urllib.request
@@ -133,7 +127,7 @@ def stub() -> Iterator[ModelStub]:
 
 
 def agent_argv(script: Path, db: Path, stub: ModelStub, effects: Path) -> list[str]:
-    return [sys.executable, str(script), str(db), stub.url, str(effects)]
+    return [str(script), str(db), stub.url, str(effects)]
 
 
 def effects_of(path: Path) -> list[dict[str, Any]]:
@@ -152,58 +146,29 @@ def test_agent_loop_killed_at_random_moments_never_pays_twice(tmp_path: Path, st
     rng = random.Random(seed)
     script = tmp_path / "agent.py"
     script.write_text(textwrap.dedent(AGENT % {"turns": TURNS}))
-    env = dict(os.environ, PYTHONPATH=SRC)
     task = "plan a trip to the sea"
+    server = ForkServer(tmp_path, ["onward"], env=dict(os.environ, PYTHONPATH=SRC))
+    try:
+        # The reference: one uninterrupted run.
+        reference_db = tmp_path / "reference.db"
+        assert server.start(agent_argv(script, reference_db, stub, tmp_path / "reference-effects")).wait(120) == 0
+        reference = open_store(str(reference_db), create=False)
+        expected = reference.result(task)
+        reference.close()
+        assert expected is not None
+        with stub.lock:
+            stub.calls.clear()
 
-    # The reference: one uninterrupted run.
-    reference_db = tmp_path / "reference.db"
-    subprocess.run(agent_argv(script, reference_db, stub, tmp_path / "reference-effects"), env=env, check=True,
-                   timeout=120, capture_output=True)
-    reference = open_store(str(reference_db), create=False)
-    expected = reference.result(task)
-    reference.close()
-    assert expected is not None
-    with stub.lock:
-        stub.calls.clear()
-
-    db = tmp_path / "agent.db"
-    effects = tmp_path / "effects"
-    argv = agent_argv(script, db, stub, effects)
-    strace = shutil.which("strace")
-    if strace is None and os.environ.get("CI") == "true":
-        pytest.fail("strace is needed for the kills inside commits")
-    plan = ["random"] * RANDOM_KILLS + (["commit"] * COMMIT_KILLS if strace else [])
-    rng.shuffle(plan)
-    kills = 0
-    finished = False
-    for kind in plan:
-        if kind == "commit" and strace is not None:
-            # strace kills the worker as it enters its N-th fdatasync: inside a commit (a step record's, a
-            # claim's or the completion's).
-            nth = rng.randint(2, 8)
-            p = subprocess.Popen([strace, "-f", "-qq", "-o", "/dev/null", "-e", "trace=fdatasync",
-                                  "-e", f"inject=fdatasync:signal=KILL:when={nth}", *argv],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            p.wait(timeout=120)
-        else:
-            p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            progress = stub.count() + len(effects_of(effects))
-            target = progress + rng.randint(1, 5)  # some new step bodies must have started
-            wait_for(lambda: p.poll() is not None or stub.count() + len(effects_of(effects)) >= target, 60,
-                     "the agent to make progress")
-            time.sleep(rng.uniform(0, 0.015))  # then a random moment: in a body, a commit, between steps
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-            p.wait(timeout=30)
-        if p.returncode == 0:
-            finished = True
-            break
-        kills += 1
-        assert integrity(db) == "ok"
-    if not finished:
-        subprocess.run(argv, env=env, check=True, timeout=120, capture_output=True)
-    assert kills >= RANDOM_KILLS // 2  # the run was really interrupted, many times
-    print(f"kills: {kills}; model calls: {stub.count()}; tool executions: {len(effects_of(effects))}")
+        db = tmp_path / "agent.db"
+        effects = tmp_path / "effects"
+        done = kill_until_done(server, agent_argv(script, db, stub, effects),
+                               lambda: stub.count() + len(effects_of(effects)), db, PLAN, rng)
+    finally:
+        server.close()
+    kills = done.kills
+    assert kills >= PLAN.random_kills // 2  # the run was really interrupted, many times
+    print(f"kills: {kills} ({done.in_commit} inside a commit); model calls: {stub.count()};"
+          f" tool executions: {len(effects_of(effects))}")
 
     store = open_store(str(db), create=False)
     try:
@@ -229,12 +194,3 @@ def test_agent_loop_killed_at_random_moments_never_pays_twice(tmp_path: Path, st
     assert len(calls) - TURNS + len(runs) - TURNS <= kills
     assert integrity(db) == "ok"
 
-
-def integrity(db: Path) -> str:
-    if not db.exists():
-        return "ok"
-    c = sqlite3.connect(db)
-    try:
-        return str(c.execute("PRAGMA integrity_check").fetchone()[0])
-    finally:
-        c.close()

@@ -130,6 +130,7 @@ def main() -> int:
     base = Path(os.environ.get("ONWARD_BENCH_DIR", REPO / "bench" / "out"))
     base.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
+    started = time.time()
     stub, url = start_stub()
     results: dict[bool, dict[str, list[float]]] = {s: {"plain": [], "record": [], "replay": [], "bytes": []}
                                                    for s in (False, True)}
@@ -158,13 +159,14 @@ def main() -> int:
     def us(values: list[float]) -> str:
         return f"{statistics.median(values) * 1e6:,.0f}"
 
-    out: list[str] = ["## Durable model clients (issue 11)", "",
-                      f"Command: `python bench/bench_agents.py{' --quick' if args.quick else ''}`. One process, "
+    out: list[str] = ["## Agents: durable model clients (bench/bench_agents.py)", "",
+                      f"Command: `.venv/bin/python bench/bench_agents.py{' --quick' if args.quick else ''}`, run "
+                      f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}. One process, "
                       "OpenAI SDK against `examples/stub_server.py` on 127.0.0.1 (answers at once); "
                       f"{n} calls per run, median over {runs} runs, the kinds interleaved. Load average "
                       f"(1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on "
-                      f"{os.cpu_count()} CPUs: a commit's hand-offs between threads cost more on a busy "
-                      "machine.", "",
+                      f"{os.cpu_count()} CPUs, shared with other jobs: the figures are noisy, and a commit's "
+                      "hand-offs between threads cost more on a busy machine.", "",
                       "| call | plain SDK µs/call | durable, recording µs/call | overhead µs/call | "
                       "durable, replay µs/call | recorded bytes/call |", "|---|---|---|---|---|---|"]
     for stream, label in ((False, "`chat.completions.create`"), (True, "`chat.completions.create(stream=True)`")):

@@ -99,6 +99,7 @@ class ForkServer:
                                         stdout=subprocess.PIPE, env=env)
         self._buffer = b""
         self._runs = 0
+        self._current: Run | None = None
 
     def _line(self, timeout: float) -> str | None:
         assert self.process.stdout is not None
@@ -128,9 +129,13 @@ class ForkServer:
         self.process.stdin.flush()
         line = self._line(60)
         assert line is not None and line.startswith("pid "), line
-        return Run(self, int(line.split()[1]), gate)
+        self._current = Run(self, int(line.split()[1]), gate)
+        return self._current
 
     def close(self) -> None:
+        """Stop the server, and a run still going (a test that failed half way)."""
+        if self._current is not None and self.process.poll() is None:
+            self._current.kill()
         assert self.process.stdin is not None
         self.process.stdin.close()
         try:

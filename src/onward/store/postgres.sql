@@ -200,6 +200,11 @@ CREATE TABLE onward.mailbox (
     PRIMARY KEY (task_id, key)
 );
 
+-- name: migrate_to_5
+-- Version 5 merged SQLite's three hot partial indexes into one (see the SQLite schema). PostgreSQL's indexes
+-- stay as they are: nothing to do here but record the version.
+SELECT 1;
+
 -- name: session
 -- Run once on every new connection. Durable writes need synchronous_commit on whatever the server's
 -- default; crash-safe writes turn it off for their own transaction only (SET LOCAL). The timeouts make a

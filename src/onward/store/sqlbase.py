@@ -43,7 +43,7 @@ from .base import (
 from .rows import running_task_of, step_of, task_row_of, worker_of
 
 # The schema both backends write; each one's .sql file holds its migrations to it (see sql.migration).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Tasks per page when listing: each page is its own statement, so a long listing pins no old snapshot.
 PAGE_SIZE = 1000
 # How long one store call may be kept waiting (for a lock, or by the network), in ms: a quarter of the lease

@@ -34,7 +34,7 @@ from bench_core import REPO, SRC, child_env, med, run_process, size_label, sprea
 
 THIS = Path(__file__).resolve()
 # N -> rounds; at 20k one round of the five systems takes about four minutes here.
-CLI_ROUNDS = {False: {2_000: 3, 20_000: 3}, True: {300: 1}}
+CLI_ROUNDS = {False: {2_000: 5, 20_000: 3}, True: {300: 1}}
 API_ROUNDS = {False: {1_000: 5, 100_000: 3}, True: {1_000: 1}}
 WAL_N = 2_000
 STARTUP_ROUNDS = {False: 21, True: 5}

@@ -310,7 +310,9 @@ def render(server: Server, rates: dict[tuple[str, int], list[float]], latencies:
     w.append("")
     w.append("onward commits each completion together with the next claim and both journal events in one"
              " transaction (one durable commit per task instead of the floor's two), and still reports a"
-             " completion only after that commit returned.")
+             " completion only after that commit returned. At one task at a time that transaction is one"
+             " statement (`complete_and_claim` in src/onward/store/postgres.sql), sent on its own: one round"
+             " trip per task, where the floor takes two.")
     w.append("")
     w.append("### Claim latency: task added → started by an idle worker")
     w.append("")

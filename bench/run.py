@@ -40,6 +40,7 @@ STDERR_TAIL_LINES = 40
 SCRIPT_TIMEOUT = {False: 3 * 3600, True: 900}  # seconds, full / quick: a hung script is a failed one
 SECTION_START = re.compile(r"^<!-- section (?P<name>\S+) ran=(?P<ran>\S+) -->$")
 SECTION_END = "<!-- end section -->"
+KEPT_NOTE = re.compile(r"^_Kept from the run of \S+; not rerun this time\._$")
 
 
 # --- the machine -------------------------------------------------------------------------------------
@@ -232,8 +233,8 @@ def kept_sections(out: Path, skip: set[str]) -> dict[str, tuple[str, str]]:
             if current[0] not in skip:
                 found[current[0]] = (current[1], "\n".join(lines).strip() + "\n")
             current = None
-        elif current is not None:
-            lines.append(line)
+        elif current is not None and not KEPT_NOTE.match(line):
+            lines.append(line)  # (a kept section's note is written afresh, not piled up run after run)
     return found
 
 

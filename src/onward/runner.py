@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from .attempt import Attempt, Handler, Outcome
 from .config import RunConfig
 from .errors import OnwardError, StoreError, WedgedTask
-from .inbox import LoopInbox
+from .inbox import LoopInbox, StoreCall
 from .keepawake import KeepAwake
 from .leases import Leases
 from .log import Log, Throttled, quote
@@ -293,24 +293,16 @@ class Runner:
             return []
         after_commit: list[Callable[[], None]] = []
         started = time.monotonic()
+        wake_due = want > 0 and self._waits_seen and started >= self._wake_due_at
         try:
-            with self.store.batch():
-                for fn, future in calls:
-                    after_commit.append(_resolve_later(future, fn, self.store))
-                for attempt, outcome in finished:
-                    after_commit.append(self.settler.settle(attempt, outcome))
-                    self._waits_seen = self._waits_seen or outcome.kind == "parked"
-                if want > 0 and self._waits_seen and started >= self._wake_due_at:
-                    # Waits whose deadline passed become claimable: one statement on a small index, at most
-                    # once a second, and only while the job has waiting tasks (as of the last heartbeat, or
-                    # parked here since).
-                    self._wake_due_at = started + WAKE_DUE_EVERY
-                    self.store.wake_due()
-                claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
-                                          self.config.max_attempts) if want > 0 else []
-                for claim in claims:
-                    self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
-                                         attempt=claim.attempt)
+            if not calls and not wake_due and len(finished) == 1 and finished[0][1].kind == "done" \
+                    and not finished[0][0].fenced:
+                # One successful attempt and the next claims: one store call (one statement on PostgreSQL).
+                report, claims = self.settler.done_and_claim(*finished[0], want, self.config.lease_seconds,
+                                                             self.config.max_attempts)
+                after_commit.append(report)
+            else:
+                claims = self._settle_and_claim_in_batch(calls, finished, want, started, after_commit)
         except StoreError as e:
             # Nothing was committed: keep the outcomes and try again after a backoff; the tasks that
             # asked for writes are told, since they wait on them.
@@ -340,6 +332,27 @@ class Runner:
             self.notifier.progress()  # a supervisor does not treat a worker that gets somewhere as crash-looping
         for claim in claims:
             self.log.debug(f"claimed task={quote(claim.name)} attempt={claim.attempt}")
+        return claims
+
+    def _settle_and_claim_in_batch(self, calls: list[StoreCall], finished: list[tuple[Attempt, Outcome]],
+                                   want: int, started: float, after_commit: list[Callable[[], None]]) -> list[Claim]:
+        with self.store.batch():
+            for fn, future in calls:
+                after_commit.append(_resolve_later(future, fn, self.store))
+            for attempt, outcome in finished:
+                after_commit.append(self.settler.settle(attempt, outcome))
+                self._waits_seen = self._waits_seen or outcome.kind == "parked"
+            if want > 0 and self._waits_seen and started >= self._wake_due_at:
+                # Waits whose deadline passed become claimable: one statement on a small index, at most
+                # once a second, and only while the job has waiting tasks (as of the last heartbeat, or
+                # parked here since).
+                self._wake_due_at = started + WAKE_DUE_EVERY
+                self.store.wake_due()
+            claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
+                                      self.config.max_attempts) if want > 0 else []
+            for claim in claims:
+                self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
+                                     attempt=claim.attempt)
         return claims
 
     # --- running attempts ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .attempt import Attempt, Outcome
 from .log import NORMAL, Log, quote
 from .outdir import OutDir, file_name
-from .store.base import CANCELLED, DONE, FAILED, PENDING, WAITING, Claim, Store
+from .store.base import CANCELLED, DONE, FAILED, FENCED_DETAIL, PENDING, WAITING, Claim, Store
 
 Report = Callable[[], None]  # what to tell once the batch holding the outcome is committed
 
@@ -65,11 +65,23 @@ class Settler:
             return self._parked(attempt.claim, outcome)
         return self._failed(attempt.claim, outcome)
 
+    def done_and_claim(self, attempt: Attempt, outcome: Outcome, want: int, lease_seconds: float,
+                       max_attempts: int) -> tuple[Report, list[Claim]]:
+        """A successful attempt (not fenced) and the claims of up to ``want`` next tasks, committed by one
+        store call (``complete_and_claim``): the worker's commit when that attempt is all it has to settle."""
+        seconds = time.monotonic() - attempt.started
+        claim = attempt.claim
+        completed, claims = self.store.complete_and_claim(claim, outcome.result, outcome.result_kind, self.worker_id,
+                                                          want, lease_seconds, max_attempts)
+        return (self._report_done(claim, outcome, seconds) if completed else self._report_fenced(claim)), claims
+
     def _done(self, claim: Claim, outcome: Outcome, seconds: float) -> Report:
         if not self.store.complete(claim.task_id, claim.fence, outcome.result, outcome.result_kind):
             return self._fenced(claim)
         self.store.log_event("done", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt)
+        return self._report_done(claim, outcome, seconds)
 
+    def _report_done(self, claim: Claim, outcome: Outcome, seconds: float) -> Report:
         def report_done() -> None:
             self.summary.done += 1
             if self.log.level >= NORMAL:  # skip formatting a line nobody will see (hot path)
@@ -150,8 +162,10 @@ class Settler:
 
     def _fenced(self, claim: Claim) -> Report:
         self.store.log_event("fenced", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
-                             detail="outcome not committed: the task was taken over")
+                             detail=FENCED_DETAIL)
+        return self._report_fenced(claim)
 
+    def _report_fenced(self, claim: Claim) -> Report:
         def report_fenced() -> None:
             self.summary.fenced += 1
             self.log.warning(f"fenced task={quote(claim.name)} attempt={claim.attempt}: it was taken over,"

@@ -10,7 +10,6 @@ from typing import Any
 from .errors import StoreError
 from .log import iso_time, one_line, printable
 from .proc import owner_alive
-from .progress import duration
 from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Event, Store, TaskRow, WorkerRow
 
 # A worker on another host cannot be checked by its pid: one whose heartbeat is older than this (twelve
@@ -139,6 +138,8 @@ def render_status(report: dict[str, Any]) -> None:
     if eta is None and not report["workers_alive"]:
         eta_text = "no worker running"
     else:
+        from .progress import duration  # (here: only a running job has an eta to show)
+
         eta_text = "eta " + ("-" if eta is None else duration(eta))
     console.print(f"  rate {report['rate_per_second']:.1f}/s over the last minute   {eta_text}   "
                   f"restarts {report['restarts']}")

@@ -14,6 +14,7 @@ import pytest
 from onward.proc import current_owner
 from onward.store import open_store
 from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Owner, SourceMark, Store
+from onward.store.sqlbase import SCHEMA_VERSION
 from tests import pgutil
 from tests.conftest import run_onward
 
@@ -38,10 +39,10 @@ def v2_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 def test_a_version_2_store_is_refused_until_upgraded_then_keeps_every_fact(v2_store: str) -> None:
     r = run_onward("status", "--db", v2_store)
-    assert r.returncode == 2 and "schema version 2, older than this onward's 4; run `onward db upgrade`" in \
+    assert r.returncode == 2 and f"schema version 2, older than this onward's {SCHEMA_VERSION}; run `onward db upgrade`" in \
         r.stderr.decode(), r.stderr
     r = run_onward("db", "upgrade", "--db", v2_store)
-    assert r.returncode == 0 and "upgraded from schema version 2 to 4" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and f"upgraded from schema version 2 to {SCHEMA_VERSION}" in r.stderr.decode(), r.stderr
     store = open_store(v2_store, create=False)
     try:
         assert store.job == "default"
@@ -50,7 +51,7 @@ def test_a_version_2_store_is_refused_until_upgraded_then_keeps_every_fact(v2_st
     finally:
         store.close()
     r = run_onward("db", "upgrade", "--db", v2_store)
-    assert r.returncode == 0 and "up to date (schema version 4)" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and f"up to date (schema version {SCHEMA_VERSION})" in r.stderr.decode(), r.stderr
     assert run_onward("result", "--db", v2_store, "done-1").stdout == b'{"ok": 1}'
     # The upgraded store takes new jobs, whose task names may repeat the old job's.
     assert run_onward("add", "--db", v2_store, "--job", "next", "done-1").returncode == 0

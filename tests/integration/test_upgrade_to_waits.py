@@ -1,5 +1,5 @@
 """A store written by onward 3 (schema version 3: named jobs, before durable waits) upgrades in place to
-version 4. tests/data/store_v3.db was written by that version's own code: job "default" with a done task, a
+version 4 (and on, to the current one). tests/data/store_v3.db was written by that version's own code: job "default" with a done task, a
 running one with a recorded step, a pending one, and a job "other" with one pending task. (PostgreSQL's
 migration to 4 is run by test_upgrade_to_jobs.py, whose version 2 store goes through 3 to 4.)"""
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from onward.proc import current_owner
 from onward.store import open_store
 from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING
+from onward.store.sqlbase import SCHEMA_VERSION
 from tests.conftest import run_onward
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -20,11 +21,11 @@ def test_a_version_3_store_upgrades_to_4_and_keeps_every_fact(tmp_path: Path) ->
     db = str(tmp_path / "v3.db")
     shutil.copyfile(DATA / "store_v3.db", db)
     r = run_onward("status", "--db", db)
-    assert r.returncode == 2 and "schema version 3, older than this onward's 4" in r.stderr.decode(), r.stderr
+    assert r.returncode == 2 and f"schema version 3, older than this onward's {SCHEMA_VERSION}" in r.stderr.decode(), r.stderr
     r = run_onward("send", "--db", db, "pending-1", "k", "1")
     assert r.returncode == 2 and "onward db upgrade" in r.stderr.decode(), r.stderr  # nothing stored
     r = run_onward("db", "upgrade", "--db", db)
-    assert r.returncode == 0 and "upgraded from schema version 3 to 4" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and f"upgraded from schema version 3 to {SCHEMA_VERSION}" in r.stderr.decode(), r.stderr
     store = open_store(db, create=False)
     try:
         assert sorted(j.name for j in store.jobs()) == ["default", "other"]

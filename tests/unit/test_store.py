@@ -24,6 +24,7 @@ from onward.store.base import (
     StepRecord,
     Store,
 )
+from onward.store.sqlbase import SCHEMA_VERSION
 
 
 @pytest.fixture
@@ -44,6 +45,37 @@ def test_add_is_idempotent_and_counted(store: Store) -> None:
     assert store.counts() == {PENDING: 4, RUNNING: 0, DONE: 0, FAILED: 0, CANCELLED: 0, WAITING: 0}
     assert [t.name for t in store.iter_tasks()] == ["a", "b", "c", "d"]
 
+
+
+def test_complete_and_claim_is_complete_then_claim_with_their_journal(store: Store) -> None:
+    """The worker's one call per task when it has one success to commit: the same rows, counts and journal
+    as complete, claim and their events, in one commit (one statement on PostgreSQL); fenced out, the
+    completion writes nothing but its "fenced" event, and the claims still happen."""
+    store.add(["a", "b", "c", "d"])
+    w = worker(store)
+    (a,) = store.claim(w, 1, 30, 3)
+    completed, claims = store.complete_and_claim(a, b"ra", "str", w, 2, 30, 3)
+    assert completed and [(c.name, c.attempt, c.fence) for c in claims] == [("b", 1, 1), ("c", 1, 1)]
+    result = store.result("a")
+    assert result is not None and result.data == b"ra" and result.kind == "str"
+    assert store.counts() == {PENDING: 1, RUNNING: 2, DONE: 1, FAILED: 0, CANCELLED: 0, WAITING: 0}
+    assert [(e.kind, e.task, e.attempt) for e in store.events()][-3:] == [
+        ("done", "a", 1), ("claimed", "b", 1), ("claimed", "c", 1)]
+    b = claims[0]
+    completed, claims = store.complete_and_claim(Claim(b.task_id, b.name, b.attempt, b.fence + 1, 3), b"x", "str",
+                                                 w, 5, 30, 3)
+    assert not completed and [c.name for c in claims] == ["d"]  # fenced out: b stays running, d is claimed
+    assert store.task("b").state == RUNNING and store.result("b") is None  # type: ignore[union-attr]
+    assert store.counts() == {PENDING: 0, RUNNING: 3, DONE: 1, FAILED: 0, CANCELLED: 0, WAITING: 0}
+    fenced, claimed = store.events()[-2:]
+    assert (fenced.kind, fenced.task, claimed.kind, claimed.task) == ("fenced", "b", "claimed", "d")
+    assert fenced.detail and "taken over" in fenced.detail
+    c = store.running_tasks()[1]
+    assert c.name == "c"
+    completed, claims = store.complete_and_claim(Claim(c.task_id, c.name, c.attempt, c.fence, 3), b"rc", "str",
+                                                 w, 0, 30, 3)
+    assert completed and claims == []  # nothing asked for: a completion alone
+    assert store.counts()[DONE] == 2 and store.claim(w, 5, 30, 3) == []
 
 def test_reopen_keeps_everything(store_url: str) -> None:
     s = open_store(store_url)
@@ -352,9 +384,9 @@ def test_db_upgrade_brings_a_version_1_store_up_and_keeps_how_far_its_agents_got
     with pytest.raises(SchemaTooOld, match="onward db upgrade"):
         open_store(store_url)
     r = run_onward("db", "upgrade", "--db", store_url)
-    assert r.returncode == 0 and "upgraded from schema version 1 to 4" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and f"upgraded from schema version 1 to {SCHEMA_VERSION}" in r.stderr.decode(), r.stderr
     r = run_onward("db", "upgrade", "--db", store_url)
-    assert r.returncode == 0 and "up to date (schema version 4)" in r.stderr.decode(), r.stderr
+    assert r.returncode == 0 and f"up to date (schema version {SCHEMA_VERSION})" in r.stderr.decode(), r.stderr
 
     store = open_store(store_url)
     try:

@@ -29,6 +29,8 @@ from typing import Protocol
 PENDING, RUNNING, WAITING, DONE, FAILED, CANCELLED = "pending", "running", "waiting", "done", "failed", "cancelled"
 STATES = (PENDING, RUNNING, WAITING, DONE, FAILED, CANCELLED)
 FINAL_STATES = (DONE, FAILED, CANCELLED)
+# The journal's detail for an outcome refused because its task was taken over (event "fenced").
+FENCED_DETAIL = "outcome not committed: the task was taken over"
 
 # How a result's bytes are to be read back (see onward.results).
 RESULT_KINDS = ("bytes", "str", "json")
@@ -285,6 +287,13 @@ class WorkQueue(Protocol):
     def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
         """Mark the task done with its result, atomically. False (and nothing written) if fenced out.
         Bounded."""
+
+    def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                           lease_seconds: float, max_attempts: int) -> tuple[bool, list[Claim]]:
+        """``complete`` of ``done`` then ``claim`` of up to ``limit`` tasks, with their journal rows ("done", or
+        "fenced" with FENCED_DETAIL when fenced out, and "claimed" for each claim), in one durable transaction: a worker's commit when
+        its one finished attempt succeeded (the hot path at concurrency 1; PostgreSQL sends it as one
+        statement). Returns what ``complete`` and ``claim`` would. Bounded."""
 
     def fail(self, task_id: int, fence: int, error: str, retry_delay: float) -> str | None:
         """Record a failed attempt. If attempts remain, the task goes back to pending, ready after

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import NotAStore, StoreError, StoreGone, StoreMissing, StoreUnavailable
 from ..proc import hostname
-from .base import STATES, Event, Lease, Stats, StepRecord
+from .base import FENCED_DETAIL, STATES, Claim, Event, Lease, Stats, StepRecord
 from .pgconn import RECONNECT_BACKOFF, STALL_CEILING_MS, Listener, Target, application_name, in_transaction
 from .rows import event_of
 from .sql import load_queries, migration
@@ -369,6 +369,19 @@ class PostgresStore(SqlStore):
     def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
         cur = self._exec("complete", {"result": result, "kind": kind, "task_id": task_id, "fence": fence})
         return cur.fetchone() is not None
+
+    def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                           lease_seconds: float, max_attempts: int) -> tuple[bool, list[Claim]]:
+        if self._batch_depth:  # the batch's own statements and journal (its events are written at its end)
+            return super().complete_and_claim(done, result, kind, worker_id, limit, lease_seconds, max_attempts)
+        self._set_lease(lease_seconds)
+        rows = self._exec("complete_and_claim", {
+            "task_id": done.task_id, "fence": done.fence, "attempt": done.attempt, "result": result, "kind": kind,
+            "worker_id": worker_id, "limit": limit, "lease": lease_seconds, "max_attempts": max_attempts,
+            "pid": os.getpid(), "host": hostname(), "fenced": FENCED_DETAIL}).fetchall()
+        claims = sorted((Claim(task_id=r[1], name=r[2], attempt=r[3], fence=r[4], max_attempts=r[5])
+                         for r in rows if r[1] is not None), key=lambda c: c.task_id)
+        return bool(rows[0][0]), claims
 
     def retry(self, names: Sequence[str] | None) -> int:
         with self._write():

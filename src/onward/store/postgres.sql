@@ -200,6 +200,11 @@ CREATE TABLE onward.mailbox (
     PRIMARY KEY (task_id, key)
 );
 
+-- name: migrate_to_5
+-- Version 5 merged SQLite's three hot partial indexes into one (see the SQLite schema). PostgreSQL's indexes
+-- stay as they are: nothing to do here but record the version.
+SELECT 1;
+
 -- name: session
 -- Run once on every new connection. Durable writes need synchronous_commit on whatever the server's
 -- default; crash-safe writes turn it off for their own transaction only (SET LOCAL). The timeouts make a
@@ -357,6 +362,54 @@ WITH changed AS (
     SELECT job_id, 'pending', -count(*) FROM changed GROUP BY job_id
 )
 SELECT id, name, attempts, fence, max_attempts FROM changed;
+
+-- name: complete_and_claim
+-- complete, then claim, with their counts and journal rows, as one statement: run on its own (autocommit),
+-- it is one round trip and one durable commit per task for a worker that works one task at a time, where
+-- BEGIN, complete, claim, the journal and COMMIT took five. A completion fenced out journals "fenced". Both updates see the same snapshot: the task
+-- completed here is running in it, so the claim cannot pick it. The journal rows go in in this order: the
+-- completion, then the claims.
+WITH completed AS (
+    UPDATE onward.tasks
+       SET state = 'done', finished_at = onward.epoch(), result = %(result)s, result_kind = %(kind)s,
+           error = NULL, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL,
+           cancel_requested = false
+     WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
+    RETURNING id, job_id
+), changed AS (
+    UPDATE onward.tasks AS t
+       SET state = 'running', attempts = t.attempts + 1, fence = t.fence + 1, max_attempts = %(max_attempts)s,
+           worker_id = %(worker_id)s, lease_until = onward.epoch() + %(lease)s, heartbeat_at = onward.epoch(),
+           progress_at = onward.epoch(), note = NULL, started_at = onward.epoch(), child_pid = NULL,
+           child_start = NULL, cancel_requested = false
+     WHERE t.id IN (SELECT id FROM onward.tasks
+                     WHERE job_id = %(job)s AND state = 'pending' AND ready_at <= onward.epoch()
+                       AND NOT (SELECT paused FROM onward.jobs WHERE id = %(job)s)
+                     ORDER BY ready_at, id
+                     LIMIT %(limit)s
+                       FOR UPDATE SKIP LOCKED)
+    RETURNING t.id, t.name, t.attempts, t.fence, t.max_attempts, t.job_id
+), counted AS (
+    INSERT INTO onward.counts (job_id, state, n)
+    SELECT job_id, 'done', count(*) FROM completed GROUP BY job_id
+    UNION ALL
+    SELECT job_id, 'running', -count(*) FROM completed GROUP BY job_id
+    UNION ALL
+    SELECT job_id, 'running', count(*) FROM changed GROUP BY job_id
+    UNION ALL
+    SELECT job_id, 'pending', -count(*) FROM changed GROUP BY job_id
+), journaled AS (
+    INSERT INTO onward.events (job_id, kind, pid, host, worker_id, task_id, attempt, detail)
+    SELECT %(job)s, e.kind, %(pid)s, %(host)s, %(worker_id)s::bigint, e.task_id, e.attempt, e.detail
+      FROM (SELECT 0 AS k, CASE WHEN EXISTS (SELECT 1 FROM completed) THEN 'done' ELSE 'fenced' END AS kind,
+                   %(task_id)s::bigint AS task_id, %(attempt)s::integer AS attempt,
+                   CASE WHEN EXISTS (SELECT 1 FROM completed) THEN NULL ELSE %(fenced)s::text END AS detail
+            UNION ALL
+            SELECT 1, 'claimed', id, attempts, NULL FROM changed) AS e
+     ORDER BY e.k, e.task_id
+)
+SELECT d.n, c.id, c.name, c.attempts, c.fence, c.max_attempts
+  FROM (SELECT count(*) AS n FROM completed) AS d LEFT JOIN changed AS c ON true;
 
 -- name: renew
 -- Every lease of the worker and its own heartbeat in one statement (a data-modifying WITH always runs).

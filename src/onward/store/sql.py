@@ -3,11 +3,14 @@ its schema migrations among them."""
 
 from __future__ import annotations
 
-from importlib.resources import files
+import os
 
 
 def load_queries(filename: str) -> dict[str, str]:
-    text = (files(__package__) / filename).read_text(encoding="utf-8")
+    # The file beside this module, read directly: importlib.resources would cost every command (`onward
+    # status` included) a few milliseconds of imports for what is a plain file in every install.
+    with open(os.path.join(os.path.dirname(__file__), filename), encoding="utf-8") as f:
+        text = f.read()
     queries: dict[str, str] = {}
     name: str | None = None
     lines: list[str] = []

@@ -21,6 +21,7 @@ from .base import (
     CANCELLED,
     DONE,
     FAILED,
+    FENCED_DETAIL,
     FINAL_STATES,
     PENDING,
     RUNNING,
@@ -43,7 +44,7 @@ from .base import (
 from .rows import running_task_of, step_of, task_row_of, worker_of
 
 # The schema both backends write; each one's .sql file holds its migrations to it (see sql.migration).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Tasks per page when listing: each page is its own statement, so a long listing pins no old snapshot.
 PAGE_SIZE = 1000
 # How long one store call may be kept waiting (for a lock, or by the network), in ms: a quarter of the lease
@@ -179,6 +180,10 @@ class SqlStore:
         """See ``StepJournal.record_step``: the backend checks the fence its own way."""
         raise NotImplementedError
 
+    def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
+        """See ``WorkQueue.complete``: the backend keeps its counts its own way."""
+        raise NotImplementedError
+
     def _work_ready(self) -> None:
         """Tell idle workers that a task became ready, in the open transaction (a no-op where they poll)."""
 
@@ -303,6 +308,17 @@ class SqlStore:
                                            "limit": limit, "max_attempts": max_attempts})
         rows.sort()  # RETURNING gives no order guarantee; hand tasks out in the order they were added
         return [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4]) for r in rows]
+
+    def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                           lease_seconds: float, max_attempts: int) -> tuple[bool, list[Claim]]:
+        with self.batch():
+            completed = self.complete(done.task_id, done.fence, result, kind)
+            self._journal("done" if completed else "fenced", task_id=done.task_id, worker_id=worker_id,
+                          attempt=done.attempt, detail=None if completed else FENCED_DETAIL)
+            claims = self.claim(worker_id, limit, lease_seconds, max_attempts) if limit > 0 else []
+            for claim in claims:
+                self._journal("claimed", task_id=claim.task_id, worker_id=worker_id, attempt=claim.attempt)
+        return completed, claims
 
     def note_child(self, task_id: int, fence: int, child_pid: int, child_start: int) -> None:
         with self._write(durable=False):

@@ -21,7 +21,6 @@ import stat
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from ..errors import (
@@ -141,8 +140,8 @@ class SqliteStore(SqlStore):
 
     # --- opening -------------------------------------------------------------------------------------
     def _create_file(self) -> None:
-        parent = Path(self.path).parent
-        if not parent.exists():
+        parent = os.path.dirname(self.path) or "."  # (os.path, not pathlib: start-up of `onward status`)
+        if not os.path.exists(parent):
             try:
                 os.makedirs(parent, mode=0o700, exist_ok=True)
             except OSError as e:

@@ -232,6 +232,23 @@ CREATE TABLE mailbox (
 ) WITHOUT ROWID;
 INSERT OR IGNORE INTO counts (job_id, state, n) SELECT id, 'waiting', 0 FROM jobs;
 
+-- name: migrate_to_5
+-- Fewer pages per completion. Version 4 kept three partial indexes on the hot path: pending tasks by
+-- ready_at (claims), running ones by worker, done ones by finish time (the activity chart). A claim and a
+-- completion wrote a leaf page of each: three of the six pages each task wrote to the log. One index
+-- holds all three now, ranked so that their busy ends meet: done tasks (rank 0) by finish time, whose newest
+-- entries are at the right edge of their range; then running ones (rank 1, a few); then pending ones
+-- (rank 2) by ready_at, whose oldest entries (the next claims) are at the left edge of theirs. A claim moves
+-- an entry from pending's left edge into running, a completion from running to done's right edge: the same
+-- leaf page, mostly. Every query on these states names the two expressions exactly as here (SQLite uses an
+-- index on expressions only then) and the index's WHERE term (to use a partial index).
+DROP INDEX tasks_ready;
+DROP INDEX tasks_running;
+DROP INDEX tasks_done_at;
+CREATE INDEX tasks_flow ON tasks (job_id, (state = 'running') + 2 * (state = 'pending'),
+                                  CASE WHEN state = 'done' THEN finished_at ELSE ready_at END, id)
+ WHERE state IN ('pending', 'running', 'done');
+
 -- name: set_meta
 INSERT INTO meta (key, value) VALUES ('app', 'onward'), ('schema_version', :version)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;
@@ -266,15 +283,19 @@ INSERT OR IGNORE INTO tasks (job_id, name, added_at) VALUES (:job, :name, :now);
 UPDATE counts SET n = n + :added WHERE job_id = :job AND state = 'pending';
 
 -- name: claim
--- A paused job claims nothing: checked here, once per statement, rather than by a read of its own.
+-- A paused job claims nothing: checked here, once per statement, rather than by a read of its own. The order
+-- names the time and id only: with the rank (fixed here) in it too, SQLite would sort instead of walking the
+-- index.
 UPDATE tasks
    SET state = 'running', attempts = attempts + 1, fence = fence + 1, max_attempts = :max_attempts,
        worker_id = :worker_id, lease_until = :now + :lease, heartbeat_at = :now, progress_at = :now,
        note = NULL, started_at = :now, child_pid = NULL, child_start = NULL, cancel_requested = 0
- WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_ready
-               WHERE job_id = :job AND state = 'pending' AND ready_at <= :now
+ WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_flow
+               WHERE job_id = :job AND state IN ('pending', 'running', 'done')
+                 AND (state = 'running') + 2 * (state = 'pending') = 2
+                 AND CASE WHEN state = 'done' THEN finished_at ELSE ready_at END <= :now
                  AND NOT (SELECT paused FROM jobs WHERE id = :job)
-               ORDER BY ready_at, id
+               ORDER BY CASE WHEN state = 'done' THEN finished_at ELSE ready_at END, id
                LIMIT :limit)
 RETURNING id, name, attempts, fence, max_attempts;
 
@@ -290,8 +311,8 @@ UPDATE tasks
 UPDATE workers SET heartbeat_at = :now, done = :completed WHERE id = :worker_id;
 
 -- name: cancelling
-SELECT id FROM tasks INDEXED BY tasks_running
- WHERE job_id = :job AND worker_id = :worker_id AND state = 'running' AND cancel_requested;
+SELECT id FROM tasks INDEXED BY tasks_flow
+ WHERE job_id = :job AND state IN ('pending', 'running', 'done') AND (state = 'running') + 2 * (state = 'pending') = 1 AND worker_id = :worker_id AND cancel_requested;
 
 -- name: note_child
 UPDATE tasks SET child_pid = :pid, child_start = :start WHERE id = :task_id AND fence = :fence AND state = 'running';
@@ -341,8 +362,9 @@ RETURNING state, furthest_step_fence <> :fence;
 -- name: running
 SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid, w.pid_start,
        t.child_pid, t.child_start, t.lease_until < :now, :now - t.heartbeat_at, :now - t.progress_at, t.note
-  FROM tasks AS t INDEXED BY tasks_running LEFT JOIN workers AS w ON w.id = t.worker_id
- WHERE t.job_id = :job AND t.state = 'running';
+  FROM tasks AS t INDEXED BY tasks_flow LEFT JOIN workers AS w ON w.id = t.worker_id
+ WHERE t.job_id = :job AND t.state IN ('pending', 'running', 'done')
+   AND (t.state = 'running') + 2 * (t.state = 'pending') = 1;
 
 -- name: retry_failed
 UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL,
@@ -420,7 +442,9 @@ SELECT state, n FROM counts WHERE job_id = :job;
 -- name: live_workers
 SELECT w.id, w.host, w.host_key, w.pid, w.pid_start, w.started_at, :now - w.heartbeat_at,
        w.stopped_at, w.stop_reason, w.done,
-       (SELECT count(*) FROM tasks AS t WHERE t.job_id = :job AND t.worker_id = w.id AND t.state = 'running')
+       (SELECT count(*) FROM tasks AS t INDEXED BY tasks_flow
+         WHERE t.job_id = :job AND t.state IN ('pending', 'running', 'done')
+           AND (t.state = 'running') + 2 * (t.state = 'pending') = 1 AND t.worker_id = w.id)
   FROM workers AS w
  WHERE w.stopped_at IS NULL AND w.job_id = :job
  ORDER BY w.id DESC
@@ -439,9 +463,10 @@ SELECT coalesce(host, '?'), count(*), at, detail, max(id)
  ORDER BY 1;
 
 -- name: count_done_since
--- Tasks of this job done since :since (a time), counted in the index of finish times: only this job's
+-- Tasks of this job done since :since (a time), counted in the index of finish times (tasks_flow): only this job's
 -- recent completions are read, not the journal of every job in the store.
-SELECT count(*) FROM tasks INDEXED BY tasks_done_at WHERE job_id = :job AND state = 'done' AND finished_at >= :since;
+SELECT count(*) FROM tasks INDEXED BY tasks_flow
+ WHERE job_id = :job AND state IN ('pending', 'running', 'done') AND (state = 'running') + 2 * (state = 'pending') = 0 AND CASE WHEN state = 'done' THEN finished_at ELSE ready_at END >= :since;
 
 -- name: event_time
 SELECT at FROM events WHERE id = :id;
@@ -457,11 +482,11 @@ SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
  LIMIT :limit;
 
 -- name: activity_done
--- Completions per bucket since :since, from the index of finish times (see tasks_done_at; the store handle
+-- Completions per bucket since :since, from the index of finish times (see tasks_flow; the store handle
 -- keeps the buckets already closed, so a live chart reads only the last few minutes).
-SELECT CAST(finished_at / :bucket AS INTEGER) * :bucket AS b, count(*)
-  FROM tasks INDEXED BY tasks_done_at
- WHERE job_id = :job AND state = 'done' AND finished_at >= :since
+SELECT CAST(CASE WHEN state = 'done' THEN finished_at ELSE ready_at END / :bucket AS INTEGER) * :bucket AS b, count(*)
+  FROM tasks INDEXED BY tasks_flow
+ WHERE job_id = :job AND state IN ('pending', 'running', 'done') AND (state = 'running') + 2 * (state = 'pending') = 0 AND CASE WHEN state = 'done' THEN finished_at ELSE ready_at END >= :since
  GROUP BY b;
 
 -- name: activity_failed
@@ -513,16 +538,16 @@ SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail
 -- name: iter_running_tasks
 -- Running tasks are few: read from their index and sorted, rather than found among a million others.
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks INDEXED BY tasks_running
- WHERE job_id = :job AND state = 'running' AND id > :after
+  FROM tasks INDEXED BY tasks_flow
+ WHERE job_id = :job AND state IN ('pending', 'running', 'done') AND (state = 'running') + 2 * (state = 'pending') = 1 AND id > :after
    AND (:pattern IS NULL OR name LIKE :pattern ESCAPE '\')
  ORDER BY id LIMIT :limit;
 
 -- name: iter_pending_tasks
 -- Pending tasks from their index, sorted: used when they are few among many others (see task_page).
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks INDEXED BY tasks_ready
- WHERE job_id = :job AND state = 'pending' AND id > :after
+  FROM tasks INDEXED BY tasks_flow
+ WHERE job_id = :job AND state IN ('pending', 'running', 'done') AND (state = 'running') + 2 * (state = 'pending') = 2 AND id > :after
    AND (:pattern IS NULL OR name LIKE :pattern ESCAPE '\')
  ORDER BY id LIMIT :limit;
 

@@ -1,0 +1,310 @@
+"""Benchmark of issue 12's fast paths, each beside its reference measured in the same run, alternating.
+Prints a Markdown section.
+
+    python bench/bench_fast.py [--quick] [--keep]
+
+- ``onward run --tasks FILE -- true {task}`` (the whole process: import of the file, runs, exit) beside
+  ``xargs -P1 -n1 true`` and GNU parallel ``-j1 --joblog J --resume true`` on the same file, at concurrency 1,
+  and ``onward run --concurrency 4`` beside ``xargs -P4``;
+- no-op tasks through the Python API at concurrency 1 beside the raw sqlite3 floor (bench_core's two
+  workers), and the WAL bytes each task writes, for onward and for the floor;
+- start-up: ``onward status`` on a fresh store beside ``python -c 'import sqlite3'``, and whether
+  ``onward run`` of a command imports asyncio.
+
+Each figure is a median over several rounds; in each round every system runs once, in a fixed order. The
+machine is shared with other work, so single runs are noisy: the rounds and their spread are shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_core import REPO, SRC, child_env, med, run_process, size_label, spread, task_name, write_tasks
+
+THIS = Path(__file__).resolve()
+# N -> rounds; at 20k one round of the five systems takes about four minutes here.
+CLI_ROUNDS = {False: {2_000: 5, 20_000: 3}, True: {300: 1}}
+API_ROUNDS = {False: {1_000: 5, 100_000: 3}, True: {1_000: 1}}
+WAL_N = 2_000
+STARTUP_ROUNDS = {False: 21, True: 5}
+TARGET_XARGS_C1 = 0.7
+TARGET_PARALLEL_C1 = 3.0
+TARGET_XARGS_C4 = 1.0
+TARGET_API = 0.5
+TARGET_STARTUP = 1.2
+
+
+def log(text: str) -> None:
+    print(f"[fast {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def onward_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "onward", *args]
+
+
+def timed_shell_free(argv: list[str], stdin_path: Path, scratch: Path) -> float:
+    """Wall seconds of one process reading ``stdin_path`` (xargs, parallel); fails loudly on a non-zero exit."""
+    with open(stdin_path, "rb") as stdin:
+        started = time.perf_counter()
+        proc = subprocess.run(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=scratch)
+        seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"`{shlex.join(argv)}` exited {proc.returncode}: {proc.stderr.decode()[-500:]}")
+    return seconds
+
+
+# --- commands -------------------------------------------------------------------------------------------
+def cli_systems(tasks: Path) -> dict[str, Any]:
+    parallel = shutil.which("parallel")
+    systems: dict[str, Any] = {
+        "xargs -P1": lambda scratch: timed_shell_free(["xargs", "-P1", "-n1", "true"], tasks, scratch),
+        "onward c1": lambda scratch: onward_run(tasks, scratch, 1),
+        "xargs -P4": lambda scratch: timed_shell_free(["xargs", "-P4", "-n1", "true"], tasks, scratch),
+        "onward c4": lambda scratch: onward_run(tasks, scratch, 4),
+    }
+    if parallel:
+        systems["parallel -j1"] = lambda scratch: timed_shell_free(
+            [parallel, "-j1", "--joblog", str(scratch / "joblog"), "--resume", "true"], tasks, scratch)
+    return systems
+
+
+def onward_run(tasks: Path, scratch: Path, concurrency: int) -> float:
+    db = scratch / "run.db"
+    proc = run_process(onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", str(concurrency),
+                                   "-q", "--", "true", "{task}"), scratch)
+    if proc.code != 0:
+        raise SystemExit(f"onward run exited {proc.code}: {proc.stderr[-500:]}")
+    return proc.seconds
+
+
+def part_cli(quick: bool, root: Path) -> list[str]:
+    lines = ["### Commands: `onward run -- true {task}` beside xargs and GNU parallel", ""]
+    if not shutil.which("parallel"):
+        lines += ["GNU parallel is not installed here: its column is missing (`apt-get install parallel`).", ""]
+    for n, rounds in CLI_ROUNDS[quick].items():
+        tasks = root / f"tasks-{n}.txt"
+        write_tasks(tasks, (task_name(i) for i in range(n)))
+        systems = cli_systems(tasks)
+        rates: dict[str, list[float]] = {name: [] for name in systems}
+        for r in range(rounds):
+            for name, run in systems.items():
+                scratch = Path(tempfile.mkdtemp(prefix="cli-", dir=root))
+                seconds = run(scratch)
+                shutil.rmtree(scratch)
+                rates[name].append(n / seconds)
+                log(f"N={n} round {r + 1}/{rounds} {name}: {n / seconds:,.0f} tasks/s")
+        lines += [f"N = {n:,}, tasks/s, median (min–max) of {rounds} round(s):", "",
+                  "| system | tasks/s |", "|---|---:|"]
+        lines += [f"| {name} | {spread(v, ',.0f')} |" for name, v in rates.items()]
+        lines.append("")
+        c1 = med(rates["onward c1"])
+        lines.append(f"- concurrency 1: onward / xargs -P1 = **{c1 / med(rates['xargs -P1']):.2f}×**"
+                     f" (target ≥ {TARGET_XARGS_C1}×)")
+        if "parallel -j1" in rates:
+            lines.append(f"- concurrency 1: onward / parallel -j1 --joblog --resume = "
+                         f"**{c1 / med(rates['parallel -j1']):.2f}×** (target ≥ {TARGET_PARALLEL_C1:g}×)")
+        lines.append(f"- concurrency 4: onward / xargs -P4 = **{med(rates['onward c4']) / med(rates['xargs -P4']):.2f}×**"
+                     f" (target ≥ {TARGET_XARGS_C4:g}×)")
+        lines.append("")
+    lines += ["```sh", "xargs -P1 -n1 true < tasks.txt",
+              "onward run --db run.db --tasks tasks.txt --concurrency 1 -q -- true {task}   # fresh store each run",
+              "parallel -j1 --joblog joblog --resume true < tasks.txt                       # fresh joblog each run",
+              "xargs -P4 -n1 true < tasks.txt",
+              "onward run --db run.db --tasks tasks.txt --concurrency 4 -q -- true {task}", "```", ""]
+    return lines
+
+
+# --- the Python API and the WAL ---------------------------------------------------------------------------
+def worker_wal(folder: str, kind: str, n: int) -> None:
+    """WAL bytes per task: a reader holds a snapshot taken before the run, so no checkpoint can rewind the
+    log, and the log's growth over the run is what the run wrote to it."""
+    db = os.path.join(folder, f"{kind}.db")
+    if kind == "onward":
+        import onward.log
+        from onward import Job
+
+        job = Job(db, log_level=onward.log.QUIET)
+        job.add(task_name(i) for i in range(n))
+        job.close()
+    else:
+        con = sqlite3.connect(db, isolation_level=None)
+        con.execute("PRAGMA journal_mode = WAL")
+        con.execute("CREATE TABLE tasks (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,"
+                    " state TEXT NOT NULL DEFAULT 'pending')")
+        con.execute("BEGIN")
+        con.executemany("INSERT INTO tasks (name) VALUES (?)", ((task_name(i),) for i in range(n)))
+        con.execute("COMMIT")
+        con.close()
+    reader = sqlite3.connect(db, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    before = os.path.getsize(db + "-wal")
+    if kind == "onward":
+        job = Job(db, concurrency=1, log_level=onward.log.QUIET)
+
+        @job.task
+        def noop(task: str, ctx: Any) -> str:
+            return task
+
+        done = job.run().done
+        after = os.path.getsize(db + "-wal")
+        job.close()
+    else:
+        con = sqlite3.connect(db, isolation_level=None)
+        con.execute("PRAGMA synchronous = FULL")
+        for task_id in range(1, n + 1):
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("UPDATE tasks SET state = 'done' WHERE id = ?", (task_id,))
+            con.execute("COMMIT")
+        done = n
+        after = os.path.getsize(db + "-wal")
+        con.close()
+    reader.execute("COMMIT")
+    reader.close()
+    print(json.dumps({"bytes_per_task": (after - before) / done, "done": done}))
+
+
+def call(kind: str, *args: Any, scratch: Path) -> dict[str, Any]:
+    proc = run_process([sys.executable, str(THIS), "--worker", kind, *map(str, args)], scratch)
+    if proc.code != 0:
+        raise SystemExit(f"worker {kind} exited {proc.code}: {proc.stderr[-800:]}")
+    values: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return values
+
+
+def call_core(kind: str, *args: Any, scratch: Path) -> dict[str, Any]:
+    proc = run_process([sys.executable, str(THIS.parent / "bench_core.py"), "--worker", kind, *map(str, args)],
+                       scratch)
+    if proc.code != 0:
+        raise SystemExit(f"bench_core worker {kind} exited {proc.code}: {proc.stderr[-800:]}")
+    values: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return values
+
+
+def part_api(quick: bool, root: Path) -> list[str]:
+    lines = ["### Python API: no-op tasks at concurrency 1 beside the raw sqlite3 floor", "",
+             "The same two worker processes as the core section (bench/bench_core.py `--worker api-add`,"
+             " `api-run`, `floor`): onward's `job.run()` of a function returning its task text, and the floor's"
+             " `BEGIN IMMEDIATE; UPDATE tasks SET state = 'done' WHERE id = ?; COMMIT` per task (WAL,"
+             " synchronous=FULL) on a table of N rows; onward then the floor in each round.", "",
+             "| N | rounds | onward tasks/s | floor commits/s | ratio (of medians) | per-round ratios |",
+             "|---:|---:|---:|---:|---:|---|"]
+    worst = None
+    for n, rounds in API_ROUNDS[quick].items():
+        ours, floor, ratios = [], [], []
+        for r in range(rounds):
+            scratch = Path(tempfile.mkdtemp(prefix="api-", dir=root))
+            db = scratch / "s.db"
+            call_core("api-add", db, n, scratch=scratch)
+            run = call_core("api-run", db, 1, n, scratch=scratch)
+            fl = call_core("floor", scratch / "floor.db", n, n, scratch=scratch)
+            shutil.rmtree(scratch)
+            ours.append(n / run["seconds"])
+            floor.append(fl["commits"] / fl["seconds"])
+            ratios.append(ours[-1] / floor[-1])
+            log(f"API N={n} round {r + 1}: onward {ours[-1]:,.0f}/s floor {floor[-1]:,.0f}/s")
+        ratio = med(ours) / med(floor)
+        worst = ratio if worst is None else min(worst, ratio)
+        lines.append(f"| {size_label(n)} | {rounds} | {spread(ours, ',.0f')} | {spread(floor, ',.0f')} |"
+                     f" **{ratio:.2f}×** | {', '.join(f'{x:.2f}' for x in ratios)} |")
+    lines += ["", f"Target ≥ {TARGET_API}× of the floor: worst ratio here {worst:.2f}×"
+              f" ({'met' if worst is not None and worst >= TARGET_API else 'not met'}).", ""]
+    scratch = Path(tempfile.mkdtemp(prefix="wal-", dir=root))
+    ours_wal = call("wal", scratch, "onward", WAL_N, scratch=scratch)
+    floor_wal = call("wal", scratch, "floor", WAL_N, scratch=scratch)
+    shutil.rmtree(scratch)
+    lines += [f"WAL bytes per task over a run of {WAL_N:,} no-op tasks (a reader holds a snapshot from before the"
+              " run, so that no checkpoint rewinds the log; a WAL frame is one 4,096-byte page plus a 24-byte"
+              " header):", "",
+              "| | WAL bytes per task | pages per task |", "|---|---:|---:|",
+              f"| onward, concurrency 1 | {ours_wal['bytes_per_task']:,.0f} | {ours_wal['bytes_per_task'] / 4120:.2f} |",
+              f"| the floor | {floor_wal['bytes_per_task']:,.0f} | {floor_wal['bytes_per_task'] / 4120:.2f} |", ""]
+    return lines
+
+
+# --- start-up -------------------------------------------------------------------------------------------
+def part_startup(quick: bool, root: Path) -> list[str]:
+    db = root / "fresh.db"
+    subprocess.run(onward_argv("add", "--db", str(db), "one"), check=True, env=child_env(), capture_output=True)
+    console = shutil.which("onward", path=str(Path(sys.executable).parent)) or ""
+    systems = {"python -c pass": [sys.executable, "-c", "pass"],
+               "python -c 'import sqlite3'": [sys.executable, "-c", "import sqlite3"],
+               "onward status": [console, "status", "--db", str(db)],
+               "onward status --json": [console, "status", "--json", "--db", str(db)]}
+    times: dict[str, list[float]] = {k: [] for k in systems}
+    for _ in range(STARTUP_ROUNDS[quick]):
+        for name, argv in systems.items():
+            started = time.perf_counter()
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env())
+            times[name].append(time.perf_counter() - started)
+    base = med(times["python -c 'import sqlite3'"])
+    lines = ["### Start-up", "",
+             f"Whole process, wall time, median (min–max) of {STARTUP_ROUNDS[quick]} rounds, the four taking turns;"
+             f" `onward` is the installed console script ({console}), the store a fresh one with one task.", "",
+             "| command | ms | / `import sqlite3` |", "|---|---:|---:|"]
+    for name, v in times.items():
+        lines.append(f"| `{name}` | {spread([x * 1000 for x in v], '.1f')} | {med(v) / base:.2f}× |")
+    ratio = med(times["onward status"]) / base
+    lines += ["", f"Target: `onward status` within {TARGET_STARTUP}× of `python -c 'import sqlite3'`: {ratio:.2f}×"
+              f" ({'met' if ratio <= TARGET_STARTUP else 'not met'}).", ""]
+    # Does `onward run` of a command load asyncio?
+    tasks = root / "one.txt"
+    write_tasks(tasks, iter(["one"]))
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "onward", "run", "--db", str(root / "imp.db"),
+                           "--tasks", str(tasks), "-q", "--", "true", "{task}"], capture_output=True, text=True,
+                          env=child_env())
+    loaded = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    lines += [f"`onward run -- true {{task}}` imports asyncio: {'yes' if 'asyncio' in loaded else 'no'}"
+              f" ({len(loaded)} modules in all; `python -X importtime -m onward run ...`).", ""]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        sys.path.insert(0, str(SRC))
+        worker_wal(argv[2], argv[3], int(argv[4]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: small N, one round")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
+    parser.add_argument("--parts", default="cli,api,startup", help="which parts, comma-separated")
+    args = parser.parse_args(argv)
+    base = Path(os.environ.get("ONWARD_BENCH_DIR") or REPO / "bench" / "out")
+    base.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="fast-", dir=base))
+    parts = {"cli": part_cli, "api": part_api, "startup": part_startup}
+    lines = ["## Fast paths (issue 12; bench/bench_fast.py)", "",
+             f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. This machine (2 cores) is shared with"
+             " other agents' work while it runs: figures are noisy, hence medians of rounds taken in turns and"
+             " their spread.", ""]
+    failed = False
+    try:
+        for name in args.parts.split(","):
+            log(f"part {name}")
+            try:
+                lines += parts[name](args.quick, root)
+            except (Exception, SystemExit) as e:
+                failed = True
+                lines += [f"**{name}: failed**: {e}", ""]
+                log(f"{name} FAILED: {e}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print("\n".join(lines))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

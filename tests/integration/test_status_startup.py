@@ -1,0 +1,30 @@
+"""Start-up of `onward status`: it loads what it uses and little else (issue 12, item 5). How long it takes
+is measured by bench/bench_fast.py; this checks what it imports, which cannot drift unnoticed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import run_onward
+
+# Loaded by none of status's needs: the worker loop and its threads' machinery, asyncio, pathlib (which
+# pulls in urllib and ipaddress) and importlib.resources (zipfile, compression modules).
+NOT_FOR_STATUS = ("asyncio", "pathlib", "importlib.resources", "zipfile", "onward.runner", "onward.progress",
+                  "onward.attempts", "onward.steps")
+
+
+def imports_of(*args: str) -> set[str]:
+    r = run_onward(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert r.returncode == 0, r.stderr.decode()
+    return {line.rsplit("|", 1)[1].strip() for line in r.stderr.decode().splitlines()
+            if line.startswith("import time:") and "|" in line}
+
+
+def test_status_on_a_fresh_store_imports_only_what_it_uses(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "a").returncode == 0
+    for args in (("status", "--db", db), ("status", "--json", "--db", db)):
+        imported = imports_of(*args)
+        assert "onward.status" in imported and "onward.store.sqlite" in imported  # the profile is there
+        assert not {name for name in imported for unwanted in NOT_FOR_STATUS
+                    if name == unwanted or name.startswith(unwanted + ".")}, args

@@ -127,9 +127,14 @@ def test_a_run_survives_a_server_restart(tmp_path: Path, seed: int) -> None:
                    for log in logs), warnings
 
         executions = Counter(name for name, _ in side_effects(side))
+        committed = done_events_by_task(url)
+        record("fault matrix", backend="postgres", case="server restarted (pg_ctlcluster restart) mid-job, 2 workers",
+               seed=seed, tasks=len(names), exit_statuses=codes, lost=len(set(names) - set(committed)),
+               doubled=sum(1 for k in committed.values() if k > 1),
+               executed_twice=sum(1 for k in executions.values() if k > 1), recovered=codes == [0, 0])
         assert set(executions) == set(names)
         assert [n for n, k in executions.items() if k != 1] == [], "a task ran twice across the restart"
-        assert done_events_by_task(url) == Counter(names)
+        assert committed == Counter(names)
         store = open_store(url, create=False)
         # The restart landed mid-job: tasks were completed after the server came back.
         assert any(e.kind == "done" and e.at > restarted_at for e in store.events(limit=100_000))

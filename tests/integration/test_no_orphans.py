@@ -20,12 +20,8 @@ from pathlib import Path
 import pytest
 
 from onward.cgroups import WORKER_DIR, hierarchy, own_cgroup
-from tests.conftest import onward_argv, run_onward, wait_for
+from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, run_onward, wait_for
 
-CGROUP_WRITABLE = (own := own_cgroup()) is not None and os.access(os.path.join(own, "cgroup.procs"), os.W_OK)
-needs_cgroup2 = pytest.mark.skipif(
-    not CGROUP_WRITABLE and os.environ.get("CI") != "true",
-    reason="cgroup v2 is not mounted or our cgroup is not writable (needs root or a delegated subtree)")
 
 def _can_hide_cgroup2() -> bool:
     """Whether cgroups are off already, or can be made read-only in a mount namespace (CAP_SYS_ADMIN)."""

@@ -244,7 +244,10 @@ class StoreView:
 
 
 def read_store(db: Path) -> StoreView:
-    """Read the store as a plain SQLite file, the way a user's own tooling could (read-only)."""
+    """Read the store as a plain SQLite file, the way a user's own tooling could (read-only). A cut before
+    the store's creation was durable leaves no file, or an empty one: a store without tasks."""
+    if not db.exists() or db.stat().st_size == 0:
+        return StoreView("ok", {}, {})
     c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         integrity = str(c.execute("PRAGMA integrity_check").fetchone()[0])

@@ -165,9 +165,12 @@ class PostgresStore(SqlStore):
         self._tuned_ms = ms
 
     def _apply_stall_bound(self) -> None:
-        # Applied to the connection by _live, between transactions. A server that holds the connection
-        # open without answering is bounded by the stall watch: started here, since only a worker (which
-        # names its lease) has tasks to fence in time.
+        pass  # applied by _live, between transactions
+
+    def _set_lease(self, lease_seconds: float) -> None:
+        super()._set_lease(lease_seconds)
+        # A server that holds the connection open without answering is bounded by the stall watch: started
+        # here, since only a worker (which names its lease) has tasks to fence in time.
         if self._stall_watch is None:
             self._stall_watch = StallWatch(lambda: self._in_tx or self._conn, self._unanswered_bound,
                                            self._stalled)

@@ -21,7 +21,9 @@ Same contract and semantics as the SQLite store (base.py); what differs, and why
 - **Faults.** A call never waits long: ``TCP_USER_TIMEOUT`` and keepalives make a cut-off server an
   error, and ``lock_timeout`` a lock held by someone else, within a quarter of the lease the runner uses
   (``sqlbase.stall_ms``); the server ends a transaction of ours left idle for twice that, so a worker cut off
-  mid-transaction holds no lock for long. A lost connection is re-established by a background thread with
+  mid-transaction holds no lock for long. A server that is stopped rather than cut off (SIGSTOP, a paused
+  VM) still has its kernel acknowledge every byte, so none of those fire: once a worker names its lease, a
+  stall watch thread (``pgconn.StallWatch``) drops the connection of a call unanswered for twice the bound. A lost connection is re-established by a background thread with
   backoff while calls fail at once with ``StoreError`` (the runner retries next turn, and fences itself
   when it cannot renew before its lease runs out). A commit whose answer was lost is ambiguous: retrying
   it is safe, because the fence refuses to complete a task twice.

@@ -43,6 +43,39 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    """An open store on each backend (see ``store_url``), closed afterwards."""
+    from onward.store import open_store
+
+    opened = open_store(store_url)
+    yield opened
+    opened.close()
+
+
+def worker(store: Store) -> int:
+    """A worker registered in ``store`` as this process, for tests that claim tasks by hand."""
+    from onward.proc import current_owner
+
+    return store.register_worker(current_owner(), "test")
+
+
+def cgroup_writable() -> bool:
+    """Whether this process's cgroup v2 can be written (root, or a delegated subtree): then onward runs each
+    attempt in a cgroup of its own."""
+    from onward.cgroups import own_cgroup
+
+    own = own_cgroup()
+    return own is not None and os.access(os.path.join(own, "cgroup.procs"), os.W_OK)
+
+
+CGROUP_WRITABLE = cgroup_writable()
+# Under CI (CI=true) a test that needs cgroup v2 must not skip: there it fails instead.
+needs_cgroup2 = pytest.mark.skipif(
+    not CGROUP_WRITABLE and os.environ.get("CI") != "true",
+    reason="cgroup v2 is not mounted or our cgroup is not writable (needs root or a delegated subtree)")
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return str(tmp_path / "store" / "onward.db")
 

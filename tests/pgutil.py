@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -143,6 +144,45 @@ class PrivateCluster:
         with self.admin() as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return name
+
+    def server_pids(self) -> list[int]:
+        """The postmaster, then every process it started (backends, checkpointer, WAL writer...)."""
+        data = _data_directory(PG_CONF / self.version / self.name)
+        if data is None:
+            raise RuntimeError(f"no data_directory in the configuration of cluster {self.name}")
+        postmaster = int((data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_bytes().rsplit(b")", 1)[1].split()  # fields[1] is the parent's pid
+            except OSError:
+                continue  # the process ended meanwhile
+            if int(fields[1]) == postmaster:
+                children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    @contextmanager
+    def paused(self) -> Iterator[list[int]]:
+        """The whole server stopped with SIGSTOP (as a frozen VM or a stalled host would be: connections
+        stay open, the kernel still acknowledges what clients send, nothing answers), and resumed with
+        SIGCONT on leaving. The postmaster is stopped first, so it starts no process that would escape."""
+        stopped: list[int] = []
+        try:
+            for _ in range(2):  # again: a process forked just before the postmaster stopped
+                for pid in self.server_pids():
+                    if pid not in stopped:
+                        try:
+                            os.kill(pid, signal.SIGSTOP)
+                        except ProcessLookupError:
+                            continue  # a backend that ended meanwhile
+                        stopped.append(pid)
+            yield stopped
+        finally:
+            for pid in stopped:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
 
     def started_at(self) -> float:
         """When the server (postmaster) last started: changes with every restart."""

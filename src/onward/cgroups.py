@@ -132,7 +132,14 @@ class AttemptCgroup:
         everything it forks afterwards is born inside."""
         os.write(self._procs, b"0")
 
+    # Killed with cgroup.kill: never to be reused. Seen on Linux 6.18: every process later born into
+    # such a cgroup with CLONE_INTO_CGROUP is SIGKILLed at once (before clone3 returns; likely the
+    # kernel's kill_seq check comparing the parent's cgroup with the target's), so a leaf reused after a
+    # timeout or a lost lease made every command started in it die at birth.
+    killed = False
+
     def kill(self) -> None:
+        self.killed = True
         kill(self.path)
 
     def close(self) -> None:
@@ -198,9 +205,9 @@ class WorkerCgroups:
     def finished(self, cgroup: AttemptCgroup, reusable: bool = True) -> None:
         """The attempt is over and its main process reaped: kill whatever it left, and keep the leaf for
         the next attempt once it is empty (unless not ``reusable``: the command could not enter it)."""
-        if reusable and empty(cgroup.path):
+        if reusable and not cgroup.killed and empty(cgroup.path):
             self._idle.append(cgroup)
-        else:  # something the kernel holds (a freezer), or a broken leaf: removed later, never reused
+        else:  # something the kernel holds (a freezer), a broken or killed leaf: removed later, never reused
             cgroup.close()
             self._leftovers.append(cgroup.path)
 

@@ -22,16 +22,27 @@ and a result that ``write`` returned for survives a power cut. Temporary files a
 ``.onward-tmp-<pid>-<random hex>``; no task's file starts with ``.``, so they cannot clash. Nothing in DIR
 is ever written through a symlink: files are created with ``O_EXCL`` and moved into place with
 ``rename``, which replaces a symlink at the destination instead of following it.
+
+One job per folder. Two jobs writing to one folder would replace each other's files wherever their task
+names meet, silently. So ``onward run`` marks the folder as its job's (the extended attribute
+``user.onward.owner`` of the folder: the store, by its file's real path or, for PostgreSQL, by its
+database name and port, and the job's name), and refuses, in one line with exit status 2, a folder marked
+for another store or job. The mark is set with ``XATTR_CREATE``, so of two jobs starting on one new folder
+at once exactly one gets it. A file system without user extended attributes (some network and FUSE file
+systems) cannot carry the mark: there the rule is not enforced. To hand a folder over to another job:
+``setfattr -x user.onward.owner DIR``.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
 import secrets
 import stat
 from types import TracebackType
+from urllib.parse import unquote, urlsplit
 
 from onward.errors import TRANSIENT_ERRNOS, OutputUnavailable, UsageError
 from onward.proc import pid_exists
@@ -47,6 +58,11 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", re.ASCII)
 # Bytes that stay as they are inside an escaped name. Not '.', so an escaped stem has no dot at all; not
 # '~', so only the hashed form has a second '~'; not '%', so every '%' starts an escape.
 _KEPT_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+OWNER_ATTRIBUTE = "user.onward.owner"
+# The folder cannot carry the mark (a file system without user xattrs; a sticky folder of another user's,
+# where only its owner may set them): the rule is off there.
+_NO_XATTRS = frozenset({errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EPERM})
 
 TEMP_PREFIX = ".onward-tmp-"
 # Digits only (no sign, no spaces, no other scripts' digits): os.kill(-n, 0) and os.kill(0, 0) ask about a
@@ -128,6 +144,23 @@ def _create_folders(path: str) -> None:
 
 
 
+def owner_of(store_location: str, job: str, *, postgres: bool) -> str:
+    """The mark of a job's output folder: its store, as ``store_url`` gives it (``postgres``: whether it is
+    a PostgreSQL URL), and the job. A SQLite store by the real path of its file (the same file however it
+    is spelt); a PostgreSQL one by its database and port, not its host, which hosts of one job may reach by
+    different addresses (and never by its user or password)."""
+    if postgres:
+        parts = urlsplit(store_location)
+        try:
+            port = parts.port or 5432
+        except ValueError:
+            port = 5432
+        where = f"postgresql database {unquote(parts.path.lstrip('/')) or '?'!r} on port {port}"
+    else:
+        where = f"sqlite store {os.path.realpath(store_location.removeprefix('sqlite:///'))!r}"
+    return f"{where}, job {job!r}"
+
+
 class OutDir:
     """An open output folder. Every name given to it is a task text; every path inside is its own.
 
@@ -135,10 +168,12 @@ class OutDir:
     replacing the folder's path while onward runs cannot redirect a write somewhere else.
     """
 
-    def __init__(self, path: str) -> None:
-        """Create the folder if missing, check it can be written, and remove crashed writers' temp files.
+    def __init__(self, path: str, owner: str | None = None) -> None:
+        """Create the folder if missing, check it can be written, mark it as ``owner``'s (see ``owner_of``;
+        None: no mark, no check), and remove crashed writers' temp files.
 
-        Raises UsageError with a one-line message when the folder cannot be created, opened or written.
+        Raises UsageError with a one-line message when the folder cannot be created, opened or written, or
+        is marked as another owner's.
         """
         self.path = path
         self._dir_fd = -1
@@ -152,6 +187,8 @@ class OutDir:
             probe_name = _new_temp_name()
             os.close(_create_new_file(self._dir_fd, probe_name))
             os.unlink(probe_name, dir_fd=self._dir_fd)
+            if owner is not None:
+                self._claim(owner)
             self._remove_stale_temp_files()
         except OSError as exc:
             self.close()
@@ -159,6 +196,27 @@ class OutDir:
             # A failing, full or read-only disk is no mistake of the user's: exit 75, restarted later.
             kind = OutputUnavailable if exc.errno in TRANSIENT_ERRNOS else UsageError
             raise kind(f"cannot write to output folder {path!r}: {reason}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def _claim(self, owner: str) -> None:
+        """Mark the folder as ``owner``'s, or check that it is already; UsageError if another's."""
+        wanted = owner.encode("utf-8", "surrogateescape")
+        try:
+            os.setxattr(self._dir_fd, OWNER_ATTRIBUTE, wanted, os.XATTR_CREATE)
+            return
+        except OSError as exc:
+            if exc.errno in _NO_XATTRS:
+                return
+            if exc.errno != errno.EEXIST:
+                raise
+        found = os.getxattr(self._dir_fd, OWNER_ATTRIBUTE)
+        if found != wanted:
+            shown = found[:300].decode("utf-8", "replace").encode("unicode_escape").decode("ascii")
+            raise UsageError(f"output folder {self.path!r} holds the results of another job ({shown});"
+                             f" give this job its own --out (or hand the folder over:"
+                             f" setfattr -x {OWNER_ATTRIBUTE} DIR)")
 
     def _remove_stale_temp_files(self) -> None:
         """Remove temp files whose writer's process is gone: they are what a crash mid-write leaves.

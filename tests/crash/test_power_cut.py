@@ -35,6 +35,7 @@ import pytest
 
 from onward.outdir import file_name
 from tests.conftest import onward_argv, wait_for
+from tests.reliability import record
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 EXT4_IOC_SHUTDOWN = (2 << 30) | (4 << 16) | (ord("X") << 8) | 125  # _IOR('X', 125, __u32) = 0x8004587D
@@ -137,6 +138,17 @@ def power_cut_cycles(disk: LoopDisk, tmp_path: Path, seed: int, *, cycles: int, 
     out = disk.mount / "out"
     reported: set[str] = set()  # tasks some worker said were done
     committed_by_run: list[set[str]] = []  # done in the store after each cut
+    case = f"EXT4_IOC_SHUTDOWN NOLOGFLUSH mid-run on store and --out, {n_tasks} tasks, 1 or 4 workers"
+    # Counted over the whole run, for RELIABILITY.md: completions reported before the cuts and found after
+    # them, and every kind of damage the checks below look for (each must stay 0).
+    figures = {"cycles": 0, "reported_before_cuts": 0, "found_after_cuts": 0, "lost": 0, "torn": 0,
+               "wrong_results": 0, "files_of_unfinished_tasks": 0, "redone_after_commit": 0,
+               "integrity_failures": 0}
+
+    def check(run: int, ok: bool, message: str) -> None:
+        if not ok:  # what went wrong is recorded as well as what held
+            record("power cut", backend="sqlite", case=case, seed=seed, failed_in_run=run, **figures)
+        assert ok, f"{message} after run {run} (seed {seed})"
 
     for run in range(cycles + 1):
         final = run == cycles
@@ -167,28 +179,43 @@ def power_cut_cycles(disk: LoopDisk, tmp_path: Path, seed: int, *, cycles: int, 
                 if worker.poll() is None:
                     worker.kill()
                     worker.wait()
-        reported |= reported_done(log)
+        reported_now = reported_done(log)
+        reported |= reported_now
         print(f"run {run}: concurrency {concurrency}, {len(reported)} reported done so far, "
               f"{'finished' if final else 'power cut'}")
         if not final:
             disk.remount()
         store = read_store(db)
-        assert store.integrity == "ok", f"store damaged after run {run} (seed {seed})"
         lost = {n for n in reported if store.states.get(n) != "done"}
-        assert not lost, f"reported done but not done in the store after run {run}: {sorted(lost)[:5]} (seed {seed})"
-        for name, data in store.results.items():
-            assert data == expected_result(name), f"wrong result for {name} (seed {seed})"
-        check_out_files(out, store.states, seed)
-        for earlier, committed in enumerate(committed_by_run):
-            again = committed & executed(tmp_path / f"executions-{run}.log")
-            assert not again, (f"tasks done in the store after cut {earlier} ran again in run {run}: "
-                               f"{sorted(again)[:5]} (seed {seed})")
+        wrong = [n for n, data in store.results.items() if data != expected_result(n)]
+        torn, unfinished = check_out_files(out, store.states)
+        again = {n for committed in committed_by_run for n in committed} & executed(executions)
+        if not final:
+            figures["cycles"] += 1
+            figures["reported_before_cuts"] += len(reported_now)
+            figures["found_after_cuts"] += sum(store.states.get(n) == "done" for n in reported_now)
+        figures["lost"] += len(lost)
+        figures["torn"] += len(torn)
+        figures["wrong_results"] += len(wrong)
+        figures["files_of_unfinished_tasks"] += len(unfinished)
+        figures["redone_after_commit"] += len(again)
+        figures["integrity_failures"] += store.integrity != "ok"
+        check(run, store.integrity == "ok", "store damaged")
+        check(run, not lost, f"reported done but not done in the store: {sorted(lost)[:5]}")
+        check(run, not wrong, f"wrong results in the store: {wrong[:5]}")
+        check(run, not torn, f"torn result files: {torn[:5]}")
+        check(run, not unfinished, f"result files of tasks not done: {unfinished[:5]}")
+        check(run, not again, f"tasks done in the store after an earlier cut ran again: {sorted(again)[:5]}")
         committed_by_run.append({n for n, s in store.states.items() if s == "done"})
 
     final_store = read_store(db)
-    assert all(final_store.states.get(n) == "done" for n in names), "not every task finished"
+    unfinished_tasks = [n for n in names if final_store.states.get(n) != "done"]
     present = {p.name for p in out.iterdir()}
-    assert present == {file_name(n) for n in names}, f"stray or missing files in --out: {sorted(present ^ {file_name(n) for n in names})[:5]}"
+    stray_or_missing = sorted(present ^ {file_name(n) for n in names})
+    record("power cut", backend="sqlite", case=case, seed=seed, tasks=n_tasks,
+           unfinished_at_end=len(unfinished_tasks), stray_or_missing_files=len(stray_or_missing), **figures)
+    assert not unfinished_tasks, f"not every task finished: {unfinished_tasks[:5]}"
+    assert not stray_or_missing, f"stray or missing files in --out: {stray_or_missing[:5]}"
 
 
 def done_lines(log: Path) -> int:
@@ -217,7 +244,10 @@ class StoreView:
 
 
 def read_store(db: Path) -> StoreView:
-    """Read the store as a plain SQLite file, the way a user's own tooling could (read-only)."""
+    """Read the store as a plain SQLite file, the way a user's own tooling could (read-only). A cut before
+    the store's creation was durable leaves no file, or an empty one: a store without tasks."""
+    if not db.exists() or db.stat().st_size == 0:
+        return StoreView("ok", {}, {})
     c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         integrity = str(c.execute("PRAGMA integrity_check").fetchone()[0])
@@ -228,19 +258,24 @@ def read_store(db: Path) -> StoreView:
     return StoreView(integrity, states, results)
 
 
-def check_out_files(out: Path, states: dict[str, str], seed: int) -> None:
-    """Every result file is whole and right, and belongs to a done task. Temporary files from a write the
-    cut interrupted may be present until the next start cleans them; none may carry a result's name."""
+def check_out_files(out: Path, states: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The result files that are torn (not exactly the task's result) and those of tasks not done. Temporary
+    files from a write the cut interrupted may be present until the next start cleans them; none may carry
+    a result's name (checked at the end: none may be left)."""
+    torn: list[str] = []
+    unfinished: list[str] = []
     if not out.exists():
-        return
+        return torn, unfinished
     by_file = {file_name(n): n for n in states}
     for path in out.iterdir():
         name = by_file.get(path.name)
         if name is None:
-            continue  # a temporary file of an interrupted write: checked at the end (none may be left)
-        assert states[name] == "done", f"{path.name} exists but task {name} is {states[name]} (seed {seed})"
-        assert path.read_bytes() == expected_result(name), f"{path.name} is torn (seed {seed})"
-
+            continue  # a temporary file of an interrupted write
+        if states[name] != "done":
+            unfinished.append(path.name)
+        elif path.read_bytes() != expected_result(name):
+            torn.append(path.name)
+    return torn, unfinished
 
 
 def test_store_disk_turning_read_only_under_a_worker_stalls_it_and_loses_nothing(
@@ -285,11 +320,21 @@ def test_store_disk_turning_read_only_under_a_worker_stalls_it_and_loses_nothing
         assert b"Traceback" not in log.read_bytes()
         disk.remount()
         store = read_store(db)
-        assert store.integrity == "ok"
-        lost = {n for n in reported_done(log) if store.states.get(n) != "done"}
-        assert not lost, f"reported done but lost: {sorted(lost)[:5]} (seed {seed})"
+        reported = reported_done(log)
+        lost = {n for n in reported if store.states.get(n) != "done"}
+        torn, unfinished = check_out_files(out, store.states)
         finish = subprocess.run(argv, env=env, capture_output=True, timeout=300)
-        assert finish.returncode == 0, finish.stderr.decode(errors="replace")[-2000:]
         final = read_store(db)
-        assert all(final.states.get(n) == "done" for n in names)
+        unfinished_at_end = [n for n in names if final.states.get(n) != "done"]
+        record("power cut", backend="sqlite", case="store disk turned read-only under a running worker "
+               "(errors=remount-ro, trigger_fs_error)", seed=seed, tasks=len(names),
+               reported_before_fault=len(reported), lost=len(lost), torn=len(torn),
+               files_of_unfinished_tasks=len(unfinished), integrity=store.integrity,
+               exit_status_on_sigterm=worker.returncode, exit_status_after_remount=finish.returncode,
+               unfinished_at_end=len(unfinished_at_end))
+        assert store.integrity == "ok"
+        assert not lost, f"reported done but lost: {sorted(lost)[:5]} (seed {seed})"
+        assert not torn and not unfinished, (torn[:5], unfinished[:5])
+        assert finish.returncode == 0, finish.stderr.decode(errors="replace")[-2000:]
+        assert not unfinished_at_end, unfinished_at_end[:5]
         assert {p.name for p in out.iterdir()} == {file_name(n) for n in names}

@@ -19,6 +19,7 @@ import pytest
 from tests import pgutil
 from tests.conftest import onward_argv, require_tool, run_onward, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
+from tests.reliability import record
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -149,10 +150,17 @@ def test_a_stopped_database_server_neither_spins_nor_floods_the_log_and_sigterm_
                 worker.kill()
         cluster.ctl("start")
         again = subprocess.run(run, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
-        assert again.returncode == 0, again.stderr.decode()[-3000:]
         with cluster.admin("job") as conn:
-            assert dict(conn.execute("SELECT name, state FROM onward.tasks").fetchall()) == {
-                n: "done" for n in names}
+            states = dict(conn.execute("SELECT name, state FROM onward.tasks").fetchall())
+            doubled = conn.execute("SELECT count(*) FROM (SELECT task_id FROM onward.events WHERE kind = 'done'"
+                                   " GROUP BY task_id HAVING count(*) > 1) AS d").fetchone()[0]
+        record("fault matrix", backend="postgres", case="server stopped (pg_ctlcluster stop) mid-job, SIGTERM, restart",
+               seed=seed, tasks=len(names), exit_status_on_sigterm=worker.returncode,
+               exit_status_after_restart=again.returncode, lost=sum(states.get(n) != "done" for n in names),
+               doubled=doubled, recovered=again.returncode == 0)
+        assert again.returncode == 0, again.stderr.decode()[-3000:]
+        assert states == {n: "done" for n in names}
+        assert doubled == 0
 
 
 def _lines(path: Path) -> int:

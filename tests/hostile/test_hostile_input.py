@@ -21,6 +21,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import run_onward
+from tests.reliability import record
 
 EXAMPLES = int(os.environ.get("ONWARD_HYPOTHESIS_EXAMPLES", "8"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -65,6 +67,17 @@ def expected_tasks(data: bytes) -> list[str] | None:
         if not text.startswith("#") and text not in names:
             names.append(text)
     return names
+
+
+# What the properties met, per case, counted as they run and recorded for RELIABILITY.md at the end.
+TALLIES: dict[str, Counter[str]] = defaultdict(Counter)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def record_tallies() -> Iterator[None]:
+    yield
+    for case, tally in TALLIES.items():
+        record("hostile input", backend="-", case=case, **tally)
 
 
 @pytest.fixture(scope="module")
@@ -105,12 +118,19 @@ def test_any_tasks_file_is_imported_exactly_or_refused_whole(scratch: Path, data
     db = work / "store" / "onward.db"
     expected = expected_tasks(tasks.read_bytes())
     done = run_onward("add", "--db", str(db), "--tasks", str(tasks))
+    tally = TALLIES["tasks-file bytes (onward add --tasks)"]
+    tally["examples"] += 1
     if expected is None:
+        tally["refusals"] += 1
+        tally["stores_created_by_a_refusal"] += db.parent.exists()
         assert_one_line_refusal(done)
         assert not db.parent.exists(), "a refused tasks file must not create a store"
         return
     assert done.returncode == 0, done.stderr
-    assert store_names(db) == expected
+    names = store_names(db)
+    tally["accepted"] += 1
+    tally["imported_wrong"] += names != expected
+    assert names == expected
 
 
 @SETTINGS
@@ -129,6 +149,10 @@ def test_run_writes_nothing_outside_out_whatever_the_tasks_are_called(scratch: P
     assert done.returncode == 0, done.stderr
     assert b"Traceback" not in done.stderr
     outside = {p for p in tree(work) - before if not p.startswith(("store", "out"))}
+    tally = TALLIES["task names of every kind, run with --out"]
+    tally["examples"] += 1
+    tally["tasks"] += len(expected)
+    tally["writes_outside_out"] += len(outside)
     assert not outside, f"written outside the store and --out: {outside}"
     files = [p for p in out.iterdir()]
     assert all(p.is_file() and not p.is_symlink() for p in files)
@@ -153,7 +177,11 @@ def test_any_flag_value_is_taken_or_refused_in_one_line(scratch: Path, flag: str
     tasks.write_text("a\n")
     db = work / "store" / "onward.db"
     done = run_onward("run", "--db", str(db), "--tasks", str(tasks), flag, value, "-q", "--", "true")
+    tally = TALLIES["flag values (onward run)"]
+    tally["examples"] += 1
     if done.returncode == 2:
+        tally["refusals"] += 1
+        tally["stores_created_by_a_refusal"] += db.parent.exists()
         assert_one_line_refusal(done)
         assert not db.parent.exists(), "a refused flag must not create a store"
     else:
@@ -194,13 +222,18 @@ def test_a_damaged_store_is_read_or_refused_in_one_line_and_never_rewritten(
     work = fresh_dir(scratch)
     db = work / "onward.db"
     db.write_bytes(bytes(data))
+    tally = TALLIES["truncated or bit-flipped store files (status, list, retry)"]
+    tally["examples"] += 1
     for command in (["status"], ["list"], ["retry", "--failed"]):
         digest = hashlib.sha256(db.read_bytes()).hexdigest()
         done = run_onward(*command, "--db", str(db))
+        tally["commands"] += 1
         assert b"Traceback" not in done.stderr, (command, done.stderr)
         if done.returncode != 0:
+            tally["refusals"] += 1
+            changed = not db.exists() or hashlib.sha256(db.read_bytes()).hexdigest() != digest
+            tally["stores_changed_by_a_refusal"] += changed
             assert done.returncode == 2, (command, done.returncode, done.stderr)
             assert_one_line_refusal(done)
-            assert db.exists() and hashlib.sha256(db.read_bytes()).hexdigest() == digest, \
-                f"{command}: a refused store must keep every byte"
+            assert not changed, f"{command}: a refused store must keep every byte"
     shutil.rmtree(work)

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ from onward.store import open_store
 from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING
 from tests import pgutil
 from tests.conftest import result_bytes, run_onward, wait_for
+from tests.reliability import record
 
 pytestmark = pytest.mark.postgres
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -253,8 +254,14 @@ def test_hosts_cut_off_or_killed_mid_run_lose_nothing_and_complete_nothing_twice
 
     # Committed exactly once each, by an execution that ran to its end; none lost.
     done = [e for e in journal if e.kind == "done"]
-    assert sorted(str(e.task) for e in done) == names
+    done_count = Counter(str(e.task) for e in done)
     runs = executions(side)
+    record("fault matrix", backend="postgres",
+           case=f"one of {N_HOSTS} hosts cut off the network (netns link down) past its lease, another SIGKILLed",
+           seed=seed, tasks=N_TASKS, exit_statuses=sorted(codes.values()),
+           lost=sum(1 for n in names if done_count[n] == 0), doubled=sum(1 for k in done_count.values() if k > 1),
+           taken_over=len(cut_tasks) + len(killed_tasks), recovered=all(c == 0 for c in codes.values()))
+    assert sorted(str(e.task) for e in done) == names
     by_task: dict[str, list[Execution]] = defaultdict(list)
     for run in runs:
         by_task[run.task].append(run)

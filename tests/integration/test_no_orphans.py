@@ -20,12 +20,8 @@ from pathlib import Path
 import pytest
 
 from onward.cgroups import WORKER_DIR, hierarchy, own_cgroup
-from tests.conftest import onward_argv, run_onward, wait_for
+from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, run_onward, wait_for
 
-CGROUP_WRITABLE = (own := own_cgroup()) is not None and os.access(os.path.join(own, "cgroup.procs"), os.W_OK)
-needs_cgroup2 = pytest.mark.skipif(
-    not CGROUP_WRITABLE and os.environ.get("CI") != "true",
-    reason="cgroup v2 is not mounted or our cgroup is not writable (needs root or a delegated subtree)")
 
 def _can_hide_cgroup2() -> bool:
     """Whether cgroups are off already, or can be made read-only in a mount namespace (CAP_SYS_ADMIN)."""
@@ -206,3 +202,23 @@ def test_without_cgroups_what_a_killed_supervisors_worker_left_in_its_group_dies
     assert r.returncode == 0, r.stderr.decode()
     assert b"owner died" in r.stderr
     wait_for(lambda: not sleeps(marker), 5, "the reclaim to kill the dead attempt's process group")
+
+
+@needs_cgroup2
+def test_a_leaf_killed_at_a_timeout_is_not_reused_to_kill_the_next_commands_at_birth(tmp_path: Path) -> None:
+    """Was: the attempt cgroup of a task killed at its --timeout (cgroup.kill) went back to the pool; this
+    kernel SIGKILLs every process later born into such a cgroup with CLONE_INTO_CGROUP, so the next command
+    died at birth three times, and the worker said "the command spawner died three times in a row", gave
+    the attempt back and lowered its concurrency (also after a lease ran out: found by the paused-server
+    fault cell). Now a killed leaf is never reused."""
+    names = ["slow", *(f"f{i}" for i in range(6))]
+    (tmp_path / "t.txt").write_text("".join(n + "\n" for n in names))
+    script = tmp_path / "task.sh"
+    script.write_text('#!/bin/sh\nif [ "$1" = slow ]; then exec sleep 30; fi\necho "ok $1"\n')
+    script.chmod(0o755)
+    r = run_onward("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tmp_path / "t.txt"), "--timeout", "1",
+                   "--max-attempts", "1", "--", str(script), "{task}")
+    log = r.stderr.decode()
+    assert r.returncode == 3, log  # "slow" failed for good, by its timeout
+    assert "out of resources" not in log and "released" not in log, log
+    assert all(f'done task="{n}" attempt=1 ' in log for n in names[1:]), log

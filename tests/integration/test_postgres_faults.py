@@ -42,6 +42,7 @@ from onward.store.base import (
 from onward.store.postgres import SCHEMA_VERSION, PostgresStore
 from tests import pgutil
 from tests.conftest import onward_argv, result_bytes, run_onward, wait_for
+from tests.reliability import record
 
 if TYPE_CHECKING:
     import psycopg
@@ -126,15 +127,130 @@ def test_a_run_survives_a_server_restart(tmp_path: Path, seed: int) -> None:
                    for log in logs), warnings
 
         executions = Counter(name for name, _ in side_effects(side))
+        committed = done_events_by_task(url)
+        record("fault matrix", backend="postgres", case="server restarted (pg_ctlcluster restart) mid-job, 2 workers",
+               seed=seed, tasks=len(names), exit_statuses=codes, lost=len(set(names) - set(committed)),
+               doubled=sum(1 for k in committed.values() if k > 1),
+               executed_twice=sum(1 for k in executions.values() if k > 1), recovered=codes == [0, 0])
         assert set(executions) == set(names)
         assert [n for n, k in executions.items() if k != 1] == [], "a task ran twice across the restart"
-        assert done_events_by_task(url) == Counter(names)
+        assert committed == Counter(names)
         store = open_store(url, create=False)
         # The restart landed mid-job: tasks were completed after the server came back.
         assert any(e.kind == "done" and e.at > restarted_at for e in store.events(limit=100_000))
         assert store.counts() == {PENDING: 0, RUNNING: 0, DONE: 400, FAILED: 0, CANCELLED: 0, WAITING: 0}
         assert all(result_bytes(store, n) == n.encode() for n in rng.sample(names, 40))
         store.close()
+
+
+# --- the server paused past a lease --------------------------------------------------------------------
+PAUSE_HEARTBEAT = 0.5
+PAUSE_LEASE = 3 * PAUSE_HEARTBEAT  # the runner's default: three heartbeats
+
+
+def test_a_server_paused_past_the_lease_keeps_no_task_running_past_it_and_loses_or_doubles_nothing(
+        tmp_path: Path, seed: int) -> None:
+    """Two workers, 12 tasks of 2.5 s each; the whole server (postmaster and backends) is stopped with SIGSTOP
+    for two to three leases while tasks run, then resumed. Nothing answers meanwhile (the kernel still
+    acknowledges what the workers send, so only their own clocks can tell). Each worker stops the tasks
+    whose lease ran out and commits nothing about them; once the server is back, the tasks are reclaimed
+    and done. The workers ride it out (exit 0) or leave with one error line and exit 75; a clean run then
+    finishes. Every task is committed once, by an execution that ran to its end; no two executions of a
+    task overlap; none outlives the lease it held when the server stopped."""
+    from tests.integration.test_multihost import executions
+
+    rng = random.Random(seed)
+    names = [f"t{i:03d}" for i in range(12)]
+    side = tmp_path / "side.log"
+    # start, a tick every 0.1 s for 2.5 s (longer than the lease), end: each line with the task, attempt, pid and time.
+    script = (f'log() {{ echo "$1 $ONWARD_TASK $ONWARD_ATTEMPT paused-test $$ $(date +%s.%N)" >> {side}; }};'
+              ' log start; i=0; while [ $i -lt 25 ]; do sleep 0.1; log tick; i=$((i+1)); done; log end;'
+              ' printf "%s %s %s" "$ONWARD_TASK" "$$" "$ONWARD_ATTEMPT"')
+    pause_for = rng.uniform(2 * PAUSE_LEASE, 3 * PAUSE_LEASE)
+    with pgutil.private_cluster() as cluster:
+        url = cluster.url(cluster.create_database("onward"))
+        store = open_store(url)
+        store.add(names)
+        store.close()
+        argv = ("run", "--db", url, "--heartbeat", str(PAUSE_HEARTBEAT), "--concurrency", "2", "--",
+                "sh", "-c", script)
+        logs = [tmp_path / f"worker{i}.log" for i in range(2)]
+        workers = [spawn(*argv, log=log) for log in logs]
+        sql = cluster.admin("onward")
+        try:
+            wait_for(lambda: sql.execute("SELECT count(*) FROM onward.tasks WHERE state = 'done'").fetchone()[0]
+                     >= rng.randint(1, 3), 60, "the job to get going")
+            wait_for(lambda: sql.execute("SELECT count(*) FROM onward.tasks WHERE state = 'running'"
+                                         ).fetchone()[0] >= 2, 30, "tasks running")
+            sql.close()
+            print(f"pausing the server for {pause_for:.2f}s (lease {PAUSE_LEASE}s)")
+            with cluster.paused() as stopped:
+                paused_at = time.time()
+                assert len(stopped) >= 3, stopped  # the postmaster and at least the workers' backends
+                time.sleep(pause_for)  # the fault itself lasts this long: not a wait for a condition
+                resumed_at = time.time()
+            codes = [wait_exit(w, 120, log) for w, log in zip(workers, logs, strict=True)]
+        finally:
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+                    w.wait()
+        texts = [log.read_text() for log in logs]
+        print(f"exit statuses {codes}")
+        for text in texts:
+            print(text[-1500:])
+        assert all(code in (0, 75) for code in codes), f"exit {codes}: not a status that gets the job restarted"
+        for code, text in zip(codes, texts, strict=True):
+            assert "Traceback" not in text
+            assert "out of resources" not in text, text  # commands started after the fence all ran
+            if code == 75:
+                last = text.strip().splitlines()[-1]
+                assert last.startswith("onward: error: "), last
+        finish = run_onward(*argv, timeout=120)
+        assert finish.returncode == 0, finish.stderr.decode(errors="replace")[-2000:]
+        store = open_store(url, create=False)
+        try:
+            journal = store.events(limit=100_000)
+            counts = store.counts()
+            results = {n: result_bytes(store, n).decode() for n in names}
+        finally:
+            store.close()
+
+    runs = executions(side)
+    done = Counter(str(e.task) for e in journal if e.kind == "done")
+    lost = [n for n in names if done[n] == 0]
+    doubled = [n for n in names if done[n] > 1]
+    # The committed result names the execution (its pid and attempt) that produced it: it ran to its end.
+    not_from_an_ended_execution = [
+        n for n in names if not any(r.task == n and r.ended and f"{n} {r.pid} {r.attempt}" == results[n]
+                                    for r in runs)]
+    # No two executions of a task overlap: the one given up leaves no line after the next one starts.
+    overlaps = []
+    for name in names:
+        ordered = sorted((r for r in runs if r.task == name), key=lambda r: r.start)
+        overlaps += [name for before, after in zip(ordered, ordered[1:]) if before.last >= after.start]  # noqa: B905
+    # Fences: an execution under way when the server stopped held a lease renewed at the latest then, so it
+    # had to be stopped by PAUSE_LEASE after the pause began (0.1 s: the tick granularity).
+    outlived = [(r.task, round(r.last - paused_at, 2)) for r in runs
+                if r.start < paused_at and not r.ended and r.last > paused_at + PAUSE_LEASE + 0.1]
+    # And none reached its end while the server was away for longer than its lease: its outcome could not
+    # have been committed under that lease.
+    ended_unleased = [r.task for r in runs if r.ended and r.start < paused_at
+                      and r.last > paused_at + PAUSE_LEASE + 0.1 and r.last < resumed_at]
+    reclaims = [e for e in journal if e.kind == "reclaimed"]
+    record("fault matrix", backend="postgres",
+                  case=f"server paused (SIGSTOP of postmaster and backends) {pause_for:.1f}s, lease {PAUSE_LEASE}s,"
+                       " 2 workers", seed=seed, tasks=len(names), exit_statuses=codes, lost=len(lost),
+                  doubled=len(doubled), overlaps=len(overlaps), fence_violations=len(outlived) + len(ended_unleased),
+                  reclaimed=len(reclaims), recovered=finish.returncode == 0 and not lost)
+    assert not lost and not doubled, (lost, doubled)
+    assert not not_from_an_ended_execution, not_from_an_ended_execution
+    assert not overlaps, overlaps
+    assert not outlived, f"executions ran past their lease: {outlived}"
+    assert not ended_unleased, ended_unleased
+    assert counts == {PENDING: 0, RUNNING: 0, DONE: len(names), FAILED: 0, CANCELLED: 0, WAITING: 0}
+    # The pause did land on running tasks: some were given up and reclaimed.
+    assert reclaims and all("lease expired" in (e.detail or "") for e in reclaims), reclaims
 
 
 # --- a worker that cannot renew its lease --------------------------------------------------------------

@@ -17,12 +17,9 @@ import pytest
 
 from onward import cgroups
 from onward.cgroups import own_cgroup
-from tests.conftest import onward_argv, run_onward, wait_for
+from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, run_onward, wait_for
 
-CGROUP_WRITABLE = (own := own_cgroup()) is not None and os.access(os.path.join(own, "cgroup.procs"), os.W_OK)
-needs_cgroup2 = pytest.mark.skipif(
-    not CGROUP_WRITABLE and os.environ.get("CI") != "true",
-    reason="cgroup v2 is not mounted or our cgroup is not writable (needs root or a delegated subtree)")
+own = own_cgroup()
 SPAWN_MODES = [pytest.param({}, id="spawner"), pytest.param({"ONWARD_SPAWN": "fork"}, id="fork")]
 
 

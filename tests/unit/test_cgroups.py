@@ -20,12 +20,9 @@ from onward.cgroups import (
     populated,
     remove,
 )
-from tests.conftest import wait_for
+from tests.conftest import needs_cgroup2, wait_for
 
 OWN = own_cgroup()
-needs_cgroup2 = pytest.mark.skipif(
-    (OWN is None or not os.access(os.path.join(OWN, "cgroup.procs"), os.W_OK)) and os.environ.get("CI") != "true",
-    reason="cgroup v2 is not mounted or our cgroup is not writable (needs root or a delegated subtree)")
 
 
 @pytest.fixture

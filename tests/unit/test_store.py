@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -25,17 +24,7 @@ from onward.store.base import (
     Store,
 )
 from onward.store.sqlbase import SCHEMA_VERSION
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    s = open_store(store_url)
-    yield s
-    s.close()
-
-
-def worker(store: Store) -> int:
-    return store.register_worker(current_owner(), "test")
+from tests.conftest import worker
 
 
 def test_add_is_idempotent_and_counted(store: Store) -> None:

@@ -4,13 +4,11 @@ every backend (the ``store_url`` fixture)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from onward.errors import StoreMissing, UsageError
-from onward.proc import current_owner
 from onward.store import open_store
 from onward.store.base import (
     CANCELLED,
@@ -24,17 +22,7 @@ from onward.store.base import (
     Store,
     Totals,
 )
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    s = open_store(store_url)
-    yield s
-    s.close()
-
-
-def worker(store: Store) -> int:
-    return store.register_worker(current_owner(), "test")
+from tests.conftest import worker
 
 
 def test_a_new_store_has_the_default_job(store: Store) -> None:

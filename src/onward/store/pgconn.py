@@ -3,9 +3,13 @@ notifications into bytes on a pipe (``Listener``). See postgres.py for why each 
 
 from __future__ import annotations
 
+import functools
 import os
 import select
+import socket
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import StoreError
@@ -35,6 +39,71 @@ def psycopg_module() -> Any:
         raise StoreError("the PostgreSQL store needs psycopg: pip install 'onward[postgres]'") from None
     return psycopg
 
+
+
+# --- calls the server never answers --------------------------------------------------------------------
+@functools.cache
+def watched_connection_class(pg: Any) -> Any:
+    """psycopg's Connection, noting when it starts and stops waiting for the server (every statement and
+    commit waits in ``wait``), for ``StallWatch``."""
+
+    class WatchedConnection(pg.Connection):
+        waiting_since: float | None = None
+
+        def wait(self, *args: Any, **kwargs: Any) -> Any:
+            self.waiting_since = time.monotonic()
+            try:
+                return super().wait(*args, **kwargs)
+            finally:
+                self.waiting_since = None
+
+    return WatchedConnection
+
+
+class StallWatch:
+    """A thread that drops the connection of a call left without an answer for longer than the bound.
+
+    TCP_USER_TIMEOUT and keepalives catch a server that is cut off, not one that is stopped (SIGSTOP, a
+    paused VM or container, a host stalled in swap): its kernel still acknowledges every byte, so the
+    socket looks healthy while nothing answers, and the server's own timeouts do not run either. A worker
+    stuck in such a call cannot fence itself: its tasks would run on past their lease. Shutting the socket
+    down makes the call fail at once; the store then reconnects in the background as after any lost
+    connection, and the runner, free again, stops the tasks whose lease it cannot renew.
+    """
+
+    def __init__(self, current: Callable[[], Any], bound_seconds: Callable[[], float | None],
+                 on_cut: Callable[[float], None]) -> None:
+        self._current = current  # the connection in use now (or None)
+        self._bound_seconds = bound_seconds  # how long a call may go unanswered now (None: no bound)
+        self._on_cut = on_cut
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="onward-pg-stall-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            bound = self._bound_seconds()
+            if self._stop.wait(bound / 4 if bound else 0.25):
+                return
+            conn = self._current()
+            since = getattr(conn, "waiting_since", None)
+            if bound is None or since is None or time.monotonic() - since <= bound:
+                continue
+            try:
+                sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+            except Exception:  # closed meanwhile: nothing to cut
+                continue
+            with sock:
+                # Still the same wait: the socket cannot have been closed while a call waits on it.
+                if conn.waiting_since == since:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        continue
+                    self._on_cut(time.monotonic() - since)
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 # --- wake-ups ------------------------------------------------------------------------------------------

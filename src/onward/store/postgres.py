@@ -21,7 +21,9 @@ Same contract and semantics as the SQLite store (base.py); what differs, and why
 - **Faults.** A call never waits long: ``TCP_USER_TIMEOUT`` and keepalives make a cut-off server an
   error, and ``lock_timeout`` a lock held by someone else, within a quarter of the lease the runner uses
   (``sqlbase.stall_ms``); the server ends a transaction of ours left idle for twice that, so a worker cut off
-  mid-transaction holds no lock for long. A lost connection is re-established by a background thread with
+  mid-transaction holds no lock for long. A server that is stopped rather than cut off (SIGSTOP, a paused
+  VM) still has its kernel acknowledge every byte, so none of those fire: once a worker names its lease, a
+  stall watch thread (``pgconn.StallWatch``) drops the connection of a call unanswered for twice the bound. A lost connection is re-established by a background thread with
   backoff while calls fail at once with ``StoreError`` (the runner retries next turn, and fences itself
   when it cannot renew before its lease runs out). A commit whose answer was lost is ambiguous: retrying
   it is safe, because the fence refuses to complete a task twice.
@@ -45,7 +47,16 @@ from typing import TYPE_CHECKING, Any
 from ..errors import NotAStore, StoreError, StoreGone, StoreMissing, StoreUnavailable
 from ..proc import hostname
 from .base import FENCED_DETAIL, STATES, Claim, Event, Lease, Stats, StepRecord
-from .pgconn import RECONNECT_BACKOFF, STALL_CEILING_MS, Listener, Target, application_name, in_transaction
+from .pgconn import (
+    RECONNECT_BACKOFF,
+    STALL_CEILING_MS,
+    Listener,
+    StallWatch,
+    Target,
+    application_name,
+    in_transaction,
+    watched_connection_class,
+)
 from .rows import event_of
 from .sql import load_queries, migration
 from .sqlbase import SCHEMA_VERSION, SqlStore, added_message, check_schema_version, translating
@@ -119,6 +130,9 @@ class PostgresStore(SqlStore):
         self._events: list[tuple[Any, ...]] = []  # journal rows buffered by the open batch
         self._stall_ms = STALL_CEILING_MS  # the bound wanted on how long a call may wait
         self._tuned_ms: int | None = None  # the bound the current connection applies (None: defaults)
+        self._stall_watch: StallWatch | None = None  # started once the runner names a lease
+        self._unbounded = False  # a call that may wait as long as it takes (a big import)
+        self._cut_after: float | None = None  # the stall watch dropped the connection after this long
         try:
             self._conn = self._connect()
             self._ensure_schema(create)
@@ -133,7 +147,7 @@ class PostgresStore(SqlStore):
 
     # --- connections ---------------------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
-        conn = self._pg.connect(self._target.conninfo, autocommit=True)
+        conn = watched_connection_class(self._pg).connect(self._target.conninfo, autocommit=True)
         try:
             conn.execute(Q["session"])
         except BaseException:
@@ -154,6 +168,23 @@ class PostgresStore(SqlStore):
 
     def _apply_stall_bound(self) -> None:
         pass  # applied by _live, between transactions
+
+    def _set_lease(self, lease_seconds: float) -> None:
+        super()._set_lease(lease_seconds)
+        # A server that holds the connection open without answering is bounded by the stall watch: started
+        # here, since only a worker (which names its lease) has tasks to fence in time.
+        if self._stall_watch is None:
+            self._stall_watch = StallWatch(lambda: self._in_tx or self._conn, self._unanswered_bound,
+                                           self._stalled)
+
+    def _unanswered_bound(self) -> float | None:
+        """How long a call may go without an answer: twice the stall bound (the server's own limits end
+        a slow statement or a lock wait well within it), so that the runner is free again in time to stop
+        the tasks whose lease it can no longer renew."""
+        return None if self._unbounded else 2 * (self._stall_ms or STALL_CEILING_MS) / 1000
+
+    def _stalled(self, seconds: float) -> None:
+        self._cut_after = seconds
 
     def _live(self) -> psycopg.Connection[Any]:
         """The connection to use now. Never waits for the network: a lost connection is replaced by a
@@ -209,15 +240,21 @@ class PostgresStore(SqlStore):
     def _error(self, e: BaseException) -> StoreError:
         """The StoreError for a psycopg error; a connection it broke is replaced in the background."""
         text = self._target.text(e)
+        kind = StoreUnavailable if _server_unavailable(e) else StoreError
+        cut_after, self._cut_after = self._cut_after, None
+        if cut_after is not None:
+            text, kind = f"no answer from the server in {cut_after:.1f} s; connection dropped", StoreUnavailable
         self._last_error = text
         conn = self._conn
         if conn is not None and (conn.broken or conn.closed) and not self._batch_depth:
             self._drop_connection()
-        kind = StoreUnavailable if _server_unavailable(e) else StoreError
         return kind(f"store {self.url}: {text}")
 
     def close(self) -> None:
         self._closing.set()
+        if self._stall_watch is not None:
+            self._stall_watch.close()
+            self._stall_watch = None
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -341,16 +378,20 @@ class PostgresStore(SqlStore):
         if not chunk:
             return 0
         added = 0
-        with self._write():
-            # Another worker importing the same names holds their keys until it commits: wait for it, however
-            # long its import takes, then find them present (a big import is not stuck, just long).
-            self._exec("add_limits")
-            while chunk:
-                added += _one(self._exec("add_tasks", {"keys": [task_key(n) for n in chunk], "names": chunk}))
-                chunk = list(islice(it, ADD_CHUNK))
-            if added:
-                self._journal("added", detail=added_message(added))
-                self._work_ready()
+        self._unbounded = True  # a big import is long, not stuck (the server's own limits are off too)
+        try:
+            with self._write():
+                # Another worker importing the same names holds their keys until it commits: wait for it,
+                # however long its import takes, then find them present (a big import is not stuck, just long).
+                self._exec("add_limits")
+                while chunk:
+                    added += _one(self._exec("add_tasks", {"keys": [task_key(n) for n in chunk], "names": chunk}))
+                    chunk = list(islice(it, ADD_CHUNK))
+                if added:
+                    self._journal("added", detail=added_message(added))
+                    self._work_ready()
+        finally:
+            self._unbounded = False
         return added
 
     def renew(self, worker_id: int, leases: Sequence[Lease], lease_seconds: float, completed: int) -> list[int]:

@@ -189,3 +189,24 @@ def test_a_call_blocked_by_another_writer_fails_within_a_quarter_of_the_lease(tm
     print(f"{call} failed after {waited:.2f} s")
     assert waited < lease / 2, waited
     store.close()
+
+
+def test_a_job_faster_than_the_rate_sample_is_measured_over_its_latest_completions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onward.store.sqlite as sqlite_backend
+
+    monkeypatch.setattr(sqlite_backend, "RATE_SAMPLE", 100)
+    store = open_store(str(tmp_path / "s.db"))
+    store.add([f"t{i:03d}" for i in range(300)])
+    now = store.now()
+    # 300 completions 0.1 s apart, the latest now: 10 a second over the last 30 s.
+    with store._db:  # type: ignore[attr-defined]
+        for i in range(300):
+            store._db.execute("UPDATE tasks SET state = 'done', finished_at = ? WHERE name = ?",  # type: ignore[attr-defined]
+                              (now - (299 - i) * 0.1, f"t{i:03d}"))
+    stats = store.stats()
+    store.close()
+    assert stats.done_last_minute == 100  # counted up to the sample, not all 300
+    # The 100 latest span 9.9 s (and the moment since): about 10 a second, whatever the first event says.
+    assert 9.9 <= stats.rate_window < 11
+    assert 9 < stats.done_last_minute / stats.rate_window <= 10.11

@@ -42,6 +42,9 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 # How long a call waits for the write lock before the runner names a lease (then: a quarter of it, see
 # sqlbase.STALL_FLOOR_MS). Commands such as ``onward add`` have no lease to outlive and may wait longer.
 BUSY_TIMEOUT_MS = 30_000
+# The most completions one rate reading counts: a job done faster than that a minute is measured over its latest
+# RATE_SAMPLE completions (a few seconds at such rates), which keeps a status refresh a few milliseconds.
+RATE_SAMPLE = 100_000
 Q = load_queries("sqlite.sql")
 
 
@@ -328,10 +331,15 @@ class SqliteStore(SqlStore):
             workers = self.workers()
             last_id = self._exec("last_event_id").fetchone()[0]
             since = self._first_event_at_or_after(now - 60.0, last_id)
-            done_last_minute = self._exec("count_done_since", {"since": now - 60.0}).fetchone()[0]
+            done_last_minute = self._exec("count_done_since", {"since": now - 60.0, "cap": RATE_SAMPLE}).fetchone()[0]
             first = self._exec("event_time", {"id": since}).fetchone()
             # A job younger than a minute is measured over its own age, not diluted over 60 s.
             window = min(60.0, max(1.0, now - first[0])) if first else 60.0
+            if done_last_minute >= RATE_SAMPLE:
+                # Faster than RATE_SAMPLE a minute: measured over its latest RATE_SAMPLE completions instead,
+                # so that a refresh never counts hundreds of thousands of index entries.
+                oldest = self._exec("done_at_rank", {"rank": RATE_SAMPLE - 1}).fetchone()[0]
+                window = max(0.001, now - oldest)
             errors = [event_of(r) for r in self._exec("recent_errors", {"limit": 5})]
             restarts = self._exec("count_restarts").fetchone()[0]
             paused = self.paused()

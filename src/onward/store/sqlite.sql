@@ -463,10 +463,21 @@ SELECT coalesce(host, '?'), count(*), at, detail, max(id)
  ORDER BY 1;
 
 -- name: count_done_since
--- Tasks of this job done since :since (a time), counted in the index of finish times (tasks_flow): only this job's
--- recent completions are read, not the journal of every job in the store.
-SELECT count(*) FROM tasks INDEXED BY tasks_flow
- WHERE job_id = :job AND state IN ('pending', 'running', 'done') AND (state = 'running') + 2 * (state = 'pending') = 0 AND CASE WHEN state = 'done' THEN finished_at ELSE ready_at END >= :since;
+-- Tasks of this job done since :since (a time), up to :cap, counted in the index of finish times (tasks_flow):
+-- only this job's recent completions are read, not the journal of every job in the store, and at most :cap
+-- of them, so that a refresh costs the same at any rate (done_at_rank measures a faster job).
+SELECT count(*) FROM (
+  SELECT 1 FROM tasks INDEXED BY tasks_flow
+   WHERE job_id = :job AND state IN ('pending', 'running', 'done') AND (state = 'running') + 2 * (state = 'pending') = 0
+     AND CASE WHEN state = 'done' THEN finished_at ELSE ready_at END >= :since
+   LIMIT :cap);
+
+-- name: done_at_rank
+-- When the job's (:rank + 1)-th latest completion finished: the same index walked from its newest end.
+SELECT finished_at FROM tasks INDEXED BY tasks_flow
+ WHERE job_id = :job AND state IN ('pending', 'running', 'done') AND (state = 'running') + 2 * (state = 'pending') = 0
+ ORDER BY CASE WHEN state = 'done' THEN finished_at ELSE ready_at END DESC, id DESC
+ LIMIT 1 OFFSET :rank;
 
 -- name: event_time
 SELECT at FROM events WHERE id = :id;

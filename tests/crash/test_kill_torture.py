@@ -216,7 +216,8 @@ class KillRun:
         now = time.monotonic()
         argv = self.argv()
         if way is None:
-            if self.by_way["commit"] < c.commit_kills and rng.random() < 0.15:
+            # Kills inside a commit spread evenly over the case: their share is what is left of their budget.
+            if rng.random() < (c.commit_kills - self.by_way["commit"]) / max(1, c.kills - self.kills):
                 way = "commit"
             elif rng.random() < RANDOM_SHARE:
                 way = "random"
@@ -415,3 +416,73 @@ def reclaim_after(url: str, task_id: int, since: float) -> float | None:
     rows = query(url, f"SELECT min(at) FROM {{t}}events WHERE kind = 'reclaimed' AND task_id = {int(task_id)}"
                       f" AND at >= {since!r}")
     return float(rows[0][0]) if rows and rows[0][0] is not None else None
+
+
+# --- recovery under onward supervise ----------------------------------------------------------------------
+@pytest.mark.torture
+def test_torture_recovery_under_supervise(backend: str, tmp_path: Path, seed: int) -> None:
+    """`onward supervise` keeps one worker; the worker is SIGKILLed while it runs a task, again and again.
+    Recovery time: the kill -> the next task started by the worker that the supervisor restarted. Then the
+    checker runs on the whole job."""
+    rng = random.Random(seed)
+    samples = 8
+    for url in store_for(backend, tmp_path):
+        out, exec_log = tmp_path / "out", tmp_path / "executions.log"
+        names = [f"s-{i:04d}" for i in range(1, 3 * samples)]
+        store = open_store(url)
+        store.add(names)
+        store.close()
+        argv = onward_argv("supervise", "--restart-delay", "0.2", "--max-restarts", "1000", "--db", url, "--",
+                           *onward_argv("run", "--db", url, "--out", str(out), "--max-attempts", "1000",
+                                        "--retry-delay", "0", "-q", "--", "bash", "-c", COMMAND, "x",
+                                        str(exec_log), "{task}"))
+        env = dict(os.environ, TORTURE_SLICES="5", TORTURE_SLICE_SECONDS="0.1")
+        supervisor = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        recoveries: list[float] = []
+        try:
+            for _ in range(samples):
+                worker = int(str(wait_for(lambda: worker_running_a_task(url, supervisor.pid), 60,
+                                          "the supervised worker running a task")))
+                time.sleep(rng.uniform(0.0, 0.3))
+                killed_at = time.time()
+                os.kill(worker, signal.SIGKILL)
+                started = wait_for(lambda: next_start(exec_log, killed_at), 60, "a task started after the kill")
+                recoveries.append(float(str(started)) - killed_at)
+            _, err = supervisor.communicate(timeout=300)
+            assert supervisor.returncode == 0, err.decode()[-2000:]
+        finally:
+            if supervisor.poll() is None:
+                supervisor.kill()
+                supervisor.wait()
+        verdict = check_run(url, names, "command", exec_log, out, None)
+        record("recovery", backend=backend, case="kill -> next task started, under onward supervise"
+               " (--restart-delay 0.2) (torture)", seed=seed, samples=len(recoveries),
+               median_s=round(statistics.median(recoveries), 3), max_s=round(max(recoveries), 3),
+               kills=len(recoveries), **verdict.breaches())
+        print(f"{backend}: recovery under supervise {[round(r, 3) for r in recoveries]} s; {verdict.breaches()}")
+        assert not any(verdict.breaches().values()), verdict.problems
+
+
+def worker_running_a_task(url: str, supervisor_pid: int) -> int | None:
+    """The pid of the supervisor's worker while it runs a task (from the store: the task's owner), once it
+    finished one."""
+    try:
+        children = Path(f"/proc/{supervisor_pid}/task/{supervisor_pid}/children").read_text().split()
+    except OSError:
+        return None
+    for child in children:
+        # Only once it has settled a task since its start: a worker killed before it got anywhere is a
+        # crash loop to the supervisor, which then waits longer and longer (that is its policy, not recovery).
+        settled = query(url, "SELECT count(*) FROM {t}events e JOIN {t}workers w ON w.id = e.worker_id"
+                             f" WHERE e.kind = 'done' AND w.pid = {int(child)}")[0][0]
+        if settled and running_task_of(url, int(child)) is not None:
+            return int(child)
+    return None
+
+
+def next_start(exec_log: Path, after: float) -> float | None:
+    if not exec_log.exists():
+        return None
+    starts = [float(line.split()[4]) for line in exec_log.read_text().splitlines() if line.startswith("start ")]
+    later = [s for s in starts if s > after]
+    return min(later) if later else None

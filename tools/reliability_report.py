@@ -41,7 +41,7 @@ BREACHES = ("lost", "executed_after_commit", "overlaps", "fence_violations", "in
 BREACH_TITLES = {"lost": "lost", "executed_after_commit": "executed after commit", "overlaps": "overlaps",
                  "fence_violations": "fence violations", "integrity_failures": "integrity failures"}
 # Other counts that must be 0 when a test reports them (shown in the detailed tables).
-OTHER_BREACHES = ("stray_files", "keep_awake_wrong", "reported_but_lost", "torn", "written_outside",
+OTHER_BREACHES = ("stray_files", "keep_awake_wrong", "worker_errors", "reported_but_lost", "torn", "written_outside",
                   "store_changed", "doubled")
 # The figure that says how many times a finding's fault was made: the first present is summed.
 TIMES_FIGURES = ("kills", "cuts", "cycles", "cells", "examples", "samples", "runs")

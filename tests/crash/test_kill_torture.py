@@ -142,7 +142,7 @@ def run_cases(backend: str, tmp_path: Path, seed: int, cases: list[Case], commit
         record("kills", backend=backend, case=f"{case.label} ({mode})", seed=seed, kills=result.kills,
                by_way=dict(sorted(result.by_way.items())), tasks=result.verdict.tasks,
                executions=result.verdict.executions, step_executions=result.verdict.step_executions,
-               seconds=round(result.seconds, 1), **breaches)
+               seconds=round(result.seconds, 1), worker_errors=len(result.errors), **breaches)
         print(f"{backend} {case.label}: {result.kills} kills {dict(result.by_way)} in {result.seconds:.1f}s;"
               f" executions={result.verdict.executions} steps={result.verdict.step_executions} {breaches}")
         if any(breaches.values()) or result.errors:

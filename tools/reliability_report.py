@@ -268,6 +268,9 @@ def run_block(findings: Sequence[Finding], outcomes: TestOutcomes, unreadable: S
                      " marked FAILED below and are not reported as held.")
     elif not findings:
         lines.append("**Result: nothing recorded.** No test recorded a finding: this run proves nothing.")
+    elif not total_tests:
+        lines.append("**Result: test outcomes unknown** (no JUnit report was given): these figures are not"
+                     " reported as held.")
     else:
         lines.append(f"**Result: every test passed** ({outcomes.passed} passed, {len(outcomes.skipped)} skipped),"
                      " and every count of a broken guarantee is 0.")
@@ -335,7 +338,8 @@ def write_report(log: Path, junit: Sequence[Path], out: Path, root: Path, when: 
     temp = out.with_name(out.name + ".tmp")
     temp.write_text(text)
     os.replace(temp, out)
-    return not (outcomes.failed or unreadable or any(f.failed for f in findings)) and bool(findings)
+    ran = outcomes.passed + len(outcomes.failed) + len(outcomes.skipped)
+    return not (outcomes.failed or unreadable or any(f.failed for f in findings)) and bool(findings) and bool(ran)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -163,3 +163,8 @@ def test_record_names_the_test_that_found_it(tmp_path: Path, monkeypatch: pytest
     row = json.loads(log.read_text())
     assert row["test"] == "tests/unit/test_reliability_report.py::test_record_names_the_test_that_found_it"
     assert row["figures"] == {"kills": 3, "lost": 0} and row["seed"] == 5
+
+
+def test_without_a_test_report_nothing_is_called_held(tmp_path: Path) -> None:
+    held, text = write(tmp_path, sample_log(tmp_path / "log.jsonl"), [])
+    assert not held and "**Result: test outcomes unknown**" in text and "every test passed" not in text

@@ -373,7 +373,8 @@ def freeze_and_reclaim(backend: str, tmp_path: Path, seed: int, *, samples: int,
         try:
             while len(detections) < samples:
                 frozen = workers[rng.randrange(2)]
-                wait_for(lambda: running_task_of(url, frozen.pid), 60, "a task running on the worker")
+                wait_for(lambda: running_task_of(url, frozen.pid) or top_up(url, names), 60,
+                         "a task running on the worker")
                 time.sleep(rng.uniform(0.0, 0.3))
                 stopped_at = time.time()
                 frozen.send_signal(signal.SIGSTOP)
@@ -406,6 +407,20 @@ def freeze_and_reclaim(backend: str, tmp_path: Path, seed: int, *, samples: int,
         assert not any(verdict.breaches().values()), verdict.problems
         # Each thawed worker learnt of its loss: a fenced outcome journaled, none committed.
         assert fenced >= samples
+
+
+def top_up(url: str, names: list[str]) -> bool:
+    """More tasks when none is left to claim, so that a worker always gets one to be frozen in (False: the
+    caller goes on waiting)."""
+    if query(url, "SELECT count(*) FROM {t}tasks WHERE state = 'pending'")[0][0] == 0:
+        more = [f"w-{i:04d}" for i in range(len(names) + 1, len(names) + 5)]
+        store = open_store(url)
+        try:
+            store.add(more)
+        finally:
+            store.close()
+        names += more
+    return False
 
 
 def running_task_of(url: str, pid: int) -> int | None:

@@ -150,7 +150,9 @@ def run_cases(backend: str, tmp_path: Path, seed: int, cases: list[Case], commit
         if any(breaches.values()) or result.errors:
             failures.append(f"{case.label}: {breaches} {result.verdict.problems[:10]} {result.errors[:3]}")
     if recoveries:
-        record("recovery", backend=backend, case=f"kill -> next task started by the restarted worker ({mode})",
+        record("recovery", backend=backend, case="kill of a lone worker -> next task started, the worker restarted"
+               f" at once, {CASES_AT_ONCE} cases at a time (a restart killed again before it starts a task"
+               f" adds its time) ({mode})",
                seed=seed, samples=len(recoveries), median_s=round(statistics.median(recoveries), 3),
                p90_s=round(quantile(recoveries, 0.9), 3), max_s=round(max(recoveries), 3))
     median = f"{statistics.median(recoveries):.3f}s" if recoveries else "-"
@@ -312,7 +314,9 @@ class KillRun:
             return ""
 
     def recovery_times(self) -> list[float]:
-        """For a lone worker: from its death (as its restarter saw it) to the next execution started."""
+        """For a lone worker: from its death (as its restarter saw it) to the next execution started. The
+        worker started next may be killed before it starts one (a kill at "reclaim", a random kill during
+        its start-up): then the time runs on to the one after (the supervise test measures clean restarts)."""
         if not self.deaths or not self.exec_log.exists():
             return []
         starts = sorted(float(line.split()[4]) for line in self.exec_log.read_text().splitlines()

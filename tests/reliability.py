@@ -21,8 +21,10 @@ def record(section: str, *, backend: str, case: str, seed: int | None = None, **
     path = os.environ.get("ONWARD_RELIABILITY_LOG")
     if not path:
         return
+    # The test that found it (pytest's node id): the report marks the findings of a failed test FAILED.
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
     line = json.dumps({"section": section, "backend": backend, "case": case, "seed": seed,
-                       "figures": figures, "at": time.time()}, sort_keys=True)
+                       "figures": figures, "at": time.time(), "test": test}, sort_keys=True)
     # One write of one line in append mode: lines from concurrent tests do not interleave.
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:

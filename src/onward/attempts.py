@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import results
+from . import crashpoints, results
 from . import steps as durable
 from .attempt import Attempt, Cancelled, Loop, Outcome, Parked, error_tail
 from .config import RunConfig
@@ -176,6 +176,8 @@ class PythonHandler:
             attempt.start_async(self._event_loop.loop)
         else:
             self._pool.submit(attempt.run)
+        if crashpoints.ARMED:  # the task's function is running (claim committed, nothing of it yet)
+            crashpoints.hit("attempt_started")
         return attempt
 
     def close(self) -> None:

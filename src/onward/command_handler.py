@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from . import crashpoints
 from .attempt import ERROR_TAIL_BYTES, Attempt, Loop, Outcome, error_tail
 from .cgroups import WorkerCgroups
 from .config import DEFAULT_MAX_RESULT_BYTES
@@ -248,7 +249,10 @@ class CommandHandler:
         # or touches it to show progress, and the runner removes it when the attempt ends.
         beat_file = os.path.join(self._beat_dir, f"task-{claim.task_id}-{claim.fence}")
         env = {"ONWARD_TASK": claim.name, "ONWARD_ATTEMPT": str(claim.attempt), "ONWARD_HEARTBEAT_FILE": beat_file}
-        return CommandAttempt(claim, argv, env, beat_file, loop, self.max_result_bytes, self._starter, self._cgroups)
+        attempt = CommandAttempt(claim, argv, env, beat_file, loop, self.max_result_bytes, self._starter, self._cgroups)
+        if crashpoints.ARMED:  # the command's process runs (claim committed; its pid not yet noted in the store)
+            crashpoints.hit("attempt_started")
+        return attempt
 
     def close(self) -> None:
         self._starter.close()

@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections.abc import Mapping
 
+from . import crashpoints
 from .attempt import Attempt
 from .errors import StoreError
 from .log import Log, Throttled, quote
@@ -52,6 +53,8 @@ class Leases:
             lost = self.store.renew(worker_id, leases, self.length, completed)
             # Measured from before the renewal was sent: the store may have stamped it any time after.
             self.valid_until = started + self.length
+            if crashpoints.ARMED:  # the renewal of our leases is committed
+                crashpoints.hit("lease_renewed")
             self.renewal_failing = False
             self.store_errors.flush("could not renew leases")
         except StoreError as e:

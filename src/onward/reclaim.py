@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 
+from . import crashpoints
 from .cgroups import sweep_dead_workers
 from .log import Log, quote
 from .proc import kill_group, owner_alive, process_alive
@@ -55,6 +56,8 @@ def _reclaim(store: Store, worker_id: int, task: RunningTask, reason: str, log: 
     reclaimed = store.reclaim(task.task_id, task.fence, reason)
     if reclaimed is None:
         return
+    if crashpoints.ARMED:  # the task is committed back to pending (fence moved); not journaled yet
+        crashpoints.hit("reclaim")
     if reclaimed.counted:
         kind, detail = "reclaimed", f"{reason}; now {reclaimed.state}"
     else:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from . import crashpoints
 from .attempt import Attempt, Handler, Outcome
 from .config import RunConfig
 from .errors import OnwardError, StoreError, WedgedTask
@@ -317,6 +318,8 @@ class Runner:
             self._store_backoff = 0.0
             self.store_errors.flush("store error, will retry")
         if claims:
+            if crashpoints.ARMED:  # the claims are committed (attempts counted, fences moved); none started
+                crashpoints.hit("claim_committed")
             # A claim's lease runs from (at the latest) the moment we asked for it.
             self.leases.claimed(started)
             if self.keep_awake is not None and not self._marker_held:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import crashpoints
 from .attempt import Attempt, Outcome
 from .log import NORMAL, Log, quote
 from .outdir import OutDir, file_name
@@ -83,6 +84,8 @@ class Settler:
 
     def _report_done(self, claim: Claim, outcome: Outcome, seconds: float) -> Report:
         def report_done() -> None:
+            if crashpoints.ARMED:  # the task is done in the store; not reported yet, no --out file yet
+                crashpoints.hit("completion_committed")
             self.summary.done += 1
             if self.log.level >= NORMAL:  # skip formatting a line nobody will see (hot path)
                 self.log.info(f"done task={quote(claim.name)} attempt={claim.attempt} in {seconds:.2f}s")
@@ -150,6 +153,8 @@ class Settler:
             return report_cancelled
         if state == PENDING:
             def report_retrying() -> None:
+                if crashpoints.ARMED:  # the failed attempt is committed, the task pending again (retry later)
+                    crashpoints.hit("retry_scheduled")
                 self.summary.retried += 1
                 self.log.warning(f"attempt failed task={quote(claim.name)} attempt={claim.attempt}/"
                                  f"{claim.max_attempts}: {outcome.error_line}; retry in {delay:g}s")
@@ -176,6 +181,8 @@ class Settler:
         assert self.out is not None
         try:
             self.out.write(name, data)
+            if crashpoints.ARMED:  # the result file is in --out, renamed and its folder fsynced
+                crashpoints.hit("export_written")
         except OSError as e:
             # The store holds the result; the next start exports what is missing.
             self.log.warning(f"could not write output for task={quote(name)}: {e}")

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from . import crashpoints
 from .errors import Fenced, OnwardError, StepDrift
 from .step_records import CHECKPOINT, ERROR, VALUE, WAIT, Frame, frame, ordinals, unframe
 from .store.base import Claim, StepRecord, Store
@@ -168,6 +169,8 @@ class StepLog:
             return body
 
         written = self._call(write, f"step {name} was not recorded")
+        if crashpoints.ARMED:  # the step's record is committed; the step call has not returned yet
+            crashpoints.hit("step_recorded")
         with self._lock:
             self.recorded += 1
             self._history.append(StepRecord(index, name, kind, frame(serializer, seconds, attempt, fence, written),

@@ -107,8 +107,9 @@ class ForkServer:
         fd = self.process.stdout.fileno()
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left < 0 or not select.select([fd], [], [], max(left, 0))[0]:
+            # Always look once, even with no time left: poll() asks with timeout 0, and a run that ended
+            # after its "pid" line was read is known only from the "exit" line waiting in the pipe.
+            if not select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))[0]:
                 return None
             data = os.read(fd, 4096)
             if not data:

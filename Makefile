@@ -29,6 +29,7 @@ torture: $(STAMP)
 	$(PY) -m pytest -q -s -m torture tests --junitxml=$(TORTURE_RUN)/torture.xml || status=1; \
 	ONWARD_HYPOTHESIS_EXAMPLES=300 $(PY) -m pytest -q tests/hostile --junitxml=$(TORTURE_RUN)/hostile.xml || status=1; \
 	$(PY) -m pytest -q tests/crash/test_fault_matrix.py --junitxml=$(TORTURE_RUN)/matrix.xml || status=1; \
+	$(PY) -m pytest -q tests/integration/test_postgres_faults.py tests/crash/test_resource_faults.py tests/integration/test_multihost.py --junitxml=$(TORTURE_RUN)/server-faults.xml || status=1; \
 	$(PY) tools/reliability_report.py --log $$ONWARD_RELIABILITY_LOG --junit $(TORTURE_RUN)/*.xml --out RELIABILITY.md || status=1; \
 	exit $$status
 

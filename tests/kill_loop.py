@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -251,3 +252,17 @@ def integrity(db: Path) -> str:
         return str(c.execute("PRAGMA integrity_check").fetchone()[0])
     finally:
         c.close()
+
+
+def json_lines(path: Path) -> list[Any]:
+    """The JSON lines a killed run's side-effect log holds (none if it was never written); a last line cut
+    by the kill is skipped."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a line cut by the kill
+    return out

@@ -31,7 +31,7 @@ import pytest
 
 from onward.steps import idempotency_key
 from onward.store import open_store
-from tests.kill_loop import ForkServer, KillPlan, integrity, kill_until_done
+from tests.kill_loop import ForkServer, KillPlan, integrity, json_lines, kill_until_done
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TURNS = 25  # 25 model calls + 25 tool calls = 50 steps
@@ -130,16 +130,6 @@ def agent_argv(script: Path, db: Path, stub: ModelStub, effects: Path) -> list[s
     return [str(script), str(db), stub.url, str(effects)]
 
 
-def effects_of(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line cut by the kill
-    return out
 
 
 def test_agent_loop_killed_at_random_moments_never_pays_twice(tmp_path: Path, stub: ModelStub, seed: int) -> None:
@@ -162,13 +152,13 @@ def test_agent_loop_killed_at_random_moments_never_pays_twice(tmp_path: Path, st
         db = tmp_path / "agent.db"
         effects = tmp_path / "effects"
         done = kill_until_done(server, agent_argv(script, db, stub, effects),
-                               lambda: stub.count() + len(effects_of(effects)), db, PLAN, rng)
+                               lambda: stub.count() + len(json_lines(effects)), db, PLAN, rng)
     finally:
         server.close()
     kills = done.kills
     assert kills >= PLAN.random_kills // 2  # the run was really interrupted, many times
     print(f"kills: {kills} ({done.in_commit} inside a commit); model calls: {stub.count()};"
-          f" tool executions: {len(effects_of(effects))}")
+          f" tool executions: {len(json_lines(effects))}")
 
     store = open_store(str(db), create=False)
     try:
@@ -184,7 +174,7 @@ def test_agent_loop_killed_at_random_moments_never_pays_twice(tmp_path: Path, st
     assert len(committed) == 2 * TURNS  # every step its own key
 
     calls = [(c["key"], c["t"]) for c in stub.calls]
-    runs = [(e["key"], e["t"]) for e in effects_of(effects)]
+    runs = [(e["key"], e["t"]) for e in json_lines(effects)]
     for what, executions in (("model call", calls), ("tool run", runs)):
         for key, started in executions:
             assert key in committed, f"a {what} with a key no step has: {key}"

@@ -16,7 +16,6 @@ cycle costs a fork, not an interpreter start and the SDK's imports.
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from collections import Counter
@@ -28,7 +27,7 @@ import pytest
 from onward.steps import idempotency_key
 from onward.store import open_store
 from tests.integrations.conftest import EXAMPLES, Stub
-from tests.kill_loop import ForkServer, KillPlan, integrity, kill_until_done
+from tests.kill_loop import ForkServer, KillPlan, integrity, json_lines, kill_until_done
 from tests.reliability import record
 
 QUESTION = "Multiply 2 3 5 7 11 13 17 19 23 29 31"
@@ -51,15 +50,7 @@ CASES = {
 
 
 def tool_runs(path: Path) -> list[str]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line)["expression"])
-        except ValueError:
-            pass  # a line cut by the kill
-    return out
+    return [run["expression"] for run in json_lines(path)]
 
 
 @pytest.fixture(params=sorted(CASES))

@@ -7,7 +7,6 @@ an uninterrupted run."""
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import textwrap
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from onward.store import open_store
-from tests.kill_loop import ForkServer, KillPlan, integrity, kill_until_done
+from tests.kill_loop import ForkServer, KillPlan, integrity, json_lines, kill_until_done
 
 pytest.importorskip("pydantic_ai")
 pytest.importorskip("fastmcp", reason="Pydantic AI's MCP toolsets need its [mcp] extra")
@@ -91,16 +90,6 @@ sys.exit(job.run().exit_code)
 '''
 
 
-def lines(path: Path) -> list[dict[str, int]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # a line cut by the kill
-    return out
 
 
 @pytest.fixture
@@ -140,12 +129,13 @@ def kill_and_check(server: ForkServer, plan: KillPlan, tmp_path: Path, seed: int
     for factor in FACTORS:
         product *= factor
     assert expected is not None and expected.data == f"the product is {product}".encode()
-    assert len(lines(tmp_path / "reference-tools")) == len(FACTORS)
+    assert len(json_lines(tmp_path / "reference-tools")) == len(FACTORS)
 
     db, tools, models = tmp_path / "agent.db", tmp_path / "tools", tmp_path / "models"
-    done = kill_until_done(server, argv(db, tools, models), lambda: len(lines(tools)) + len(lines(models)), db,
+    done = kill_until_done(server, argv(db, tools, models),
+                           lambda: len(json_lines(tools)) + len(json_lines(models)), db,
                            plan, rng)
-    tool_calls, model_calls = lines(tools), lines(models)
+    tool_calls, model_calls = json_lines(tools), json_lines(models)
     print(f"kills {done.kills} ({done.in_commit} inside a commit); model requests {len(model_calls)};"
           f" MCP tool calls {len(tool_calls)}")
     assert done.in_commit == (plan.commit_kills if shutil.which("strace") else 0)

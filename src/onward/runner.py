@@ -5,8 +5,10 @@ as child processes), so the loop stays responsive while they run and its turning
 the systemd/supervisor watchdog is fed from here and nowhere else.
 
 Each turn, everything that finished since the last turn is committed together with the next claims in
-one transaction (group commit): with one slot that is exactly one durable commit per task, and nothing
-(log line, output file, summary) reports a completion before that commit returned.
+one transaction (group commit), crash-safe at first; the claimed tasks are started, and then one sync makes
+the commit durable while they run: with one slot that is exactly one durable commit per task, its fsync
+off the path from one task to the next, and nothing (log line, output file, summary) reports a completion
+before that sync returned.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .errors import OnwardError, StoreError, WedgedTask
 from .inbox import LoopInbox, StoreCall
 from .keepawake import KeepAwake
 from .leases import Leases
-from .log import Log, Throttled, quote
+from .log import VERBOSE, Log, Throttled, quote
 from .notify import Notifier
 from .outdir import OutDir
 from .proc import current_owner, owner_alive
@@ -89,6 +91,11 @@ class Runner:
         self._stop_requested: str | None = None
         self._stop_deadline: float | None = None
         self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
+        self._unreported: list[Callable[[], None]] = []  # what the last commit settled, told once it is durable
+        # After a failed sync: commits are durable at once again (see _report_settled), and results of tasks
+        # settled meanwhile are written to --out after the next good commit.
+        self._durable_now = False
+        self._exports_owed = False
         self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
         self._store_backoff = 0.0
         # The store's counts as of the last heartbeat, with this worker's tally (done, failed) at that
@@ -242,6 +249,7 @@ class Runner:
                 claims = self._settle_and_claim(finished, want)
             for claim in claims:
                 self._start(claim)
+            self._report_settled()
             if self.stopping and not self.attempts:
                 return
             if claims:
@@ -288,7 +296,7 @@ class Runner:
     # --- committing ----------------------------------------------------------------------------------
     def _settle_and_claim(self, finished: list[tuple[Attempt, Outcome]], want: int) -> list[Claim]:
         """Commit every finished attempt, the tasks' requested writes (steps) and claims of up to ``want``
-        new tasks, in one durable transaction."""
+        new tasks, in one transaction, crash-safe: ``_report_settled`` makes it durable, then tells."""
         calls = self.inbox.take_calls()
         if not finished and want <= 0 and not calls:
             return []
@@ -300,7 +308,7 @@ class Runner:
                     and not finished[0][0].fenced:
                 # One successful attempt and the next claims: one store call (one statement on PostgreSQL).
                 report, claims = self.settler.done_and_claim(*finished[0], want, self.config.lease_seconds,
-                                                             self.config.max_attempts)
+                                                             self.config.max_attempts, durable=self._durable_now)
                 after_commit.append(report)
             else:
                 claims = self._settle_and_claim_in_batch(calls, finished, want, started, after_commit)
@@ -327,19 +335,18 @@ class Runner:
                 # the next heartbeat.
                 self.keep_awake.hold(self.store.url)
                 self._marker_held = True
+        self._unreported += after_commit
         for attempt, _ in finished:
             self.attempts.pop(attempt.claim.task_id, None)
-        for report in after_commit:
-            report()
-        if self.summary.done or self.summary.failed or self.summary.retried:
-            self.notifier.progress()  # a supervisor does not treat a worker that gets somewhere as crash-looping
-        for claim in claims:
-            self.log.debug(f"claimed task={quote(claim.name)} attempt={claim.attempt}")
+        if self.log.level >= VERBOSE:  # skip formatting lines nobody will see (hot path)
+            for claim in claims:
+                self.log.debug(f"claimed task={quote(claim.name)} attempt={claim.attempt}")
         return claims
 
     def _settle_and_claim_in_batch(self, calls: list[StoreCall], finished: list[tuple[Attempt, Outcome]],
                                    want: int, started: float, after_commit: list[Callable[[], None]]) -> list[Claim]:
-        with self.store.batch():
+        # Tasks waiting on their writes (steps) get a durable commit at once: their thread waits on it anyway.
+        with self.store.batch(durable=self._durable_now or bool(calls)):
             for fn, future in calls:
                 after_commit.append(_resolve_later(future, fn, self.store))
             for attempt, outcome in finished:
@@ -357,6 +364,32 @@ class Runner:
                 self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
                                      attempt=claim.attempt)
         return claims
+
+    def _report_settled(self) -> None:
+        """Make the last settling commit durable, then tell what it settled (log lines, output files, the
+        tally, steps' values to their tasks). Called once the tasks it claimed have started, so that the
+        fsync overlaps their run."""
+        if not self._unreported:
+            return
+        reports, self._unreported = self._unreported, []
+        try:
+            self.store.sync()
+        except StoreError as e:
+            # The commit is visible but not vouched for: what it settled is never told (none of those tasks
+            # was reported done, so running one again breaks no promise). The worker stays up like after a
+            # failed commit, backs off, and commits durably at once from now on, as SQLite does on its own.
+            self._durable_now = self._exports_owed = True
+            self._store_backoff = min(max(2 * self._store_backoff, STORE_RETRY_FIRST), STORE_RETRY_MAX)
+            self._store_retry_at = time.monotonic() + self._store_backoff
+            self.store_errors.warning("store error, will retry", str(e))
+            return
+        for report in reports:
+            report()
+        if self._exports_owed and not self._store_backoff:
+            self._exports_owed = False
+            self.settler.export_missing()
+        if self.summary.done or self.summary.failed or self.summary.retried:
+            self.notifier.progress()  # a supervisor does not treat a worker that gets somewhere as crash-looping
 
     # --- running attempts ----------------------------------------------------------------------------
     def _start(self, claim: Claim) -> None:

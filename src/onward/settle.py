@@ -1,6 +1,6 @@
 """What becomes of a finished attempt: its outcome written inside the worker's open batch (done, given back,
-retried or failed for good), and what the worker tells about it once that batch is committed: nothing
-(log line, output file, tally) reports a completion before its commit returned. Also the run's tally.
+retried or failed for good), and what the worker tells about it once that batch is durable: nothing (log
+line, output file, tally) reports a completion before its commit was synced. Also the run's tally.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .log import NORMAL, Log, quote
 from .outdir import OutDir, file_name
 from .store.base import CANCELLED, DONE, FAILED, FENCED_DETAIL, PENDING, WAITING, Claim, Store
 
-Report = Callable[[], None]  # what to tell once the batch holding the outcome is committed
+Report = Callable[[], None]  # what to tell once the batch holding the outcome is durable (Store.sync)
 
 
 @dataclass
@@ -67,13 +67,13 @@ class Settler:
         return self._failed(attempt.claim, outcome)
 
     def done_and_claim(self, attempt: Attempt, outcome: Outcome, want: int, lease_seconds: float,
-                       max_attempts: int) -> tuple[Report, list[Claim]]:
+                       max_attempts: int, durable: bool = True) -> tuple[Report, list[Claim]]:
         """A successful attempt (not fenced) and the claims of up to ``want`` next tasks, committed by one
         store call (``complete_and_claim``): the worker's commit when that attempt is all it has to settle."""
         seconds = time.monotonic() - attempt.started
         claim = attempt.claim
         completed, claims = self.store.complete_and_claim(claim, outcome.result, outcome.result_kind, self.worker_id,
-                                                          want, lease_seconds, max_attempts)
+                                                          want, lease_seconds, max_attempts, durable)
         return (self._report_done(claim, outcome, seconds) if completed else self._report_fenced(claim)), claims
 
     def _done(self, claim: Claim, outcome: Outcome, seconds: float) -> Report:

@@ -131,3 +131,45 @@ def _env() -> dict[str, str]:
 
 def _lines(path: Path) -> set[str]:
     return set(path.read_text().split()) if path.exists() else set()
+
+
+def test_a_failed_sync_reports_nothing_it_settled_and_loses_nothing(tmp_path: Path, seed: int) -> None:
+    """A worker commits what a task settled crash-safe, starts the next task, then syncs the log before it
+    tells anyone (runner ``_report_settled``). Past start-up every fdatasync of the log is that sync, so an
+    EIO injected there hits it: the task it settled is done in the store but never reported, the worker
+    says so in a line and rides the fault out (exit 0), commits durably from then on, and writes the result
+    file it owed after its next good commit. Nothing runs twice; every result file is there and right."""
+    strace = require_tool("strace")
+    rng = random.Random(seed)
+    names = [f"t{i:02d}" for i in range(N_TASKS)]
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(n + "\n" for n in names))
+    db, out, executions = tmp_path / "store" / "onward.db", tmp_path / "out", tmp_path / "executions.log"
+    assert subprocess.run(onward_argv("add", "--db", str(db), "--tasks", str(tasks)), env=_env(),
+                          capture_output=True).returncode == 0
+    when = rng.randrange(8, 16)
+    print(f"EIO on the log's fdatasync number {when}")
+    faulty = subprocess.run(
+        [strace, "-f", "-qq", "-o", str(tmp_path / "strace.log"), "-P", f"{db}-wal", "-e", "trace=fdatasync",
+         "-e", f"inject=fdatasync:error=EIO:when={when}",
+         *onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--out", str(out), "--", "sh", "-c",
+                      f'echo "$1" >> {executions}; echo "result of $1"', "x", "{task}")],
+        env=_env(), capture_output=True, timeout=180)
+    stderr = faulty.stderr.decode(errors="replace")
+    print(stderr[-1500:])
+    assert faulty.returncode == 0 and "Traceback" not in stderr
+    assert "cannot make the last commit durable: Input/output error" in stderr
+    reported = {json.loads(m) for m in DONE_LINE.findall(faulty.stderr)}
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        states = dict(c.execute("SELECT name, state FROM tasks").fetchall())
+    finally:
+        c.close()
+    assert all(states[n] == "done" for n in names)
+    unreported = set(names) - reported
+    assert unreported, "the task settled by the failed sync was reported anyway"
+    runs = executions.read_text().split()
+    assert sorted(runs) == sorted(set(runs)) == sorted(names), "a task ran twice, or not at all"
+    wrong_files = [n for n in names if not (out / file_name(n)).is_file()
+                   or (out / file_name(n)).read_bytes() != f"result of {n}\n".encode()]
+    assert not wrong_files, f"result files missing or wrong: {wrong_files[:5]}"

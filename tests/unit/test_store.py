@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from onward.errors import StoreUnavailable
 from onward.proc import current_owner
 from onward.store import open_store
 from onward.store.base import (
@@ -65,6 +68,63 @@ def test_complete_and_claim_is_complete_then_claim_with_their_journal(store: Sto
                                                  w, 0, 30, 3)
     assert completed and claims == []  # nothing asked for: a completion alone
     assert store.counts()[DONE] == 2 and store.claim(w, 5, 30, 3) == []
+
+def test_a_crash_safe_settle_is_seen_at_once_and_made_durable_by_sync(store_url: str) -> None:
+    """``complete_and_claim(durable=False)`` and ``batch(durable=False)``: every reader sees the commit at
+    once (no other worker may claim what it claimed), and ``sync`` then brings it to stable storage. Where
+    commits are not durable by themselves (SQLite), ``sync`` is one fdatasync of the write-ahead log,
+    owed once per crash-safe commit; after a durable commit nothing is owed."""
+    writer, reader = open_store(store_url), open_store(store_url)
+    synced: list[str] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fdatasync(fd)
+    try:
+        writer.add(["a", "b", "c"])
+        w = worker(writer)
+        (a,) = writer.claim(w, 1, 30, 3)
+        os.fdatasync = fdatasync  # observe the calls (each still goes to the kernel)
+        completed, (b,) = writer.complete_and_claim(a, b"ra", "str", w, 1, 30, 3, durable=False)
+        assert completed and b.name == "b"
+        assert reader.task("a").state == DONE and reader.task("b").state == RUNNING  # type: ignore[union-attr]
+        assert reader.claim(worker(reader), 5, 30, 3)[0].name == "c"  # b is taken: visible to every claimer
+        assert synced == []  # nothing waited for the disk yet
+        writer.sync()
+        sqlite = not store_url.startswith("postgresql")
+        assert synced == ([str(Path(store_url).resolve()) + "-wal"] if sqlite else [])
+        writer.sync()  # nothing owed any more
+        with writer.batch(durable=False):
+            writer.complete(b.task_id, b.fence, b"rb", "str")
+        with writer.batch():
+            writer.log_event("durable")  # a durable commit covers the crash-safe one before it
+        count = len(synced)
+        writer.sync()
+        assert len(synced) == count
+    finally:
+        os.fdatasync = real_fdatasync
+        writer.close()
+        reader.close()
+
+
+def test_a_failed_sync_is_store_unavailable_in_one_line(tmp_path: Path) -> None:
+    """A sync the disk refuses (here: the log's descriptor swapped for a pipe's, which fdatasync refuses
+    with EINVAL) is ``StoreUnavailable`` naming the store, never a driver's or an OSError."""
+    s = open_store(str(tmp_path / "s.db"))
+    try:
+        s.add(["a"])
+        with s.batch(durable=False):
+            s.log_event("crash-safe")
+        read_end, write_end = os.pipe()
+        s._wal_fd = read_end  # type: ignore[attr-defined]
+        with pytest.raises(StoreUnavailable) as raised:
+            s.sync()
+        assert "cannot make the last commit durable" in str(raised.value) and "\n" not in str(raised.value)
+        os.close(write_end)
+    finally:
+        s.close()  # closes the pipe's read end too
+
 
 def test_reopen_keeps_everything(store_url: str) -> None:
     s = open_store(store_url)

@@ -240,10 +240,21 @@ class Connection(Protocol):
     def now(self) -> float:
         """The store's clock, seconds since the epoch; lease and retry times are on this clock. Bounded."""
 
-    def batch(self) -> AbstractContextManager[None]:
-        """Group the writes inside into one transaction, committed durably once at the end (group commit).
-        An exception inside rolls everything back. Claims inside a batch take effect with it. Nests: only
-        the outermost batch commits."""
+    def batch(self, durable: bool = True) -> AbstractContextManager[None]:
+        """Group the writes inside into one transaction, committed once at the end (group commit): durably,
+        or with ``durable=False`` crash-safe until the next ``sync`` (see there). An exception inside rolls
+        everything back. Claims inside a batch take effect with it. Nests: only the outermost batch commits,
+        and only its ``durable`` counts."""
+
+    def sync(self) -> None:
+        """Make every write this handle committed so far durable; returns once it is on stable storage.
+
+        A batch committed with ``durable=False`` is at once visible to every reader and survives the death
+        of the process, but a power cut may take it back until this returns (or until any later durable
+        commit, which covers it: the log is sequential). What such a commit settled must not be reported
+        before this returns. Nothing to do where every commit is durable already (PostgreSQL). Raises
+        ``StoreUnavailable`` when the storage fails to sync: what was committed since the last sync may not
+        be on disk, and must never be reported."""
 
     def check_still_there(self) -> None:
         """Raise ``StoreGone`` if the store this connection writes to is no longer the one at its location
@@ -289,11 +300,12 @@ class WorkQueue(Protocol):
         Bounded."""
 
     def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
-                           lease_seconds: float, max_attempts: int) -> tuple[bool, list[Claim]]:
+                           lease_seconds: float, max_attempts: int, durable: bool = True) -> tuple[bool, list[Claim]]:
         """``complete`` of ``done`` then ``claim`` of up to ``limit`` tasks, with their journal rows ("done", or
-        "fenced" with FENCED_DETAIL when fenced out, and "claimed" for each claim), in one durable transaction: a worker's commit when
-        its one finished attempt succeeded (the hot path at concurrency 1; PostgreSQL sends it as one
-        statement). Returns what ``complete`` and ``claim`` would. Bounded."""
+        "fenced" with FENCED_DETAIL when fenced out, and "claimed" for each claim), in one transaction, durable
+        unless ``durable=False`` (then as ``batch(durable=False)``: durable at the next ``sync``): a worker's
+        commit when its one finished attempt succeeded (the hot path at concurrency 1; PostgreSQL sends it as
+        one statement). Returns what ``complete`` and ``claim`` would. Bounded."""
 
     def fail(self, task_id: int, fence: int, error: str, retry_delay: float) -> str | None:
         """Record a failed attempt. If attempts remain, the task goes back to pending, ready after

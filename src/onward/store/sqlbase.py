@@ -128,6 +128,7 @@ class SqlStore:
     # activity(): per bucket size, the time up to which buckets are closed, and their completions
     _activity_kept: dict[int, tuple[float, dict[float, int]]]
     _batch_depth = 0
+    _sync_owed = False  # a batch was committed crash-safe (durable=False) since the last sync
     _stall_ms: int | None = None  # the bound on one call's wait, once the runner named a lease
     _stall_ceiling_ms: int | None = None  # the longest that bound may be, whatever the lease
 
@@ -208,7 +209,7 @@ class SqlStore:
         return _IN_THE_BATCH if self._batch_depth else self._transaction(durable)
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self, durable: bool = True) -> Iterator[None]:
         if self._batch_depth:
             self._batch_depth += 1
             try:
@@ -216,15 +217,25 @@ class SqlStore:
             finally:
                 self._batch_depth -= 1
             return
-        with self._translated(), self._batch_transaction():
+        with self._translated(), self._batch_transaction(durable):
             self._batch_depth = 1
             try:
                 yield
             finally:
                 self._batch_depth = 0
+        self._sync_owed = not durable  # a durable commit covers the crash-safe ones before it: the log is sequential
 
-    def _batch_transaction(self) -> AbstractContextManager[None]:
-        return self._transaction(True)
+    def _batch_transaction(self, durable: bool) -> AbstractContextManager[None]:
+        return self._transaction(durable)
+
+    def sync(self) -> None:
+        if self._sync_owed:
+            self._sync()
+            self._sync_owed = False
+
+    def _sync(self) -> None:
+        """Bring every commit so far to stable storage (``sync``, when a crash-safe batch is not yet)."""
+        raise NotImplementedError
 
     def _set_lease(self, lease_seconds: float) -> None:
         """Tie how long one call may wait to the lease the runner works with (see STALL_FLOOR_MS)."""
@@ -310,8 +321,8 @@ class SqlStore:
         return [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4]) for r in rows]
 
     def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
-                           lease_seconds: float, max_attempts: int) -> tuple[bool, list[Claim]]:
-        with self.batch():
+                           lease_seconds: float, max_attempts: int, durable: bool = True) -> tuple[bool, list[Claim]]:
+        with self.batch(durable):
             completed = self.complete(done.task_id, done.fence, result, kind)
             self._journal("done" if completed else "fenced", task_id=done.task_id, worker_id=worker_id,
                           attempt=done.attempt, detail=None if completed else FENCED_DETAIL)

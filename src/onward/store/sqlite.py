@@ -8,6 +8,10 @@ Why these settings:
   run again" needs. Writes that only have to survive the *process* (lease renewals, the child's pid, the
   journal) switch the connection to NORMAL for that one transaction: they reach the OS page cache, which a
   ``kill -9`` does not lose, and the next FULL commit's fsync covers them too, since the log is sequential.
+- A worker's settling commit (outcomes and the next claims) may be made crash-safe first and durable a
+  moment later (``batch(durable=False)`` then ``sync``): the runner starts the claimed tasks in between, so
+  the log's fsync overlaps their run instead of delaying them. ``sync`` is one ``fdatasync`` of the log
+  file, the same call FULL makes at a commit; nothing is reported done before it returned.
 - ``BEGIN IMMEDIATE`` for every write: the write lock is taken up front, so two workers never deadlock
   upgrading read locks, and ``busy_timeout`` makes the other wait instead of failing; once a worker names
   its lease, for at most a quarter of it (see sqlbase.STALL_FLOOR_MS), as PostgreSQL's lock_timeout.
@@ -199,10 +203,31 @@ class SqliteStore(SqlStore):
         return int(rows["schema_version"])
 
     def close(self) -> None:
+        if self._wal_fd >= 0:
+            os.close(self._wal_fd)
+            self._wal_fd = -1
         db = getattr(self, "_db", None)
         if db is not None:
             db.close()
             self._db = None  # type: ignore[assignment]
+
+    _wal_fd = -1  # the write-ahead log, opened at the first sync (it exists once anything was committed)
+
+    def _sync(self) -> None:
+        # The log SQLite appended the crash-safe commit to: while this connection is open the file is never
+        # removed or replaced (SQLite deletes it only when its last connection closes), so one descriptor
+        # serves every sync. fdatasync on any descriptor of the file flushes what SQLite wrote through its own.
+        try:
+            if self._wal_fd < 0:
+                self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+            os.fdatasync(self._wal_fd)
+        except FileNotFoundError:
+            self.check_still_there()  # the store was deleted under us: say so (StoreGone)
+            raise StoreUnavailable(f"store {self.path}: its write-ahead log {self.path}-wal is gone") from None
+        except OSError as e:
+            # A failed fsync may have dropped the pages it could not write: the commits since the last sync
+            # cannot be vouched for, so the worker stops (exit 75) without reporting them.
+            raise StoreUnavailable(f"store {self.path}: cannot make the last commit durable: {e.strerror}") from None
 
     def now(self) -> float:
         return time.time()

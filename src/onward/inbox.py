@@ -32,13 +32,21 @@ class LoopInbox:
         self._taken_calls: list[StoreCall] = []  # taken by the loop, not yet run in a commit
         self._refusing = False
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # The loop's own thread posts too (a command's exit is seen there): it looks at the inbox before it
+        # waits again (``has_finished``), so it needs no wake-up through the pipe, a write and a read per task.
+        self.loop_thread = threading.get_ident()
 
     # --- from any thread -----------------------------------------------------------------------------
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
         """Hand a finished attempt to the loop."""
         with self._lock:
             self._finished.append((attempt, outcome))
-        self.wake()
+        if threading.get_ident() != self.loop_thread:
+            self.wake()
+
+    def has_finished(self) -> bool:
+        """Whether an attempt was posted and not taken yet (the loop asks before it waits)."""
+        return bool(self._finished)
 
     def store_call(self, fn: Callable[[Store], T]) -> T:
         """Have the loop run ``fn(store)`` in its next group commit; block until that commit is durable

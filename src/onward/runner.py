@@ -141,6 +141,7 @@ class Runner:
     def run(self) -> RunSummary:
         cfg = self.config
         saved_signals = self._catch_stop_signals()
+        self.inbox.loop_thread = threading.get_ident()  # Job.run may run the loop on another thread than built it
         self.worker_id = self.store.register_worker(current_owner(), f"concurrency={cfg.concurrency}")
         self.settler.worker_id = self.worker_id
         job = "" if self.store.job == "default" else f" job={self.store.job}"
@@ -269,6 +270,9 @@ class Runner:
             if self.notifier.watchdog_every is not None:
                 # A watchdog shorter than the heartbeat must still be fed, from this loop turning.
                 timeout = min(timeout, self.notifier.watchdog_every)
+            if self.inbox.has_finished() and time.monotonic() >= self._store_retry_at:
+                # Posted from this thread (a command that exited, a start that failed): no wake-up came.
+                timeout = 0.0
             self._wait(max(0.0, timeout))
 
     def _tick_period(self) -> float:

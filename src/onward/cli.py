@@ -195,7 +195,7 @@ def status(db: str | None, job: str, as_json: bool, watch: bool, interval: float
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per task and line.")
 def list_(db: str | None, job: str, state: str | None, long_: bool, as_json: bool) -> None:
     """The tasks' texts, one per line, exactly as added."""
-    from .status import task_json
+    from .journal import task_json
     from .store import open_store
 
     if long_ and as_json:
@@ -276,7 +276,7 @@ class SinceTime(click.ParamType):
     name = "time"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from .status import parse_since
+        from .journal import parse_since
 
         text = str(value)
         try:
@@ -298,7 +298,7 @@ class SinceTime(click.ParamType):
 def logs(db: str | None, job: str, task: str | None, last: int | None, since: str | None, as_json: bool,
          follow: bool) -> None:
     """The event journal: one line per event with ISO time, pid and task."""
-    from .status import event_json, first_event_after, format_event, parse_since
+    from .journal import event_json, first_event_after, format_event, parse_since
     from .store import open_store
 
     def show(event: Event) -> str:

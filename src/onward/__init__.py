@@ -9,8 +9,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from typing import TYPE_CHECKING, Any  # noqa: E402
-
 from .errors import (  # noqa: E402
     CorruptStore,
     Fenced,
@@ -24,7 +22,11 @@ from .errors import (  # noqa: E402
     UsageError,
 )
 
+# No `typing` at run time: `onward status` on a plain store loads this package and little else.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from .attempt import Cancelled
     from .context import AsyncTaskContext, TaskContext
     from .job import Job

@@ -32,6 +32,7 @@ from .errors import (
     WedgedTask,
 )
 from .log import NORMAL, QUIET, VERBOSE, Log, iso_time
+from .pipes import quiet_broken_pipe
 from .store.base import STATES
 
 if TYPE_CHECKING:
@@ -194,7 +195,7 @@ def status(db: str | None, job: str, as_json: bool, watch: bool, interval: float
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per task and line.")
 def list_(db: str | None, job: str, state: str | None, long_: bool, as_json: bool) -> None:
     """The tasks' texts, one per line, exactly as added."""
-    from .status import task_json
+    from .journal import task_json
     from .store import open_store
 
     if long_ and as_json:
@@ -210,7 +211,7 @@ def list_(db: str | None, job: str, state: str | None, long_: bool, as_json: boo
             else:
                 out.write(row.name + "\n")
     except BrokenPipeError:
-        _quiet_broken_pipe()
+        quiet_broken_pipe()
     finally:
         store.close()
 
@@ -275,7 +276,7 @@ class SinceTime(click.ParamType):
     name = "time"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from .status import parse_since
+        from .journal import parse_since
 
         text = str(value)
         try:
@@ -297,7 +298,7 @@ class SinceTime(click.ParamType):
 def logs(db: str | None, job: str, task: str | None, last: int | None, since: str | None, as_json: bool,
          follow: bool) -> None:
     """The event journal: one line per event with ISO time, pid and task."""
-    from .status import event_json, first_event_after, format_event, parse_since
+    from .journal import event_json, first_event_after, format_event, parse_since
     from .store import open_store
 
     def show(event: Event) -> str:
@@ -324,7 +325,7 @@ def logs(db: str | None, job: str, task: str | None, last: int | None, since: st
             time.sleep(0.5)
             events = store.events(after_id=after, task=task, limit=10_000)
     except (BrokenPipeError, KeyboardInterrupt):
-        _quiet_broken_pipe()
+        quiet_broken_pipe()
     finally:
         store.close()
 
@@ -379,15 +380,6 @@ def _stderr_is_a_terminal() -> bool:
         return False
 
 
-def _quiet_broken_pipe() -> None:
-    # `onward list | head` closes the pipe early; that is not an error worth a traceback.
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except OSError:
-        pass
-
-
 def _hide_passwords_from_ps(argv: list[str]) -> None:
     """A store URL with a password on the command line (``--db postgresql://u:secret@…`` or
     ``--db=postgresql://…``, also in the command given to ``onward supervise``) is visible to every user
@@ -428,7 +420,7 @@ def entry(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BrokenPipeError:
-        _quiet_broken_pipe()
+        quiet_broken_pipe()
         return 0
     except OnwardError as e:
         _say_error(str(e))

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from .durations import duration
 from .log import Log
 from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING
 
@@ -69,16 +70,6 @@ def bar_line(progress: Progress, width: int) -> str:
         return words[:width]
     filled = math.floor(room * progress.finished / progress.total) if progress.total else room
     return "[" + "#" * filled + "." * (room - filled) + "] " + words
-
-
-def duration(seconds: float) -> str:
-    """A duration for people: ``42s``, ``12m05s``, ``3h07m``."""
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class RunBar:

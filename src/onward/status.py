@@ -1,30 +1,40 @@
-"""Where a job stands: the status report (``onward status``, also as JSON) and journal lines (``onward logs``)."""
+"""Where a job stands: the status report (``onward status``, also as JSON), read from a store
+(``status_dict``) or quickly from a plain SQLite file (``print_plain_status``), and its text.
+
+What this module imports at its top stays small: ``onward status`` on a plain store (``print_plain_status``)
+loads it and little else besides sqlite3. The rest is imported where it is used.
+"""
 
 from __future__ import annotations
 
-import json
 import math
-import re
-from typing import Any
+import os
+import sys
 
 from .errors import StoreError
-from .log import iso_time, one_line, printable
-from .proc import owner_alive
-from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Event, Store, TaskRow, WorkerRow
+from .store.states import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .store.base import Store, WorkerRow
 
 # A worker on another host cannot be checked by its pid: one whose heartbeat is older than this (twelve
 # default heartbeats) is taken for gone when judging whether anyone is working, so that a machine that died
 # without saying so does not keep an ETA alive forever.
 SILENT_WORKER_SECONDS = 60.0
+# The rate is that of the last minute (``Store.stats``: ``done_last_minute``).
+RATE_WINDOW_SECONDS = 60.0
 
 
 def status_dict(store: Store) -> dict[str, Any]:
     """The status as plain data; ``onward status --json`` prints exactly this."""
+    from .log import iso_time, one_line
+    from .proc import owner_alive
+
     stats = store.stats()
     now = store.now()
-    counts = {state: stats.counts.get(state, 0) for state in (PENDING, RUNNING, WAITING, DONE, FAILED, CANCELLED)}
-    rate = stats.done_last_minute / stats.rate_window
-    left = counts[PENDING] + counts[RUNNING]
     workers = []
     working = 0
     restarts = {r.host: r for r in store.restarts_by_host()}
@@ -39,33 +49,120 @@ def status_dict(store: Store) -> dict[str, Any]:
             "restarts": restarts[w.owner.host].count if w.owner.host in restarts else 0,
             "last_restart": restarts[w.owner.host].last_cause if w.owner.host in restarts else None,
         })
+    tasks_running = [
+        {"task": t.name, "attempt": t.attempt, "worker_pid": t.owner.pid if t.owner else None,
+         "host": t.owner.host if t.owner else None,
+         "heartbeat_age": round(t.heartbeat_age, 1) if t.heartbeat_age is not None else None,
+         "note": t.note, "steps": _steps_of(store, t.task_id, t.fence),
+         "age": _claimed_age(store, t.name, now), "stale": t.lease_expired,
+         "progress_age": round(t.progress_age, 1) if t.progress_age is not None else None}
+        for t in stats.running_tasks
+    ]
+    # What the waiting tasks wait for (ctx.wait): read from their own index, and only when there are some.
+    tasks_waiting = [{"task": w.name, "key": w.key, "until": None if w.until is None else iso_time(w.until)}
+                     for w in (store.waits() if stats.counts.get(WAITING, 0) else [])]
+    errors = [{"at": iso_time(e.at), "kind": e.kind, "task": e.task, "attempt": e.attempt,
+               "error": one_line(e.detail, 200)} for e in stats.errors]
+    return _report(store=store.url, job=store.job, paused=stats.paused, counts=stats.counts, workers=workers,
+                   tasks_running=tasks_running, tasks_waiting=tasks_waiting, errors=errors,
+                   restarts=stats.restarts, rate=stats.done_last_minute / stats.rate_window, working=working)
+
+
+def _report(*, store: str, job: str, paused: bool, counts: dict[str, int], workers: list[dict[str, Any]],
+            tasks_running: list[dict[str, Any]], tasks_waiting: list[dict[str, Any]], errors: list[dict[str, Any]],
+            restarts: int, rate: float, working: int) -> dict[str, Any]:
+    """The report from what was read: its fields in their order, the counts of every state, the ETA. Both
+    ways of reading a status (``status_dict``, ``print_plain_status``) end here."""
+    states = {state: counts.get(state, 0) for state in (PENDING, RUNNING, WAITING, DONE, FAILED, CANCELLED)}
+    left = states[PENDING] + states[RUNNING]
     return {
-        "store": store.url,
-        "job": store.job,
-        "paused": stats.paused,
-        "total": stats.total,
-        **counts,
+        "store": store,
+        "job": job,
+        "paused": paused,
+        "total": sum(counts.values()),
+        **states,
         "workers": workers,
-        "tasks_running": [
-            {"task": t.name, "attempt": t.attempt, "worker_pid": t.owner.pid if t.owner else None,
-             "host": t.owner.host if t.owner else None,
-             "heartbeat_age": round(t.heartbeat_age, 1) if t.heartbeat_age is not None else None,
-             "note": t.note, "steps": _steps_of(store, t.task_id, t.fence),
-             "age": _claimed_age(store, t.name, now), "stale": t.lease_expired,
-             "progress_age": round(t.progress_age, 1) if t.progress_age is not None else None}
-            for t in stats.running_tasks
-        ],
-        # What the waiting tasks wait for (ctx.wait): read from their own index, and only when there are some.
-        "tasks_waiting": [{"task": w.name, "key": w.key, "until": None if w.until is None else iso_time(w.until)}
-                          for w in (store.waits() if counts[WAITING] else [])],
-        "errors": [{"at": iso_time(e.at), "kind": e.kind, "task": e.task, "attempt": e.attempt,
-                    "error": one_line(e.detail, 200)} for e in stats.errors],
-        "restarts": stats.restarts,
+        "tasks_running": tasks_running,
+        "tasks_waiting": tasks_waiting,
+        "errors": errors,
+        "restarts": restarts,
         "rate_per_second": round(rate, 2),
         "workers_alive": working,
         # Waiting tasks end when someone sends their value: the ETA is for the others; with only those left, none.
-        "eta_seconds": None if not left and counts[WAITING] else _eta(left, rate, working),
+        "eta_seconds": None if not left and states[WAITING] else _eta(left, rate, working),
     }
+
+
+def print_plain_status(db: str | None, job: str | None, as_json: bool) -> bool:
+    """``onward status [--db URL] [--job NAME] [--json]`` read and printed without the CLI's machinery (click,
+    rich, the store's classes), for a fast start: only when what it prints is sure to be what ``status_dict``
+    and ``render_status`` print. That is a SQLite store at a plain path that is plainly fine (see
+    store.sqlite_peek), a report of counts alone (no worker, no running or waiting task, no error in the
+    journal, nothing done in the last minute: nothing that needs a worker's liveness, a rate window or a
+    table) and a stdout in UTF-8 that, for text, is not a terminal (see ``_plain_stdout``). Returns False,
+    having printed nothing and changed nothing, in every other case: the caller runs the full command."""
+    from .errors import OnwardError
+    from .store import is_postgres_url, job_name, store_url
+
+    if not (_plain_stdout() if not as_json else _utf8_stdout()):
+        return False
+    try:
+        url, name = store_url(db), job_name(job)
+    except OnwardError:
+        return False  # the full command says what is wrong
+    if is_postgres_url(url) or url.startswith("sqlite:"):
+        return False
+    from .store.sqlite_peek import NotPlain, QuickRead
+
+    try:
+        read = QuickRead(url, name)
+        try:
+            # The same named queries as SqliteStore.stats, asked only whether there is anything at all.
+            if (read.rows("running") or read.rows("live_workers") or read.rows("recent_errors", limit=1)
+                    or read.rows("count_done_since", since=read.now - RATE_WINDOW_SECONDS, cap=1)[0][0]):
+                return False
+            counts = {str(state): int(n) for state, n in read.rows("counts")}
+            if counts.get(WAITING, 0):
+                return False
+            paused = read.rows("paused")
+            restarts = int(read.rows("count_restarts")[0][0])
+        finally:
+            read.close()
+    except NotPlain:
+        return False
+    report = _report(store=url, job=name, paused=bool(paused and paused[0][0]), counts=counts, workers=[],
+                     tasks_running=[], tasks_waiting=[], errors=[], restarts=restarts, rate=0.0, working=0)
+    try:
+        if as_json:
+            import json
+
+            sys.stdout.write(json.dumps(report, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+        else:
+            render_status(report)
+    except BrokenPipeError:
+        from .pipes import quiet_broken_pipe
+
+        quiet_broken_pipe()  # as the full command does: `onward status | head -1` is no error
+    return True
+
+
+def _utf8_stdout() -> bool:
+    """Whether stdout is there and writes UTF-8: click and rich then write to it as it is."""
+    encoding = getattr(sys.stdout, "encoding", None) or ""
+    return encoding.lower().replace("_", "-") in ("utf-8", "utf8")
+
+
+def _plain_stdout() -> bool:
+    """Whether the status is written to stdout as plain text: a pipe or a file in UTF-8, where rich would
+    print it without styles, at its full length (see ``render_status``). FORCE_COLOR and TTY_COMPATIBLE
+    (which make rich take a pipe for a terminal) leave it to rich."""
+    if "FORCE_COLOR" in os.environ or "TTY_COMPATIBLE" in os.environ or not _utf8_stdout():
+        return False
+    try:
+        return not sys.stdout.isatty()
+    except (OSError, ValueError):
+        return False
 
 
 def _claimed_age(store: Store, name: str, now: float) -> float | None:
@@ -107,42 +204,30 @@ def _steps_of(store: Store, task_id: int, fence: int) -> dict[str, Any] | None:
 def render_status(report: dict[str, Any]) -> None:
     """The status for a person. Every text that comes from the store (task names, notes, errors, hosts)
     is shown with its control characters escaped and never read as markup: a task's stderr must not be
-    able to clear or retitle the reader's terminal."""
+    able to clear or retitle the reader's terminal.
+
+    Lines are made once, as pieces of text with their styles (``_summary_lines``, ``_error_lines``). A pipe
+    or a file gets them whole and unstyled, however long; when there is no table to draw they are written
+    as they are (what rich prints there, byte for byte), without loading rich at all."""
+    summary, errors = _summary_lines(report), _error_lines(report)
+    tables = report["workers"] or report.get("tasks_waiting") or report["tasks_running"]
+    if not tables and _plain_stdout():
+        sys.stdout.write("".join("".join(text for text, _ in line) + "\n" for line in summary + errors))
+        sys.stdout.flush()
+        return
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     def shown(text: str) -> Text:
-        return Text(printable(text))
+        return Text(_printable(text))
 
     console = Console(highlight=False)
     if not console.is_terminal:
         # A pipe or a file gets whole lines, however long (a terminal gets them fitted to its width).
         console = Console(highlight=False, soft_wrap=True, width=1 << 20)
-    total = report["total"] or 1
-    done, failed, cancelled = report[DONE], report[FAILED], report[CANCELLED]
-    head = Text.assemble(("onward", "bold"), " ", shown(report["store"]))
-    if report["job"] != "default":
-        head.append("  job ").append_text(shown(report["job"]))
-    if report["paused"]:
-        head.append("  paused: claiming nothing new (onward resume)", style="bold yellow")
-    console.print(head)
-    console.print(
-        f"  total {report['total']}   pending {report[PENDING]}   running {report[RUNNING]}   "
-        + (f"waiting {report[WAITING]}   " if report.get(WAITING) else "") +
-        f"[green]done {done}[/green]   [red]failed {failed}[/red]"
-        + (f"   cancelled {cancelled}" if cancelled else "")
-        + f"   ({100 * (done + failed + cancelled) / total:.1f}% finished)"
-    )
-    eta = report["eta_seconds"]
-    if eta is None and not report["workers_alive"]:
-        eta_text = "no worker running"
-    else:
-        from .progress import duration  # (here: only a running job has an eta to show)
-
-        eta_text = "eta " + ("-" if eta is None else duration(eta))
-    console.print(f"  rate {report['rate_per_second']:.1f}/s over the last minute   {eta_text}   "
-                  f"restarts {report['restarts']}")
+    for line in summary:
+        console.print(Text.assemble(*line))
     if report["workers"]:
         table = Table(title="workers", title_justify="left", box=None, pad_edge=False)
         for col in ("id", "host", "pid", "heartbeat", "running", "done", "alive"):
@@ -164,18 +249,67 @@ def render_status(report: dict[str, Any]) -> None:
         columns = ("task", "attempt", "worker pid", "heartbeat", "steps", "note")
         for col in columns:
             table.add_column(col, no_wrap=True)
-        rows = [[printable(t["task"]), str(t["attempt"]), str(t["worker_pid"]),
+        rows = [[_printable(t["task"]), str(t["attempt"]), str(t["worker_pid"]),
                  "-" if t["heartbeat_age"] is None else f"{t['heartbeat_age']}s ago",
-                 _steps_text(t.get("steps")), printable(t["note"] or "")] for t in report["tasks_running"][:20]]
+                 _steps_text(t.get("steps")), _printable(t["note"] or "")] for t in report["tasks_running"][:20]]
         if console.is_terminal:
             _fit_task_and_note(rows, columns, console.width)
         for row in rows:
             table.add_row(*(Text(cell) for cell in row))
         console.print(table)
-    if report["errors"]:
-        console.print("[bold]latest errors[/bold]")
-        for e in report["errors"]:
-            console.print(shown(f"  {e['at']} {e['kind']} {e['task']!r} attempt {e['attempt']}: {e['error']}"))
+    for line in errors:
+        console.print(Text.assemble(*line))
+
+
+# A line of the status: pieces of text, each with its rich style ("": none).
+Line = list[tuple[str, str]]
+
+
+def _summary_lines(report: dict[str, Any]) -> list[Line]:
+    """The three lines at the top: the store and job, the counts, the rate and ETA."""
+    total = report["total"] or 1
+    done, failed, cancelled = report[DONE], report[FAILED], report[CANCELLED]
+    head: Line = [("onward", "bold"), (" ", ""), (_printable(report["store"]), "")]
+    if report["job"] != "default":
+        head += [("  job ", ""), (_printable(report["job"]), "")]
+    if report["paused"]:
+        head.append(("  paused: claiming nothing new (onward resume)", "bold yellow"))
+    counts: Line = [
+        (f"  total {report['total']}   pending {report[PENDING]}   running {report[RUNNING]}   "
+         + (f"waiting {report[WAITING]}   " if report.get(WAITING) else ""), ""),
+        (f"done {done}", "green"), ("   ", ""), (f"failed {failed}", "red"),
+        ((f"   cancelled {cancelled}" if cancelled else "")
+         + f"   ({100 * (done + failed + cancelled) / total:.1f}% finished)", ""),
+    ]
+    eta = report["eta_seconds"]
+    if eta is None and not report["workers_alive"]:
+        eta_text = "no worker running"
+    else:
+        from .durations import duration
+
+        eta_text = "eta " + ("-" if eta is None else duration(eta))
+    rate: Line = [(f"  rate {report['rate_per_second']:.1f}/s over the last minute   {eta_text}   "
+                   f"restarts {report['restarts']}", "")]
+    return [head, counts, rate]
+
+
+def _error_lines(report: dict[str, Any]) -> list[Line]:
+    """The latest errors, under a heading; none when there are none."""
+    if not report["errors"]:
+        return []
+    return [[("latest errors", "bold")]] + [
+        [(_printable(f"  {e['at']} {e['kind']} {e['task']!r} attempt {e['attempt']}: {e['error']}"), "")]
+        for e in report["errors"]]
+
+
+def _printable(text: str) -> str:
+    """``log.printable(text)``, which leaves a text of printable characters as it is: such a text (nearly
+    every one) is taken as it is, without loading log.py and its regular expression."""
+    if text.isprintable():
+        return text
+    from .log import printable
+
+    return printable(text)
 
 
 def _fit_task_and_note(rows: list[list[str]], columns: tuple[str, ...], width: int) -> None:
@@ -221,84 +355,3 @@ def _steps_text(steps: dict[str, Any] | None) -> str:
     if steps["replayed"]:
         text += f", {steps['replayed']} replayed (saved {steps['saved_seconds']:.1f}s)"
     return text
-
-
-def format_event(event: Event) -> str:
-    """One journal line for ``onward logs``, its control characters escaped (the stored detail stays raw)."""
-    parts = [iso_time(event.at, precise=True), f"pid={event.pid}", event.kind]
-    if event.task is not None:
-        parts.append("task=" + json.dumps(event.task, ensure_ascii=False))
-    if event.attempt is not None:
-        parts.append(f"attempt={event.attempt}")
-    if event.detail:
-        parts.append(one_line(event.detail, 500))
-    return printable(" ".join(parts))
-
-
-# --- scripting: one JSON object per line (onward list --json, onward logs --json) ------------------------
-def task_json(row: TaskRow) -> dict[str, Any]:
-    """A task for ``onward list --json``: its text and error as stored (JSON-escaped, not shown escaped),
-    times as ISO 8601 UTC with milliseconds, or null."""
-    return {"name": row.name, "state": row.state, "attempts": row.attempts,
-            "added_at": _iso_or_none(row.added_at), "started_at": _iso_or_none(row.started_at),
-            "finished_at": _iso_or_none(row.finished_at), "error": row.error}
-
-
-def event_json(event: Event) -> dict[str, Any]:
-    """A journal event for ``onward logs --json``: every field as stored, the time as ISO 8601 UTC."""
-    return {"id": event.event_id, "at": iso_time(event.at, precise=True), "kind": event.kind, "pid": event.pid,
-            "host": event.host, "task": event.task, "attempt": event.attempt, "detail": event.detail}
-
-
-def _iso_or_none(t: float | None) -> str | None:
-    return None if t is None else iso_time(t, precise=True)
-
-
-_AGE = re.compile(r"([0-9]{1,9})([smhd])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# An age beyond this is a typo, not a question about the journal (and would overflow a date).
-MAX_AGE_SECONDS = 100 * 365 * 86400
-
-
-def parse_since(text: str, now: float) -> float:
-    """The time meant by ``--since TEXT``, seconds since the epoch: an age before ``now`` (``90s``, ``10m``,
-    ``2h``, ``3d``) or an ISO 8601 time (``2026-11-30T03:30:00Z``, ``2026-11-30 03:30``, ``2026-11-30``;
-    UTC unless it carries an offset). Raises ``ValueError`` with a one-line message for anything else."""
-    from datetime import datetime, timezone
-
-    shown = text.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")[:60]
-    age = _AGE.fullmatch(text)
-    if age:
-        seconds = int(age[1]) * _UNIT_SECONDS[age[2]]
-        if seconds > MAX_AGE_SECONDS:
-            raise ValueError(f"'{shown}' is too far back (at most 100 years)")
-        return now - seconds
-    iso = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
-    try:
-        if not iso.isascii() or not iso[:1].isdigit():
-            raise ValueError
-        when = datetime.fromisoformat(iso)
-    except ValueError:
-        raise ValueError(f"'{shown}' is not a time: give ISO 8601 (2026-11-30T03:30:00Z) or an age"
-                         " (90s, 10m, 2h, 3d)") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when.timestamp()
-
-
-def first_event_after(store: Store, since: float) -> int:
-    """The event id after which the journal's events are at ``since`` or later (for ``events(after_id=…)``).
-    The journal is appended in time order (one clock: the store's), so a binary search over event ids
-    finds it in a few reads of one event each, on a journal of millions of events; ids may have gaps."""
-    last = store.events(last=1)
-    if not last:
-        return 0
-    lo, hi = 0, last[0].event_id
-    while lo < hi:
-        mid = (lo + hi) // 2
-        first = store.events(after_id=mid, limit=1)  # the first event with an id above mid
-        if not first or first[0].at >= since:
-            hi = mid
-        else:
-            lo = first[0].event_id
-    return lo

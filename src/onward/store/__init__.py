@@ -9,21 +9,24 @@ nothing outside this package imports one.
 from __future__ import annotations
 
 import os
-import re
 
 from ..errors import StoreError, UsageError
-from ..redact import redact_url
-from .base import Store
+
+# What is imported here stays small (no `re`, no contract classes until asked for): `onward status` on a
+# plain store loads this package and little else (see onward.status.print_plain_status).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .base import Store
 
 DEFAULT_DB = ".onward/onward.db"
 DEFAULT_JOB = "default"
 # A job name: short, plain, the same on every shell and in every log line (it is also shown in the systemd
 # unit and the dashboard's URLs): letters, digits, '.', '_' and '-', starting with a letter or a digit.
-JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+JOB_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 JOB_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or a digit"
 
 # "name:" at the start of a location, as in "mysql://…" or "file:x.db" (no slash before the colon).
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_SCHEME = r"([A-Za-z][A-Za-z0-9+.-]*):"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 ACCEPTED_FORMS = "a file path, sqlite:///relative/path, sqlite:////absolute/path or postgresql://…"
 
@@ -37,7 +40,11 @@ def store_url(explicit: str | None = None) -> str:
     ``postgres://``; schemes in any case. Refused: every other scheme (``mysql://``, ``https://``), and
     SQLite's own ``file:`` URIs, which SQLite would resolve to another file than the one named."""
     url = explicit or os.environ.get("ONWARD_DB") or DEFAULT_DB
-    match = _SCHEME.match(url)
+    if ":" not in url:
+        return url  # a plain path: no scheme to look at (and `re` not even loaded)
+    import re
+
+    match = re.match(_SCHEME, url)
     if match is None:
         return url
     scheme, rest = match.group(1).lower(), url[match.end():]
@@ -59,7 +66,11 @@ def job_name(explicit: str | None = None) -> str:
     """The job a command works on: the explicit name, else $ONWARD_JOB, else ``default``. Raises
     ``UsageError`` (one line, the name shown escaped) for a name that breaks ``JOB_NAME_RULE``."""
     name = explicit if explicit is not None else os.environ.get("ONWARD_JOB") or DEFAULT_JOB
-    if JOB_NAME.fullmatch(name) is None:
+    if name == DEFAULT_JOB:
+        return name  # keeps the rule (and spares loading `re`)
+    import re
+
+    if re.fullmatch(JOB_NAME, name) is None:
         shown = ascii(name[:80] + ("…" if len(name) > 80 else ""))
         raise UsageError(f"bad job name {shown}: give {JOB_NAME_RULE}")
     return name
@@ -98,6 +109,7 @@ def upgrade(url: str) -> tuple[str, int, int]:
     to this onward's version. Returns the store's printable location (no password) and its schema versions
     before (0: there was no store) and after. Refuses a newer store (``SchemaTooNew``)."""
     if is_postgres_url(url):
+        from ..redact import redact_url
         from . import postgres
 
         before, after = postgres.upgrade(url)
@@ -106,6 +118,15 @@ def upgrade(url: str) -> tuple[str, int, int]:
 
     before, after = sqlite.upgrade(url)
     return sqlite.path_from_url(url), before, after
+
+
+def __getattr__(name: str) -> object:
+    # ``Store`` (the contract) loads on first use: see the note on imports above.
+    if name == "Store":
+        from .base import Store
+
+        return Store
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Store", "open_store", "exists", "upgrade", "store_url", "job_name", "DEFAULT_DB", "DEFAULT_JOB",

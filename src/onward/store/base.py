@@ -20,15 +20,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# Task states, as stored. A task moves pending -> running -> done | failed, and running -> pending on a
-# retry, a release (graceful stop) or a reclaim. ``cancel`` ends a pending task as cancelled at once, and a
-# running one once its worker stopped it (its outcome, whatever it was but done, is then cancelled).
-# Done, failed and cancelled are final; ``retry`` brings failed and cancelled tasks back to pending. A running
-# task that waits for a value (``ctx.wait``) parks: running -> waiting (no worker, no lease, the attempt not
-# counted) -> pending once the value is sent or the wait's deadline passed; ``cancel`` ends a waiting task.
-PENDING, RUNNING, WAITING, DONE, FAILED, CANCELLED = "pending", "running", "waiting", "done", "failed", "cancelled"
-STATES = (PENDING, RUNNING, WAITING, DONE, FAILED, CANCELLED)
-FINAL_STATES = (DONE, FAILED, CANCELLED)
+# Task states: in states.py (see there), re-exported here, where the contract speaks of them.
+from .states import CANCELLED, DONE, FAILED, FINAL_STATES, PENDING, RUNNING, STATES, WAITING  # noqa: F401
+
 # The journal's detail for an outcome refused because its task was taken over (event "fenced").
 FENCED_DETAIL = "outcome not committed: the task was taken over"
 

@@ -30,3 +30,10 @@ def migration(queries: dict[str, str], version: int) -> str:
     """The SQL that brings a store to ``version`` from the one before: ``schema`` creates version 1, and
     ``migrate_to_N`` each later one. A new store runs them all in order, so old and new stores end alike."""
     return queries["schema"] if version == 1 else queries[f"migrate_to_{version}"]
+
+
+def latest_version(queries: dict[str, str]) -> int:
+    """The schema version that a backend's migrations lead to: that of its last ``migrate_to_N`` (1 with
+    ``schema`` alone). The same number as sqlbase.SCHEMA_VERSION (a test holds them together), read from the
+    .sql file, for readers that must not load the store's classes to know it."""
+    return max([1, *(int(name[len("migrate_to_"):]) for name in queries if name.startswith("migrate_to_"))])

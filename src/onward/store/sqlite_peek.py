@@ -1,0 +1,79 @@
+"""A quick read of a SQLite store, for ``onward status``: named queries of sqlite.sql run in one read
+transaction with nothing but sqlite3 loaded, on a store that is plainly fine. Anything else (no file, not a
+regular file, not SQLite, another schema version, not in WAL mode, no such job, a lock, a damaged page)
+raises ``NotPlain``, having changed nothing: the caller then opens the store the usual way (``open_store``),
+which says what is wrong, or does what it must (create, upgrade, wait for a lock).
+
+Only reads: the checks below are those ``SqliteStore`` makes before it would change anything, made here as
+questions rather than repairs."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+
+from .sql import latest_version, load_queries
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# The first bytes of every SQLite database file: anything else is not handed to SQLite at all (it could
+# roll a stray "-journal" back into a file that is not a database).
+SQLITE_MAGIC = b"SQLite format 3\x00"
+Q = load_queries("sqlite.sql")
+SCHEMA_VERSION = latest_version(Q)
+
+
+class NotPlain(Exception):
+    """The store cannot be read the quick way: open it with ``open_store``, which says why or copes."""
+
+
+class QuickRead:
+    """One read transaction on the store at ``path`` (a plain file path), for the job named ``job``; every
+    query gets ``job`` (its id) and ``now`` (the store's clock, read when the transaction began)."""
+
+    def __init__(self, path: str, job: str) -> None:
+        try:
+            st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+                raise NotPlain  # missing, empty (to be initialised), a directory, a FIFO...
+            with open(path, "rb") as f:
+                if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+                    raise NotPlain
+            self._db = sqlite3.connect(path, isolation_level=None)
+        except (OSError, ValueError, sqlite3.Error):
+            raise NotPlain from None
+        try:
+            # journal_mode asked, not set: a store that is not in WAL mode yet is switched by SqliteStore.
+            if str(self._db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                raise NotPlain
+            self._db.execute("BEGIN")
+            meta = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN ('app', 'schema_version')"))
+            if meta.get("app") != "onward" or int(meta.get("schema_version", 0)) != SCHEMA_VERSION:
+                raise NotPlain
+            found = self._db.execute(Q["find_job"], {"name": job}).fetchone()
+            if found is None:
+                raise NotPlain
+            self.now = time.time()  # SQLite's clock is this host's (SqliteStore.now)
+            self._params: dict[str, object] = {"job": int(found[0]), "now": self.now}
+        except (sqlite3.Error, ValueError, TypeError, NotPlain):
+            self._db.close()
+            raise NotPlain from None
+
+    def rows(self, name: str, **params: object) -> list[Any]:
+        """The rows of the named query."""
+        try:
+            return self._db.execute(Q[name], {**self._params, **params}).fetchall()
+        except (sqlite3.Error, ValueError):  # ValueError: a text that is not UTF-8 (a damaged page)
+            raise NotPlain from None
+
+    def close(self) -> None:
+        """End the read transaction and the connection."""
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            pass  # a read: nothing to lose
+        self._db.close()

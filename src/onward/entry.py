@@ -13,10 +13,14 @@ def main() -> None:
     if args[:1] == ["status"]:
         options = plain_status_options(args[1:])
         if options is not None:
-            from .status import print_plain_status
+            try:
+                from .status import print_plain_status
 
-            if print_plain_status(*options):
-                sys.exit(0)
+                if print_plain_status(*options):
+                    sys.exit(0)
+            except KeyboardInterrupt:  # as the CLI says it (cli.entry)
+                sys.stderr.write("onward: aborted\n")
+                sys.exit(130)
     from .cli import cli_main
 
     cli_main()

@@ -38,7 +38,9 @@ class CommandAttempt(Attempt):
         self._stderr = bytearray()
         self._stderr_cut = False  # its beginning was dropped
         self._heartbeat_file = heartbeat_file
-        self._heartbeat_mtime = self._mtime()
+        # No stat now: the file is named after this claim's fence in the worker's private folder, so it
+        # cannot exist before the command makes it (README), and its first appearance is progress.
+        self._heartbeat_mtime: int | None = None
         self._reported = False
         self._killed = False
         self._proc_exited = False
@@ -155,9 +157,6 @@ class CommandAttempt(Attempt):
             self._close_fd(fd)
 
     def _outcome(self, status: int, exec_error: OSError | None) -> Outcome:
-        cut = self._stderr_cut or len(self._stderr) > ERROR_TAIL_BYTES
-        tail = error_tail(bytes(self._stderr[-ERROR_TAIL_BYTES:]).decode("utf-8", "replace"), cut,
-                          self._worker.secrets).strip()
         if status == 0 and not self._killed:
             if self._overflow:
                 return Outcome.failure(f"result exceeds the limit of {self._max_result} bytes of stdout")
@@ -176,7 +175,13 @@ class CommandAttempt(Attempt):
             what = f"killed by signal {signal.Signals(-status).name}"
         else:
             what = f"exit status {status}"
-        return Outcome.failure(f"{what}\n{tail}".strip())
+        return Outcome.failure(f"{what}\n{self._error_tail()}".strip())
+
+    def _error_tail(self) -> str:
+        """The end of the command's stderr as a failure shows it (redacted); only a failure needs it."""
+        cut = self._stderr_cut or len(self._stderr) > ERROR_TAIL_BYTES
+        return error_tail(bytes(self._stderr[-ERROR_TAIL_BYTES:]).decode("utf-8", "replace"), cut,
+                          self._worker.secrets).strip()
 
     abandon_reason: str | None = None
 

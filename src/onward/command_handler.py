@@ -4,7 +4,6 @@ the worker's spawner (``onward.spawn``), watched from the worker loop through it
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -147,8 +146,10 @@ class CommandAttempt(Attempt):
         if self._cgroups is not None and self._cgroup is not None:
             self._cgroups.finished(self._cgroup)
         if self._heartbeat_file is not None:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(self._heartbeat_file)
+            except FileNotFoundError:  # the usual case: the command never touched it
+                pass
         self._report(self._outcome(status, self._proc.exec_error()))
 
     def _drain(self) -> None:

@@ -285,13 +285,17 @@ def _env_message(env: Mapping[str, str]) -> bytes:
 _PREPARE = HEADER.pack(1) + b"P"
 
 
+_FS_ENCODING = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())  # what os.fsencode uses
+
+
 def _request(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
-    """What a prepared process is told to run: argc, argv, then this attempt's variables, NUL-separated."""
-    fields = [str(len(argv)).encode(), *map(os.fsencode, argv),
-              *(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items())]
-    if any(b"\0" in field for field in fields):
+    """What a prepared process is told to run: argc, argv, then this attempt's variables, NUL-separated.
+    Joined first and encoded once (as ``os.fsencode`` would each field): this runs for every command."""
+    fields = [str(len(argv)), *argv, *[f"{name}={value}" for name, value in env.items()]]
+    text = "\0".join(fields)
+    if text.count("\0") != len(fields) - 1:
         raise ValueError("embedded null byte")  # as subprocess says
-    return b"\0".join(fields)
+    return text.encode(*_FS_ENCODING)
 
 
 def _write_all(fd: int, data: bytes) -> None:

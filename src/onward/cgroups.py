@@ -106,26 +106,40 @@ _handlers = itertools.count(1)
 class AttemptCgroup:
     """A leaf that one attempt's command runs in. Its directory is kept open for the spawner, which has
     the command born in it (``CLONE_INTO_CGROUP``); and so is ``cgroup.procs``, for a forked child, which
-    only has to write to an open descriptor to move itself in (``enter``) before it can start anything."""
+    only has to write to an open descriptor to move itself in (``enter``) before it can start anything;
+    and ``cgroup.events``, read at the end of every attempt (``populated``)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         os.mkdir(path)
+        opened: list[int] = []
         try:
-            self._dir = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            for name, flags in ((".", os.O_RDONLY | os.O_DIRECTORY), ("cgroup.procs", os.O_WRONLY),
+                                ("cgroup.events", os.O_RDONLY)):
+                opened.append(os.open(os.path.join(path, name), flags | os.O_CLOEXEC))
         except OSError:
+            for fd in opened:
+                os.close(fd)
             os.rmdir(path)
             raise
-        try:
-            self._procs = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
-        except OSError:
-            os.close(self._dir)
-            os.rmdir(path)
-            raise
+        self._dir, self._procs, self._events = opened
 
     def directory(self) -> int:
         """The open directory of this cgroup (for ``clone3``'s ``CLONE_INTO_CGROUP``)."""
         return self._dir
+
+    def populated(self) -> bool:
+        """Whether any live process is in this cgroup (``cgroup.events``). A ``pread`` of the descriptor
+        kept open: the kernel writes the file anew for every read from its start, and this is one system
+        call where ``populated(path)`` takes an open, a read and a close (and a Python file object)."""
+        try:
+            return b"populated 1" in os.pread(self._events, 256, 0)
+        except OSError:
+            return populated(self.path)
+
+    def empty(self) -> bool:
+        """``empty(self.path)``: kill what is left in the cgroup, if anything, and wait for it to go."""
+        return not self.populated() or empty(self.path)
 
     def enter(self) -> None:
         """In the child, between fork and exec: move the calling process (``0``) into this cgroup, so
@@ -145,9 +159,9 @@ class AttemptCgroup:
     def close(self) -> None:
         """Close the descriptors (the cgroup itself stays: ``remove`` it)."""
         if self._procs >= 0:
-            os.close(self._procs)
-            os.close(self._dir)
-            self._procs = self._dir = -1
+            for fd in (self._dir, self._procs, self._events):
+                os.close(fd)
+            self._dir = self._procs = self._events = -1
 
 
 class WorkerCgroups:
@@ -205,7 +219,7 @@ class WorkerCgroups:
     def finished(self, cgroup: AttemptCgroup, reusable: bool = True) -> None:
         """The attempt is over and its main process reaped: kill whatever it left, and keep the leaf for
         the next attempt once it is empty (unless not ``reusable``: the command could not enter it)."""
-        if reusable and not cgroup.killed and empty(cgroup.path):
+        if reusable and not cgroup.killed and cgroup.empty():
             self._idle.append(cgroup)
         else:  # something the kernel holds (a freezer), a broken or killed leaf: removed later, never reused
             cgroup.close()

@@ -4,7 +4,6 @@ the worker's spawner (``onward.spawn``), watched from the worker loop through it
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -38,7 +37,9 @@ class CommandAttempt(Attempt):
         self._stderr = bytearray()
         self._stderr_cut = False  # its beginning was dropped
         self._heartbeat_file = heartbeat_file
-        self._heartbeat_mtime = self._mtime()
+        # No stat now: the file is named after this claim's fence in the worker's private folder, so it
+        # cannot exist before the command makes it (README), and its first appearance is progress.
+        self._heartbeat_mtime: int | None = None
         self._reported = False
         self._killed = False
         self._proc_exited = False
@@ -145,8 +146,10 @@ class CommandAttempt(Attempt):
         if self._cgroups is not None and self._cgroup is not None:
             self._cgroups.finished(self._cgroup)
         if self._heartbeat_file is not None:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(self._heartbeat_file)
+            except FileNotFoundError:  # the usual case: the command never touched it
+                pass
         self._report(self._outcome(status, self._proc.exec_error()))
 
     def _drain(self) -> None:
@@ -155,9 +158,6 @@ class CommandAttempt(Attempt):
             self._close_fd(fd)
 
     def _outcome(self, status: int, exec_error: OSError | None) -> Outcome:
-        cut = self._stderr_cut or len(self._stderr) > ERROR_TAIL_BYTES
-        tail = error_tail(bytes(self._stderr[-ERROR_TAIL_BYTES:]).decode("utf-8", "replace"), cut,
-                          self._worker.secrets).strip()
         if status == 0 and not self._killed:
             if self._overflow:
                 return Outcome.failure(f"result exceeds the limit of {self._max_result} bytes of stdout")
@@ -176,7 +176,13 @@ class CommandAttempt(Attempt):
             what = f"killed by signal {signal.Signals(-status).name}"
         else:
             what = f"exit status {status}"
-        return Outcome.failure(f"{what}\n{tail}".strip())
+        return Outcome.failure(f"{what}\n{self._error_tail()}".strip())
+
+    def _error_tail(self) -> str:
+        """The end of the command's stderr as a failure shows it (redacted); only a failure needs it."""
+        cut = self._stderr_cut or len(self._stderr) > ERROR_TAIL_BYTES
+        return error_tail(bytes(self._stderr[-ERROR_TAIL_BYTES:]).decode("utf-8", "replace"), cut,
+                          self._worker.secrets).strip()
 
     abandon_reason: str | None = None
 

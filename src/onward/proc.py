@@ -20,9 +20,15 @@ PR_SET_CHILD_SUBREAPER = 36
 def stat_fields(pid: int | str) -> list[bytes] | None:
     """The fields of /proc/PID/stat from field 3 (the state) on, so ``fields[0]`` is field 3 of proc(5),
     ``fields[1]`` the parent pid; None if there is no such process (or it cannot be read)."""
+    # os.open and os.read, not open(): a Python file object costs an fstat, an ioctl and seeks more, and
+    # this runs at the start of every command (``pid_start_time``). The file is a few hundred bytes (the
+    # command name in it is at most 15), and the kernel hands it over whole in one read.
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except (FileNotFoundError, ProcessLookupError, PermissionError):  # gone, or not ours to read
         return None
     # The command name (field 2) is in parentheses and may itself hold spaces and parentheses.

@@ -146,6 +146,31 @@ def test_a_program_that_cannot_run_fails_its_attempt_naming_it_either_way(tmp_pa
     assert run_onward("list", "--db", db, "--state", "done").stdout == b"true\n"
 
 
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_a_program_is_searched_on_the_path_as_subprocess_searches_it_either_way(tmp_path: Path,
+                                                                                 mode: dict[str, str]) -> None:
+    """The first executable of that name on PATH runs, past directories without it and past a file of that
+    name that is not executable; where none runs, the first error other than "not there" is reported."""
+    missing, blocked, runnable, empty = (tmp_path / name for name in ("missing", "blocked", "runnable", "empty"))
+    for folder in (blocked, runnable, empty):
+        folder.mkdir()
+    (blocked / "prog").write_text("#!/bin/sh\necho blocked\n")  # not executable
+    (blocked / "lost").write_text("#!/bin/sh\necho lost\n")
+    (runnable / "prog").write_text("#!/bin/sh\necho runnable\n")
+    (runnable / "prog").chmod(0o755)
+    system = "/usr/bin:/bin"
+    path = os.pathsep.join([str(missing), str(empty), str(blocked), str(runnable), system])
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "t.txt", ["prog", "lost", "nowhere-to-be-found"])
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--max-attempts", "1", "--", "{task}",
+                   env=dict(mode, PATH=path))
+    err = r.stderr.decode()
+    assert r.returncode == 3, err
+    assert run_onward("result", "--db", db, "prog").stdout == b"runnable\n"
+    assert "cannot run lost: Permission denied" in err, err
+    assert "cannot run nowhere-to-be-found: No such file or directory" in err, err
+
+
 @needs_cgroup2
 @pytest.mark.parametrize("mode", SPAWN_MODES)
 def test_what_a_command_forks_at_once_is_in_its_attempt_cgroup_and_dies_with_it(

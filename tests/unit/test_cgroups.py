@@ -147,6 +147,30 @@ def test_an_attempt_cgroup_is_emptied_and_reused_and_removed_when_the_worker_clo
 
 
 @needs_cgroup2
+def test_a_reused_leaf_still_finds_and_kills_what_an_attempt_left_outside_its_process_group() -> None:
+    """The end of an attempt reads ``cgroup.events`` through a descriptor kept open across attempts: it
+    must see every attempt's leftovers afresh, not the file as it was first read."""
+    worker = WorkerCgroups.create()
+    assert worker is not None
+    try:
+        leaf = worker.attempt()
+        assert not leaf.populated()
+        for _ in range(3):  # the same leaf, attempt after attempt
+            command = start_in(leaf, sys.executable, "-c",
+                               "import os, time\nif os.fork() == 0:\n    os.setsid()"
+                               "\n    time.sleep(60)\nelse:\n    os._exit(0)")
+            assert command.wait() == 0
+            assert leaf.populated() and populated(leaf.path), "the setsid grandchild runs on in the leaf"
+            worker.finished(leaf)
+            assert not leaf.populated() and not populated(leaf.path)
+            assert cgroups._listed(leaf.path) == []
+            assert worker.attempt() is leaf, "an emptied leaf is reused"
+        worker.finished(leaf)
+    finally:
+        worker.close()
+
+
+@needs_cgroup2
 def test_a_command_that_cannot_enter_its_cgroup_fails_to_start_and_the_leaf_is_not_reused() -> None:
     """Hostile twin: the attempt's cgroup vanished between its creation and the fork."""
     worker = WorkerCgroups.create()

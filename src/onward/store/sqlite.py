@@ -39,17 +39,16 @@ from ..errors import (
 from ..log import one_line
 from .base import Event, Lease, Stats, StepRecord
 from .rows import event_of
-from .sql import load_queries, migration
+from .sql import migration
 from .sqlbase import SCHEMA_VERSION, SqlStore, added_message, check_schema_version
+from .sqlite_peek import SQLITE_MAGIC, Q  # one parse of sqlite.sql, one header check, for both readers
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
 # How long a call waits for the write lock before the runner names a lease (then: a quarter of it, see
 # sqlbase.STALL_FLOOR_MS). Commands such as ``onward add`` have no lease to outlive and may wait longer.
 BUSY_TIMEOUT_MS = 30_000
 # The most completions one rate reading counts: a job done faster than that a minute is measured over its latest
 # RATE_SAMPLE completions (a few seconds at such rates), which keeps a status refresh a few milliseconds.
 RATE_SAMPLE = 100_000
-Q = load_queries("sqlite.sql")
 
 
 def path_from_url(url: str) -> str:

@@ -92,7 +92,9 @@ from onward.proc import (
 from onward.redact import redact_url, scrub, url_secrets
 from onward.store import DEFAULT_DB, open_store
 
-DEFAULT_RESTART_DELAY = 0.2
+# systemd's own default RestartSec. The delay is not what stops a crash loop (the backoff and
+# max_restarts do): it only spaces a lone crash from the restart, which then resumes the task at once.
+DEFAULT_RESTART_DELAY = 0.1
 DEFAULT_MAX_RESTARTS = 5
 DEFAULT_WINDOW = 60.0
 

@@ -58,7 +58,8 @@ Restarts are journaled in the store (event kind ``restart``, the cause in its de
 so ``onward status`` counts them like systemd's ``NRestarts``; without a store they are only logged. The
 store is looked up at each restart (``--db`` of the supervisor, else the worker's ``--db``, ``ONWARD_DB``,
 or the default file once it exists), so the restarts of a job whose first worker created its store are
-counted too; no store is ever created just to journal.
+counted too; no store is ever created just to journal. It is looked up before the restart, while no worker
+runs, and written to right after the next worker is started: opening it must not hold up the restart.
 """
 
 from __future__ import annotations

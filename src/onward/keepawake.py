@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 
 from .errors import UsageError
 from .log import Log
@@ -33,9 +32,9 @@ def _chosen_marker(flag: str | None) -> str | None:
     env = os.environ.get("ONWARD_KEEP_AWAKE")
     if env:
         return env
-    sandbox = Path(SANDBOX_DIR).expanduser()
-    if sandbox.is_dir():
-        return str(sandbox / SANDBOX_MARKER)
+    sandbox = os.path.expanduser(SANDBOX_DIR)
+    if os.path.isdir(sandbox):
+        return os.path.join(sandbox, SANDBOX_MARKER)
     return None
 
 

@@ -58,7 +58,8 @@ Restarts are journaled in the store (event kind ``restart``, the cause in its de
 so ``onward status`` counts them like systemd's ``NRestarts``; without a store they are only logged. The
 store is looked up at each restart (``--db`` of the supervisor, else the worker's ``--db``, ``ONWARD_DB``,
 or the default file once it exists), so the restarts of a job whose first worker created its store are
-counted too; no store is ever created just to journal.
+counted too; no store is ever created just to journal. It is looked up before the restart, while no worker
+runs, and written to right after the next worker is started: opening it must not hold up the restart.
 """
 
 from __future__ import annotations
@@ -92,7 +93,9 @@ from onward.proc import (
 from onward.redact import redact_url, scrub, url_secrets
 from onward.store import DEFAULT_DB, open_store
 
-DEFAULT_RESTART_DELAY = 0.2
+# systemd's own default RestartSec. The delay is not what stops a crash loop (the backoff and
+# max_restarts do): it only spaces a lone crash from the restart, which then resumes the task at once.
+DEFAULT_RESTART_DELAY = 0.1
 DEFAULT_MAX_RESTARTS = 5
 DEFAULT_WINDOW = 60.0
 
@@ -289,13 +292,18 @@ class Supervisor:
             delay = backoff_delay(self.restart_delay, streak)
             log(f"restarting worker after {cause} ({counted}"
                 + (f", backing off {delay:g} s)" if delay > self.restart_delay else ")"))
-            self._journal(cause)
+            # The store is chosen now, while no worker runs (one may be about to create it), but written to
+            # once the next worker is started: opening it (on PostgreSQL, importing the driver and
+            # connecting) can take longer than the delay, and the restart must not wait for it.
+            journal = self._journal_store()
             if not self._wait_unless_stopped(now + delay):
+                self._journal(journal, cause)
                 log(f"{signal.Signals(self._stop_signal or signal.SIGTERM).name} received while waiting to "
                     "restart; not restarting")
                 return exit_code(returncode)
             self.last_status, self.progressed = None, False
             child = self._spawn(path, first=False)
+            self._journal(journal, cause)
         return 1
 
     def _spawn(self, notify_path: str, first: bool) -> subprocess.Popen[bytes] | None:
@@ -492,15 +500,21 @@ class Supervisor:
             select.select([self._wake_r], [], [], remaining)
 
     # --- the journal ---------------------------------------------------------------------------------
-    def _journal(self, cause: str) -> None:
-        """Record one restart in the store. Best effort on purpose: a restart must never fail because the
-        store cannot be reached, so any error is reported on stderr and the restart goes on."""
-        # Looked up at each restart, not once at start: in a fresh folder the worker creates the store.
+    def _journal_store(self) -> tuple[str, str | None] | None:
+        """Where restarts are journaled, looked up at each restart rather than once at start (in a fresh
+        folder the first worker creates the store): the store's URL and the job, or None."""
         url = self.store_url if self.store_url is not None else store_url_for(self.command, os.environ)
         if url is None:
+            return None
+        return url, self.job if self.job is not None else job_for(self.command, os.environ)
+
+    def _journal(self, store_and_job: tuple[str, str | None] | None, cause: str) -> None:
+        """Record one restart in the store. Best effort on purpose: a restart must never fail because the
+        store cannot be reached, so any error is reported on stderr and the restart goes on."""
+        if store_and_job is None:
             return
+        url, job = store_and_job
         try:
-            job = self.job if self.job is not None else job_for(self.command, os.environ)
             store = open_store(url, create=False, job=job)  # journaling never creates a store (nor a job)
             try:
                 store.log_event("restart", detail=cause, durable=True)
@@ -508,4 +522,3 @@ class Supervisor:
                 store.close()
         except Exception as exc:  # noqa: BLE001 - see the docstring
             log(f"could not record the restart in {redact_url(url)}: {scrub(str(exc), url_secrets(url))}")
-

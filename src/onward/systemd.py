@@ -32,12 +32,17 @@ from dataclasses import dataclass
 from onward.config import RunConfig
 from onward.errors import OnwardError, UsageError
 from onward.redact import redact_url
-from onward.supervise import DEFAULT_MAX_RESTARTS, DEFAULT_WINDOW, find_run_option, onward_run_span
+from onward.supervise import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_DELAY,
+    DEFAULT_WINDOW,
+    find_run_option,
+    onward_run_span,
+)
 
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/onward"  # the units' EnvironmentFiles, holding their secrets
 DEFAULT_WATCHDOG = 30.0  # WatchdogSec unless --watchdog says otherwise (0: none)
-RESTART_SEC = "200ms"
 DEFAULT_GRACE = RunConfig.grace  # onward run's --grace default
 STOP_MARGIN = 10.0  # TimeoutStopSec = grace + this: time to terminate the tasks and record the stop
 
@@ -274,7 +279,7 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
                   f"EnvironmentFile={_plain_path(environment_file)}"]
     lines += [
         "Restart=on-failure",
-        f"RestartSec={RESTART_SEC}",
+        f"RestartSec={_timespan(DEFAULT_RESTART_DELAY)}",
     ]
     if watchdog:
         lines.append(f"WatchdogSec={_timespan(watchdog)}")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .attempt import Handler
 from .config import RunConfig
@@ -11,11 +11,13 @@ from .keepawake import KeepAwake
 from .log import Log
 from .notify import Notifier
 from .outdir import OutDir
-from .progress import RunBar, run_bar_reader
 from .redact import url_secrets
 from .runner import Runner
 from .settle import RunSummary
 from .store.base import Store
+
+if TYPE_CHECKING:
+    from .progress import RunBar
 
 
 class WorkerHandler(Handler, Protocol):
@@ -37,6 +39,9 @@ def run_worker(store: Store, handler: WorkerHandler, config: RunConfig, log: Log
                         keep_awake=KeepAwake(keep_awake, log) if keep_awake else None, out=out,
                         secrets=url_secrets(url))
         if progress_bar:
+            # Only for a terminal: a worker under a supervisor, restarted after a crash, never pays for it.
+            from .progress import RunBar, run_bar_reader
+
             bar = RunBar(log.stream, run_bar_reader(lambda: runner.counts_seen,
                                                     lambda: (runner.summary.done, runner.summary.failed)))
             bar.start(log)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from onward.store import open_store
-from onward.supervise import backoff_delay, find_run_option, store_url_for
+from onward.supervise import DEFAULT_RESTART_DELAY, backoff_delay, find_run_option, store_url_for
 from tests import pgutil
 from tests.conftest import onward_argv, run_onward, wait_for
 
@@ -355,8 +355,8 @@ def test_watchdog_kills_and_restarts_a_silent_worker(supervise: Callable[..., Ru
     assert len(starts) == 2
     assert "watchdog: no heartbeat for 1.0 s" in run.log
     last_beat = float((run.state / "lastbeat").read_text())
-    # The second start follows the kill by the restart delay (0.2 s) plus the interpreter's start-up.
-    detection = starts[1][1] - last_beat - 0.2
+    # The second start follows the kill by the restart delay plus the interpreter's start-up.
+    detection = starts[1][1] - last_beat - DEFAULT_RESTART_DELAY
     assert 1.0 <= detection < 2.0, f"killed {detection:.2f} s after the last heartbeat (watchdog 1.0 s)"
 
 

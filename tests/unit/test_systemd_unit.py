@@ -64,7 +64,7 @@ def test_generated_units_verify_cleanly(tmp_path: Path, case: str) -> None:
 def test_verify_check_can_fail(tmp_path: Path) -> None:
     # The harness itself: a bad value or a missing executable leaves a warning on stderr (exit status 0).
     text = systemd.render_unit("bad", ONWARD + ["run", "--", "true"]).text
-    assert verify(tmp_path, "bad", text.replace("RestartSec=200ms", "RestartSec=soon")) != ""
+    assert verify(tmp_path, "bad", text.replace("RestartSec=100ms", "RestartSec=soon")) != ""
     assert verify(tmp_path, "bad", text.replace(sys.executable, "/no/such/python")) != ""
 
 
@@ -75,7 +75,7 @@ def test_unit_says_what_an_admin_would_write(tmp_path: Path) -> None:
     for expected in ["[Unit]", "After=network-online.target", "Wants=network-online.target",
                      "StartLimitIntervalSec=60s", "StartLimitBurst=6", "[Service]", "Type=notify",
                      "NotifyAccess=main", f"WorkingDirectory={tmp_path}", "User=crawler",
-                     'Environment="LANG=C"', "Restart=on-failure", "RestartSec=200ms", "WatchdogSec=10s",
+                     'Environment="LANG=C"', "Restart=on-failure", "RestartSec=100ms", "WatchdogSec=10s",
                      "KillSignal=SIGTERM", "KillMode=mixed", "Delegate=yes", "TimeoutStopSec=40s", "SuccessExitStatus=3",
                      "RestartPreventExitStatus=2 3", "[Install]", "WantedBy=multi-user.target"]:
         assert expected in lines

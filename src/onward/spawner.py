@@ -1,6 +1,6 @@
 """The spawner: a small single-threaded process, one per command handler, that starts the worker's commands
 so that the worker itself never forks. Both ends of the protocol live here: ``Spawner`` in the worker, and
-``serve`` in the spawner process (this file run as a script by ``python -I -S``, so it imports nothing but
+``serve`` in the spawner process (this file imported by ``python -I -S -c``, so it imports nothing but
 the standard library and starts in ~15 ms, once per worker).
 
 Why. Starting a command used to take ``subprocess.Popen`` with a ``preexec_fn`` (setsid, PDEATHSIG with a
@@ -99,7 +99,8 @@ class Spawner:
         try:
             # Its own session: a Ctrl-C at the terminal is the worker's to handle, not the spawner's.
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(theirs.fileno()), str(os.getpid())],
+                [sys.executable, "-I", "-S", "-c", _BOOT, os.path.abspath(__file__), str(theirs.fileno()),
+                 str(os.getpid())],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=[theirs.fileno()], env={},
                 start_new_session=True)
         except BaseException:
@@ -282,6 +283,14 @@ class _Prepared:
 
 class _SpawnerGone(Exception):
     pass
+
+
+# How the spawner process starts: this file imported as a module (from the end of the path, after the
+# standard library), so its bytecode, compiled at install, is used; run as a script it would be compiled at
+# every start, on the path to a worker's first command. Its arguments: this file's path (which names it in
+# `ps`), the control socket's descriptor, and the worker's pid (last).
+_BOOT = ("import sys; sys.path.append(sys.argv[1].rpartition('/')[0]); import spawner; "
+         "spawner.serve(int(sys.argv[2]), int(sys.argv[3]))")
 
 
 def _env_message(env: Mapping[str, str]) -> bytes:

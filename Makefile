@@ -41,6 +41,7 @@ check: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
+	command -v parallel >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq parallel; }
 	$(PY) bench/run.py
 
 clean:

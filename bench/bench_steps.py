@@ -404,7 +404,7 @@ def render(r: dict[str, Any]) -> str:
     w("")
     if recovery:
         m = statistics.median(recovery)
-        w("A worker (`onward supervise --max-restarts 1000 -- python worker.py`, default restart delay 0.2 s)"
+        w("A worker (`onward supervise --max-restarts 1000 -- python worker.py`, default restart delay)"
           " runs a task that loops over a 5 ms step; it is SIGKILLed after 2.5 s of work. Measured: from the"
           " kill to the first step body running in the restarted worker (restart delay, interpreter start,"
           " reclaiming the dead worker's task, claiming it, loading and replaying its steps).")

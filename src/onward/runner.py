@@ -319,9 +319,7 @@ class Runner:
         except StoreError as e:
             # Nothing was committed: keep the outcomes and try again after a backoff; the tasks that
             # asked for writes are told, since they wait on them.
-            self._store_backoff = min(max(2 * self._store_backoff, STORE_RETRY_FIRST), STORE_RETRY_MAX)
-            self._store_retry_at = time.monotonic() + self._store_backoff
-            self.store_errors.warning("store error, will retry", str(e))
+            self._back_off(e)
             self._unsettled = finished
             for _, future in calls:
                 future.set_exception(e)
@@ -369,6 +367,12 @@ class Runner:
                                      attempt=claim.attempt)
         return claims
 
+    def _back_off(self, e: StoreError) -> None:
+        """After a failed commit or sync: say so (throttled), and commit nothing before the backoff is over."""
+        self._store_backoff = min(max(2 * self._store_backoff, STORE_RETRY_FIRST), STORE_RETRY_MAX)
+        self._store_retry_at = time.monotonic() + self._store_backoff
+        self.store_errors.warning("store error, will retry", str(e))
+
     def _report_settled(self) -> None:
         """Make the last settling commit durable, then tell what it settled (log lines, output files, the
         tally, steps' values to their tasks). Called once the tasks it claimed have started, so that the
@@ -383,9 +387,7 @@ class Runner:
             # was reported done, so running one again breaks no promise). The worker stays up like after a
             # failed commit, backs off, and commits durably at once from now on, as SQLite does on its own.
             self._durable_now = self._exports_owed = True
-            self._store_backoff = min(max(2 * self._store_backoff, STORE_RETRY_FIRST), STORE_RETRY_MAX)
-            self._store_retry_at = time.monotonic() + self._store_backoff
-            self.store_errors.warning("store error, will retry", str(e))
+            self._back_off(e)
             return
         for report in reports:
             report()

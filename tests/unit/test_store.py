@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,8 +79,8 @@ def test_a_crash_safe_settle_is_seen_at_once_and_made_durable_by_sync(store_url:
     synced: list[str] = []
     real_fdatasync = os.fdatasync
 
-    def fdatasync(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+    def fdatasync(fd: Any) -> None:  # os.fdatasync's own type: a descriptor or what has a fileno()
+        synced.append(os.readlink(f"/proc/self/fd/{fd if isinstance(fd, int) else fd.fileno()}"))
         real_fdatasync(fd)
     try:
         writer.add(["a", "b", "c"])

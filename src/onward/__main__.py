@@ -1,3 +1,3 @@
-from .cli import cli_main
+from .entry import main
 
-cli_main()
+main()

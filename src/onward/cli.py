@@ -380,7 +380,7 @@ def _stderr_is_a_terminal() -> bool:
         return False
 
 
-def _hide_passwords_from_ps(argv: list[str]) -> None:
+def hide_passwords_from_ps(argv: list[str]) -> None:
     """A store URL with a password on the command line (``--db postgresql://u:secret@…`` or
     ``--db=postgresql://…``, also in the command given to ``onward supervise``) is visible to every user
     through ``ps``: blank it out at once."""
@@ -403,7 +403,7 @@ def _say_error(message: str) -> None:
 
 def entry(argv: list[str] | None = None) -> int:
     """Run the CLI, mapping every error type to its exit status in one place."""
-    _hide_passwords_from_ps(sys.argv if argv is None else argv)
+    hide_passwords_from_ps(sys.argv if argv is None else argv)
     try:
         # Without standalone mode click returns, instead of raising, the status given to ctx.exit() (by
         # --version, or by onward supervise passing its worker's on); a command that just returns gives None.

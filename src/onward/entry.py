@@ -1,10 +1,15 @@
 """The ``onward`` console script. ``onward status [--db URL] [--job NAME] [--json]`` on a SQLite store that
 is plainly fine is answered by ``status.print_plain_status``, without loading click, rich or the store's
 classes (a start-up near that of Python with sqlite3); every other command line, and every case that one
-declines, goes to the CLI (``onward.cli``), unchanged."""
+declines, goes to the CLI (``onward.cli``), unchanged.
+
+A worker that ``onward supervise`` restarts is started while the restart delay runs, behind a start gate
+(``onward.gate``): it loads its code, then waits for the supervisor's go before it does anything else, so
+the delay spaces the work, not the interpreter's start-up."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -21,6 +26,12 @@ def main() -> None:
             except KeyboardInterrupt:  # as the CLI says it (cli.entry)
                 sys.stderr.write("onward: aborted\n")
                 sys.exit(130)
+    if args[:1] == ["run"]:
+        from .gate import START_GATE
+
+        gate = os.environ.pop(START_GATE, None)  # popped: never passed on to the tasks
+        if gate is not None:
+            wait_at_gate(gate)
     from .cli import cli_main
 
     cli_main()
@@ -55,3 +66,47 @@ def plain_status_options(args: list[str]) -> tuple[str | None, str | None, bool]
         else:
             job = value
     return db, job, as_json
+
+
+def wait_at_gate(value: str) -> None:
+    """Load what ``onward run`` needs, then wait at the gate described by ``value`` (``onward.gate``):
+    return on the go, exit quietly if the supervisor closes it without one (it is stopping, not
+    restarting). A value that does not describe a gate of our parent's is ignored."""
+    fd_text, _, rest = value.partition(",")
+    parent, _, backend = rest.partition(",")
+    if not all(text.isascii() and text.isdigit() and len(text) <= 10 for text in (fd_text, parent)):
+        return
+    fd = int(fd_text)
+    if int(parent) != os.getppid() or fd < 3:
+        return
+    import stat
+
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+    except (OSError, OverflowError):  # not open; beyond any descriptor
+        return
+    # Before the wait, which may be long (a backoff): a password on the command line is blanked out as
+    # soon as a worker starts, gated or not.
+    from .cli import hide_passwords_from_ps
+
+    hide_passwords_from_ps(sys.argv)
+    from . import command_handler, commands, worker  # noqa: F401 - loaded now, used after the gate
+    from .store import load_backend
+
+    try:
+        load_backend(postgres=backend == "postgres")
+    except ImportError:
+        pass  # psycopg missing: the run itself says so, in its own words
+    from .gate import GO
+    from .spawn import SWITCH
+    from .spawner import launch_early
+
+    if os.environ.get(SWITCH) != "fork":
+        launch_early()  # this thread (the main one) is the one that will start the commands
+    try:
+        go = os.read(fd, len(GO))
+    finally:
+        os.close(fd)
+    if go != GO:
+        sys.exit(0)

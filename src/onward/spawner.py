@@ -69,6 +69,7 @@ import sys
 # less CPU in the spawner per command, ~11% less in each command's process (its clone to its exit).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Mapping, Sequence
 
 SYS_CLONE3 = 435  # one number on every architecture (system calls added since Linux 5.0 share a table)
@@ -91,23 +92,11 @@ class Spawner:
     """The worker's handle on its spawner process: ``spawn`` starts one command."""
 
     def __init__(self, env: Mapping[str, str], need_cgroup: bool) -> None:
-        import subprocess  # here, not at the top: the spawner process never needs it
-
         self._env = dict(env)
         self._need = CLONE3_INTO_CGROUP if need_cgroup else CLONE3
-        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        try:
-            # Its own session: a Ctrl-C at the terminal is the worker's to handle, not the spawner's.
-            self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _BOOT, os.path.abspath(__file__), str(theirs.fileno()),
-                 str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=[theirs.fileno()], env={},
-                start_new_session=True)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        global _early
+        early, _early = _early, None
+        self._proc, ours = early[:2] if early is not None and early[2] == os.getpid() else _launch()
         self._ctl = ours
         ours.settimeout(REPLY_TIMEOUT)
         self.pid = self._proc.pid
@@ -262,6 +251,43 @@ class Spawner:
         self.discard()
         self._ctl.close()
         self._kill()
+
+
+def _launch() -> tuple[subprocess.Popen[bytes], _socket.socket]:
+    """Start a spawner process: (the process, the worker's end of its control socket)."""
+    import subprocess  # here, not at the top: the spawner process never needs it
+
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        # Its own session: a Ctrl-C at the terminal is the worker's to handle, not the spawner's.
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _BOOT, os.path.abspath(__file__), str(theirs.fileno()),
+             str(os.getpid())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=[theirs.fileno()], env={},
+            start_new_session=True)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return proc, ours
+
+
+# A spawner process started ahead of the first ``Spawner`` (``launch_early``), with the pid that started it.
+_early: tuple[subprocess.Popen[bytes], _socket.socket, int] | None = None
+
+
+def launch_early() -> None:
+    """Start the spawner process now, for the first ``Spawner`` of this process to take: its start-up (a
+    Python interpreter) then overlaps the worker's own instead of delaying the first command. Call it from
+    the thread that will start the commands (see ``onward.spawn.CommandStarter``). Best effort: a spawner
+    that cannot be started now is started, or found missing, when needed."""
+    global _early
+    if _early is None and sys.executable and os.path.isfile(__file__):
+        try:
+            _early = (*_launch(), os.getpid())
+        except OSError:
+            pass
 
 
 class _Prepared:

@@ -27,6 +27,9 @@ Restart rules (exit statuses are those of ``onward run``):
   consecutive runs that lasted less than ``FAST_CRASH`` seconds and made no progress (a run that lasted
   longer, or made progress, resets it to 1). A worker killed once in a while, or however often as long as
   it gets somewhere, is back after ``restart_delay``; one that dies at start-up backs off.
+- the next worker, when the command is ``onward run`` itself (``starts_onward_run``), is started right away
+  behind a start gate (``onward.gate``): it loads its code while the delay runs and does nothing else until
+  the gate opens when the delay is over; a stop during the delay kills it unstarted.
 - more than ``max_restarts`` restarts within ``window`` seconds: one line on stderr and exit 1. Only runs
   without progress count, and a run with progress forgets the restarts before it: a worker that keeps
   settling tasks is never given up on, however often it is killed; one that settles nothing (it dies at
@@ -80,6 +83,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from onward.cgroups import sweep_dead_workers
 from onward.child_watch import Watchdog, exit_fd, exited, receive
 from onward.errors import UsageError
+from onward.gate import START_GATE, Gate
 from onward.log import Log
 from onward.notify import PROGRESS_FIELD
 from onward.proc import (
@@ -91,7 +95,7 @@ from onward.proc import (
     set_child_subreaper,
 )
 from onward.redact import redact_url, scrub, url_secrets
-from onward.store import DEFAULT_DB, open_store
+from onward.store import DEFAULT_DB, is_postgres_url, open_store
 
 # systemd's own default RestartSec. The delay is not what stops a crash loop (the backoff and
 # max_restarts do): it only spaces a lone crash from the restart, which then resumes the task at once.
@@ -153,6 +157,14 @@ def onward_run_span(command: Sequence[str]) -> tuple[int, int] | None:
         return None
     end = command.index("--", start) if "--" in command[start:] else len(command)
     return start, end
+
+
+def starts_onward_run(command: Sequence[str]) -> bool:
+    """Whether ``command`` is ``onward run`` itself (an ``onward`` executable or ``python -m onward``), which
+    understands the start gate, rather than a wrapper that might fork it and never read the gate."""
+    if os.path.basename(command[0]) == "onward":
+        return command[1:2] == ["run"]
+    return os.path.basename(command[0]).startswith("python") and command[1:4] == ["-m", "onward", "run"]
 
 
 def find_run_option(command: Sequence[str], name: str) -> tuple[int, str, str] | None:
@@ -296,19 +308,38 @@ class Supervisor:
             # once the next worker is started: opening it (on PostgreSQL, importing the driver and
             # connecting) can take longer than the delay, and the restart must not wait for it.
             journal = self._journal_store()
+            # An `onward run` worker is started now, behind its start gate (onward.entry): it loads its code
+            # while the delay runs and starts working only once the gate opens, when the delay is over.
+            gate = None
+            if starts_onward_run(self.command):
+                postgres = journal is not None and is_postgres_url(journal[0])
+                gate = Gate("postgres" if postgres else "sqlite")
+            early = self._spawn(path, first=False, gate=gate) if gate is not None else None
             if not self._wait_unless_stopped(now + delay):
+                if early is not None:
+                    assert gate is not None
+                    gate.close()
+                    self._reap(early, None)  # it has done nothing but load its code
                 self._journal(journal, cause)
                 log(f"{signal.Signals(self._stop_signal or signal.SIGTERM).name} received while waiting to "
                     "restart; not restarting")
                 return exit_code(returncode)
             self.last_status, self.progressed = None, False
-            child = self._spawn(path, first=False)
+            if gate is None:
+                child = self._spawn(path, first=False)
+            else:
+                child = early
+                gate.open()
             self._journal(journal, cause)
         return 1
 
-    def _spawn(self, notify_path: str, first: bool) -> subprocess.Popen[bytes] | None:
-        """Start the child; None if a restart cannot start it (a first start raises UsageError)."""
+    def _spawn(self, notify_path: str, first: bool, gate: Gate | None = None) -> subprocess.Popen[bytes] | None:
+        """Start the child (behind ``gate``, if given); None if a restart cannot start it (a first start
+        raises UsageError)."""
         env = dict(os.environ)
+        env.pop(START_GATE, None)
+        if gate is not None:
+            env[START_GATE] = gate.value
         env["NOTIFY_SOCKET"] = notify_path
         if self.job is not None:
             env["ONWARD_JOB"] = self.job
@@ -324,12 +355,18 @@ class Supervisor:
             die_with_parent_preexec()
 
         try:
-            child = subprocess.Popen(self.command, env=env, preexec_fn=in_child)
+            child = subprocess.Popen(self.command, env=env, preexec_fn=in_child,
+                                     pass_fds=gate.passed if gate is not None else ())
         except OSError as exc:
             if first:
                 raise UsageError(f"supervise: cannot start {self.command[0]}: {exc.strerror}") from exc
             log(f"cannot start the worker again: {exc}")
+            if gate is not None:
+                gate.close()
             return None
+        finally:
+            if gate is not None:
+                gate.started()
         log(f"worker {child.pid} started: {redact_url(shlex.join(self.command))}")
         return child
 

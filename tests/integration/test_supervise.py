@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -728,3 +729,146 @@ def test_a_password_given_as_db_equals_url_is_hidden_from_ps_of_the_supervisor(
             assert f"--db=postgresql://{pgutil.PG_USER}:{'*' * len(secret)}@" in title  # wiped in place
         assert job.stop() == 0, job.log
     assert secret not in job.log
+
+
+# --- the start gate: a restarted worker loads its code during the restart delay ------------------------
+def log_time(line: str) -> float:
+    """The wall-clock time at the start of one of onward's log lines (``2026-12-01T19:08:29.480Z ...``)."""
+    return datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def test_a_restarted_worker_loads_during_the_delay_and_runs_its_task_only_after_it(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_text("a\n")
+    starts = tmp_path / "starts"
+    job = supervised(["--restart-delay", "3"],
+                     ["--tasks", "t.txt", "--grace", "0.5", "--", "sh", "-c", f"date +%s.%N >> {starts}; exec sleep 60"])
+    first = job.ready(1)
+    wait_for(lambda: starts.exists() and len(starts.read_text().split()) == 1, 20, "the task to start")
+    killed = time.time()
+    os.kill(first, signal.SIGKILL)
+    second = job.ready(2)
+    wait_for(lambda: len(starts.read_text().split()) == 2, 20, "the task to start again")
+    again = float(starts.read_text().split()[1])
+    started = log_time(next(line for line in job.log.splitlines() if f"worker {second} started" in line))
+    # The task waited out the whole delay, counted from after the kill; the worker's process did not: it
+    # was started right after the kill, and waited at its gate.
+    assert again >= killed + 3.0
+    assert again - started > 2.0, job.log
+    assert job.stop() == 0, job.log
+
+
+def test_a_stop_during_the_delay_ends_the_waiting_worker_before_it_does_anything(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_text("a\n")
+    starts = tmp_path / "starts"
+    job = supervised(["--restart-delay", "60"],
+                     ["--tasks", "t.txt", "--grace", "0.5", "--", "sh", "-c", f"date +%s.%N >> {starts}; exec sleep 60"])
+    first = job.ready(1)
+    wait_for(lambda: starts.exists(), 20, "the task to start")
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: len(job.workers()) == 2, 20, "the next worker to be started")
+    second = job.workers()[1]
+    assert b"run" in Path(f"/proc/{second}/cmdline").read_bytes().split(b"\0")  # alive, at its gate
+    assert job.stop() == 128 + signal.SIGKILL, job.log  # the status of the last worker that ran
+    assert "received while waiting to restart; not restarting" in job.log
+    assert not Path(f"/proc/{second}").exists()  # reaped by the supervisor, which has exited
+    assert f"onward pid={second} " not in job.log  # it said nothing: it never got past its gate
+    assert len(starts.read_text().split()) == 1
+    assert status_of(tmp_path)["restarts"] == 1
+
+
+def test_a_password_is_blanked_out_while_the_worker_waits_at_its_gate(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    secret = f"pw-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "t.txt").write_text("a\n")
+    with pgutil.fresh_database() as url:
+        with_password = url.replace(f"{pgutil.PG_USER}@", f"{pgutil.PG_USER}:{secret}@")
+        job = supervised(["--restart-delay", "60"],
+                         [f"--db={with_password}", "--tasks", "t.txt", "--grace", "0.5", "--", "sleep", "60"])
+        os.kill(job.ready(1), signal.SIGKILL)
+        wait_for(lambda: len(job.workers()) == 2, 20, "the next worker to be started")
+        second = job.workers()[1]
+        title = Path(f"/proc/{second}/cmdline")
+        wait_for(lambda: secret not in title.read_bytes().decode(), 20, "the password to be blanked out")
+        assert f"worker {second} ready" not in job.log  # still at its gate
+        assert job.stop() == 128 + signal.SIGKILL, job.log
+    assert secret not in job.log
+
+
+# A value of ONWARD_START_GATE that is not a gate of the worker's own parent is ignored: the run goes on at
+# once, as without a supervisor, and its tasks never see the variable. "{ppid}" is this test's pid.
+NOT_A_GATE = ["", "garbage", "3", ",,", "3,1,sqlite", "\u0663,{ppid},sqlite", "0,{ppid},sqlite", "2,{ppid}",
+              "3,{ppid},sqlite", "9999999999,{ppid},sqlite", "99999999999,{ppid},sqlite", "{file},{ppid},sqlite",
+              "{file},{ppid},postgres"]
+
+
+@pytest.mark.parametrize("value", NOT_A_GATE)
+def test_a_start_gate_value_that_is_not_a_gate_is_ignored(tmp_path: Path, value: str) -> None:
+    (tmp_path / "t.txt").write_text("a\n")
+    with open(tmp_path / "plain", "w") as plain:
+        gate = value.format(ppid=os.getpid(), file=plain.fileno())
+        done = subprocess.run(
+            onward_argv("run", "--db", "s.db", "--tasks", "t.txt", "--", "sh", "-c",
+                        'printf "%s" "${ONWARD_START_GATE-unset}" > seen'),
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": SRC, "ONWARD_START_GATE": gate},
+            pass_fds=[plain.fileno()], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "seen").read_text() == "unset"
+
+
+def test_a_gate_closed_without_the_go_ends_the_worker_having_done_nothing(tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_text("a\n")
+    read, write = os.pipe()
+    try:
+        worker = subprocess.Popen(
+            onward_argv("run", "--db", "s.db", "--tasks", "t.txt", "--", "touch", "ran"), cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": SRC, "ONWARD_START_GATE": f"{read},{os.getpid()},sqlite"},
+            pass_fds=[read], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    finally:
+        os.close(read)
+    os.close(write)
+    out, err = worker.communicate(timeout=60)
+    assert (worker.returncode, out, err) == (0, b"", b"")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]  # no store, no task run
+
+
+def test_a_gate_opened_lets_the_worker_run_and_its_command_dies_with_it(tmp_path: Path) -> None:
+    # The worker started its spawner before the gate; a command it starts through that spawner keeps
+    # every guarantee, e.g. it dies with the worker, even by SIGKILL (PDEATHSIG).
+    (tmp_path / "t.txt").write_text("a\n")
+    read, write = os.pipe()
+    try:
+        worker = subprocess.Popen(
+            onward_argv("run", "--db", "s.db", "--tasks", "t.txt", "--", "sh", "-c", "touch ran; exec sleep 60"),
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": SRC, "ONWARD_START_GATE": f"{read},{os.getpid()},sqlite"},
+            pass_fds=[read], stderr=subprocess.DEVNULL)
+    finally:
+        os.close(read)
+
+    def children(name: bytes) -> list[int]:
+        pids = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
+        return [int(pid) for pid in pids if name in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+    try:
+        # Waiting: the worker has loaded its code and started its spawner (the last step before the gate),
+        # but touched nothing.
+        wait_for(lambda: children(b"spawner"), 20, "the worker to start its spawner")
+        assert not (tmp_path / "s.db").exists() and worker.poll() is None
+        os.write(write, b"g")
+        wait_for(lambda: (tmp_path / "ran").exists() and children(b"sleep"), 20, "the command to run")
+        command = children(b"sleep")[0]
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(10)
+
+        def gone() -> bool:
+            try:
+                return Path(f"/proc/{command}/stat").read_text().split(") ")[1][0] in "ZX"
+            except FileNotFoundError:
+                return True
+        wait_for(gone, 10, "the command to die with its worker")
+    finally:
+        os.close(write)
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()

@@ -92,6 +92,14 @@ def open_store(url: str | None = None, *, create: bool = True, job: str | None =
     return SqliteStore(url, create=create, job=job)
 
 
+def load_backend(postgres: bool) -> None:
+    """Load a backend's code ahead of its first use, as a worker waiting at its start gate does
+    (``onward.entry``). Raises ImportError where PostgreSQL's driver is not installed."""
+    import importlib
+
+    importlib.import_module(f"{__name__}.{'postgres' if postgres else 'sqlite'}")
+
+
 def exists(url: str) -> bool:
     """Whether there may be a store at ``url`` (as ``store_url`` returns it), for ``open_store(url,
     create=False)`` to open: False for a SQLite file that is missing or empty (a store whose creation was

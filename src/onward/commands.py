@@ -11,12 +11,15 @@ from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import StoreMissing, UsageError
 from .keepawake import marker_path
 from .log import Log
-from .outdir import OutDir, owner_of
 from .store import exists as store_exists
 from .store import is_postgres_url, job_name, open_store, store_url
 from .store.base import Store
 from .tasksfile import ImportResult, check_task_name, check_tasks_file, import_tasks_file
 from .worker import run_worker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .outdir import OutDir  # loaded only with --out
 
 
 class LazyStore:
@@ -89,6 +92,8 @@ def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | No
         if tasks is None and (store.existing is None or not sum(store.existing.counts().values())):
             raise UsageError("no tasks: give --tasks FILE or onward add")
         if out_dir:
+            from .outdir import OutDir, owner_of
+
             out = OutDir(out_dir, owner=owner_of(url, store.job, postgres=is_postgres_url(url)))
         if tasks is not None:
             result = tasks.apply(store.get())

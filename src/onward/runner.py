@@ -31,11 +31,14 @@ from .keepawake import KeepAwake
 from .leases import Leases
 from .log import VERBOSE, Log, Throttled, quote
 from .notify import Notifier
-from .outdir import OutDir
 from .proc import current_owner, owner_alive
 from .reclaim import mark_dead_workers, reclaim_abandoned
 from .settle import RunSummary, Settler
 from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Claim, Store
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .outdir import OutDir  # loaded only with --out (its hashing and URL parsing cost start-up)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SavedSignals = tuple[dict[signal.Signals, Any], "int | None"]  # handlers and wakeup fd to restore

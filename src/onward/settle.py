@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from . import crashpoints
 from .attempt import Attempt, Outcome
 from .log import NORMAL, Log, quote
-from .outdir import OutDir, file_name
 from .store.base import CANCELLED, DONE, FAILED, FENCED_DETAIL, PENDING, WAITING, Claim, Store
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .outdir import OutDir  # loaded only with --out
 
 Report = Callable[[], None]  # what to tell once the batch holding the outcome is durable (Store.sync)
 
@@ -191,6 +194,8 @@ class Settler:
         """Write the result file of every done task that has none (a write failed, or the folder is new)."""
         if self.out is None:
             return
+        from .outdir import file_name
+
         exported = 0
         present = self.out.result_files()
         for row in self.store.iter_tasks(DONE):

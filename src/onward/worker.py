@@ -10,13 +10,13 @@ from .config import RunConfig
 from .keepawake import KeepAwake
 from .log import Log
 from .notify import Notifier
-from .outdir import OutDir
 from .redact import url_secrets
 from .runner import Runner
 from .settle import RunSummary
 from .store.base import Store
 
 if TYPE_CHECKING:
+    from .outdir import OutDir
     from .progress import RunBar
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 # Task states: in states.py (see there), re-exported here, where the contract speaks of them.
 from .states import CANCELLED, DONE, FAILED, FINAL_STATES, PENDING, RUNNING, STATES, WAITING  # noqa: F401
@@ -30,8 +30,11 @@ FENCED_DETAIL = "outcome not committed: the task was taken over"
 RESULT_KINDS = ("bytes", "str", "json")
 
 
-@dataclass(frozen=True)
-class Owner:
+# The rows below are NamedTuples (immutable, compared by value) rather than frozen dataclasses: a dataclass
+# compiles its methods when its module loads, about 1.5 ms a class here, and every onward command loads
+# this module (a restarted worker's start-up is on the recovery path). Two rows keep the dataclass because
+# a field of theirs is named like a tuple method (count, index); Stats, for its default_factory.
+class Owner(NamedTuple):
     """Who runs a worker: enough to tell, on the same host, whether that process is still alive."""
 
     host: str  # the host name, shown to people
@@ -40,8 +43,7 @@ class Owner:
     pid_start: int  # the process's start time in clock ticks since boot (/proc/PID/stat field 22)
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     """A task handed to one worker. ``fence`` must accompany every later write about it."""
 
     task_id: int
@@ -51,16 +53,14 @@ class Claim:
     max_attempts: int
 
 
-@dataclass(frozen=True)
-class Reclaimed:
+class Reclaimed(NamedTuple):
     """What ``Store.reclaim`` did with a task taken from its owner."""
 
     state: str  # PENDING, or FAILED when a counted attempt used up the task's attempts
     counted: bool  # False: the attempt had recorded a step beyond any before it, so it was given back
 
 
-@dataclass(frozen=True)
-class Lease:
+class Lease(NamedTuple):
     """A running task as the owning worker knows it, for ``Store.renew``."""
 
     task_id: int
@@ -69,8 +69,7 @@ class Lease:
     note: str | None = None
 
 
-@dataclass(frozen=True)
-class RunningTask:
+class RunningTask(NamedTuple):
     """A task in state running, with what is needed to decide whether to reclaim it."""
 
     task_id: int
@@ -87,8 +86,7 @@ class RunningTask:
     note: str | None
 
 
-@dataclass(frozen=True)
-class TaskRow:
+class TaskRow(NamedTuple):
     name: str
     state: str
     attempts: int
@@ -100,8 +98,7 @@ class TaskRow:
     task_id: int = 0  # the task's id: its place in the order tasks were added (``task_page``'s ``after``)
 
 
-@dataclass(frozen=True)
-class JobRow:
+class JobRow(NamedTuple):
     """One job of a store, for ``Store.jobs``."""
 
     name: str
@@ -109,8 +106,7 @@ class JobRow:
     paused: bool
 
 
-@dataclass(frozen=True)
-class Totals:
+class Totals(NamedTuple):
     """Counters of one job over its whole life, derived from its tasks and journal (so they survive worker
     restarts). Monotonic, except ``final_failures`` and ``cancelled``, which drop when a user retries."""
 
@@ -124,8 +120,7 @@ class Totals:
     # real, or when it ends having only replayed)
 
 
-@dataclass(frozen=True)
-class WaitRow:
+class WaitRow(NamedTuple):
     """A waiting task and what it waits for, for ``Store.waits``."""
 
     name: str
@@ -133,14 +128,12 @@ class WaitRow:
     until: float | None  # the wait's deadline (store clock), None: none
 
 
-@dataclass(frozen=True)
-class StoredResult:
+class StoredResult(NamedTuple):
     kind: str
     data: bytes
 
 
-@dataclass(frozen=True)
-class WorkerRow:
+class WorkerRow(NamedTuple):
     worker_id: int
     owner: Owner
     started_at: float
@@ -161,8 +154,7 @@ class HostRestarts:
     last_cause: str | None  # why: how the worker before it ended ("exit status 1", "SIGKILL", …)
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     event_id: int
     at: float
     kind: str
@@ -190,8 +182,7 @@ class Stats:
         return sum(self.counts.values())
 
 
-@dataclass(frozen=True)
-class SourceMark:
+class SourceMark(NamedTuple):
     """How far a tasks file was imported, to skip re-reading it when it has not changed or only grew."""
 
     identity: str  # device and inode

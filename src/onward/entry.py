@@ -92,12 +92,13 @@ def wait_at_gate(value: str) -> None:
 
     hide_passwords_from_ps(sys.argv)
     from . import command_handler, commands, worker  # noqa: F401 - loaded now, used after the gate
+    from .errors import StoreError
     from .store import load_backend
 
     try:
         load_backend(postgres=backend == "postgres")
-    except ImportError:
-        pass  # psycopg missing: the run itself says so, in its own words
+    except StoreError:
+        pass  # psycopg missing: the run itself says so, in its own words, after the gate
     from .gate import GO
     from .spawn import SWITCH
     from .spawner import launch_early

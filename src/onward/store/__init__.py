@@ -93,11 +93,15 @@ def open_store(url: str | None = None, *, create: bool = True, job: str | None =
 
 
 def load_backend(postgres: bool) -> None:
-    """Load a backend's code ahead of its first use, as a worker waiting at its start gate does
-    (``onward.entry``). Raises ImportError where PostgreSQL's driver is not installed."""
+    """Load a backend's code, and its driver, ahead of their first use, as a worker waiting at its start
+    gate does (``onward.entry``). Raises ``StoreError`` where PostgreSQL's driver is not installed."""
     import importlib
 
     importlib.import_module(f"{__name__}.{'postgres' if postgres else 'sqlite'}")
+    if postgres:
+        from .pgconn import psycopg_module
+
+        psycopg_module()  # psycopg itself is otherwise loaded at the first connection
 
 
 def exists(url: str) -> bool:

@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/onward demo
 
+# Two processes (pytest-xdist): most tests wait on other processes, so two at once halve the wall time;
+# tests/conftest.py keeps each file's tests together and serialises the ones that would interfere.
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not torture" --durations=25 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not torture" --durations=25 tests
 
 # The long crash runs, then RELIABILITY.md written from their findings (tools/reliability_report.py). Every
 # step runs even when one fails, the report is written either way (a failing test's findings are marked

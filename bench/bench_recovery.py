@@ -271,11 +271,13 @@ def main() -> None:
     print(row("same, SQLite, onward compiled at every start (no bytecode)", kinds["no-bytecode"],
               "for comparison"))
     print(row(f"watchdog detection, `--watchdog {wd_setting:g}` (wedge → kill)", wd, "≤ setting + one tick"))
-    print(f"\nThe recovery figure is the restart delay ({DEFAULT_RESTART_DELAY:g} s) plus what the supervisor"
-          " and the new worker do before the task starts again: the supervisor reaps the dead worker and kills"
-          " what it left (the restart is journaled once the next worker is started); the worker starts a Python interpreter,"
-          " imports onward, opens the store, registers, reclaims the dead worker's task, claims it and starts"
-          " its command through a freshly started spawner process. The no-bytecode row imports onward from a"
+    print("\nWhat a recovery is made of: the supervisor reaps the dead worker and kills what it left, then"
+          " starts the next worker at once, behind its start gate (onward.gate): the worker starts a Python"
+          " interpreter, imports onward (and, on PostgreSQL, psycopg) and starts its command spawner while the"
+          f" restart delay ({DEFAULT_RESTART_DELAY:g} s) runs. When the delay is over, and the worker is ready,"
+          " it opens the store, registers, reclaims the dead worker's task, claims it and starts its command;"
+          " the restart is journaled meanwhile. So the figure is the longer of the delay and that start-up,"
+          " plus the store's part. The no-bytecode row imports onward from a"
           " copy of its sources under `PYTHONDONTWRITEBYTECODE=1` (a source checkout in a sandbox that sets"
           " it). The watchdog figure can be shorter than the setting: the period counts from the worker's last"
           " heartbeat, sent up to a quarter period before the wedge began.\n")

@@ -25,6 +25,23 @@ if TYPE_CHECKING:
 BACKENDS = ["sqlite", "postgres"]
 
 
+# `make test` runs the suite in two processes (pytest-xdist, --dist loadgroup); what runs at once must not
+# interfere. The tests of one file stay together, in file order, as with --dist loadfile. The files below
+# share one group, so they run one after another: some make mount namespaces (systemd-nspawn, ip netns,
+# unshare --mount), each holding a copy of every mount the host had when it started, and the power-cut
+# tests unmount a loop disk and mount it afresh: while a copy held it, its superblock (read-only after the
+# fault) would be reused instead.
+MOUNT_NAMESPACE_FILES = frozenset({"test_power_cut.py", "test_systemd_e2e.py", "test_no_orphans_systemd.py",
+                                   "test_multihost.py", "test_no_orphans.py"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        group = "mount-namespaces" if Path(path).name in MOUNT_NAMESPACE_FILES else path
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("ONWARD_DB", None)
     os.environ.pop("ONWARD_JOB", None)

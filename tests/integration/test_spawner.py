@@ -78,7 +78,7 @@ def test_a_command_gets_the_same_process_either_way(tmp_path: Path, mode: dict[s
     in an attempt cgroup."""
     script = ('echo "ppid=$PPID"; echo "ids=$(ps -o sid=,pgid= -p $$ | tr -s " ")"; grep SigIgn /proc/$$/status; read x; echo "read=$?"; echo "task=$ONWARD_TASK"; '
               'echo "notify=${NOTIFY_SOCKET-unset}"; grep "^0::" /proc/$$/cgroup; echo "pid=$$"; '
-              'ps --ppid $PPID -o args=')
+              'ps -ww --ppid $PPID -o args=')
     db = str(tmp_path / "s.db")
     tasks = write_tasks(tmp_path / "t.txt", ["a"])
     p = subprocess.Popen(onward_argv("run", "--db", db, "--tasks", str(tasks), "--", "sh", "-c", script, "x",

@@ -96,7 +96,12 @@ class Spawner:
         self._need = CLONE3_INTO_CGROUP if need_cgroup else CLONE3
         global _early
         early, _early = _early, None
-        self._proc, ours = early[:2] if early is not None and early[2] == os.getpid() else _launch()
+        if early is not None and early[2] == os.getpid() and early[0].poll() is None:
+            self._proc, ours = early[:2]
+        else:  # none, started before a fork, or dead meanwhile
+            if early is not None:
+                early[1].close()
+            self._proc, ours = _launch()
         self._ctl = ours
         ours.settimeout(REPLY_TIMEOUT)
         self.pid = self._proc.pid

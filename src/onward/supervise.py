@@ -308,7 +308,7 @@ class Supervisor:
             # once the next worker is started: opening it (on PostgreSQL, importing the driver and
             # connecting) can take longer than the delay, and the restart must not wait for it.
             journal = self._journal_store()
-            # An `onward run` worker is started now, behind its start gate (onward.entry): it loads its code
+            # An `onward run` worker is started now, behind its start gate (onward.gate): it loads its code
             # while the delay runs and starts working only once the gate opens, when the delay is over.
             gate = None
             if starts_onward_run(self.command):

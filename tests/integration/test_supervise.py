@@ -9,6 +9,7 @@ deadline; the only fixed sleeps are the length of a freeze, which is the fault b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -712,14 +713,20 @@ def test_a_worker_that_dies_without_settling_a_task_is_still_given_up_on(
 
 
 # --- secrets ---------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def url_with_a_password() -> Iterator[tuple[str, str]]:
+    """A fresh PostgreSQL database's URL with a password in it (trust auth ignores it), and the password."""
+    secret = f"pw-{uuid.uuid4().hex[:8]}"
+    with pgutil.fresh_database() as url:
+        yield url.replace(f"{pgutil.PG_USER}@", f"{pgutil.PG_USER}:{secret}@"), secret
+
+
 def test_a_password_given_as_db_equals_url_is_hidden_from_ps_of_the_supervisor(
         supervised: Callable[..., Supervised], tmp_path: Path) -> None:
     # `--db=postgresql://u:pw@...` (one word, with "="), to the worker and to the supervisor itself: ps of
     # the running supervisor (its /proc/PID/cmdline) must not show the password before any restart.
-    secret = f"pw-{uuid.uuid4().hex[:8]}"
     (tmp_path / "t.txt").write_text("a\n")
-    with pgutil.fresh_database() as url:
-        with_password = url.replace(f"{pgutil.PG_USER}@", f"{pgutil.PG_USER}:{secret}@")
+    with url_with_a_password() as (with_password, secret):
         job = supervised([f"--db={with_password}"],
                          [f"--db={with_password}", "--tasks", "t.txt", "--grace", "0.5", "--", "sleep", "60"])
         worker = job.ready(1)
@@ -737,16 +744,24 @@ def log_time(line: str) -> float:
     return datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
-def test_a_restarted_worker_loads_during_the_delay_and_runs_its_task_only_after_it(
-        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+def killed_during_its_task(supervised: Callable[..., Supervised], tmp_path: Path,
+                           restart_delay: float) -> tuple[Supervised, Path, float]:
+    """A supervised worker whose one task appends its start time to the returned file, SIGKILLed once the
+    task has started; also returns when (wall clock) it was killed, give or take the kill itself."""
     (tmp_path / "t.txt").write_text("a\n")
     starts = tmp_path / "starts"
-    job = supervised(["--restart-delay", "3"],
+    job = supervised(["--restart-delay", str(restart_delay)],
                      ["--tasks", "t.txt", "--grace", "0.5", "--", "sh", "-c", f"date +%s.%N >> {starts}; exec sleep 60"])
     first = job.ready(1)
     wait_for(lambda: starts.exists() and len(starts.read_text().split()) == 1, 20, "the task to start")
     killed = time.time()
     os.kill(first, signal.SIGKILL)
+    return job, starts, killed
+
+
+def test_a_restarted_worker_loads_during_the_delay_and_runs_its_task_only_after_it(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    job, starts, killed = killed_during_its_task(supervised, tmp_path, 3)
     second = job.ready(2)
     wait_for(lambda: len(starts.read_text().split()) == 2, 20, "the task to start again")
     again = float(starts.read_text().split()[1])
@@ -760,13 +775,7 @@ def test_a_restarted_worker_loads_during_the_delay_and_runs_its_task_only_after_
 
 def test_a_stop_during_the_delay_ends_the_waiting_worker_before_it_does_anything(
         supervised: Callable[..., Supervised], tmp_path: Path) -> None:
-    (tmp_path / "t.txt").write_text("a\n")
-    starts = tmp_path / "starts"
-    job = supervised(["--restart-delay", "60"],
-                     ["--tasks", "t.txt", "--grace", "0.5", "--", "sh", "-c", f"date +%s.%N >> {starts}; exec sleep 60"])
-    first = job.ready(1)
-    wait_for(lambda: starts.exists(), 20, "the task to start")
-    os.kill(first, signal.SIGKILL)
+    job, starts, _ = killed_during_its_task(supervised, tmp_path, 60)
     wait_for(lambda: len(job.workers()) == 2, 20, "the next worker to be started")
     second = job.workers()[1]
     assert b"run" in Path(f"/proc/{second}/cmdline").read_bytes().split(b"\0")  # alive, at its gate
@@ -780,10 +789,8 @@ def test_a_stop_during_the_delay_ends_the_waiting_worker_before_it_does_anything
 
 def test_a_password_is_blanked_out_while_the_worker_waits_at_its_gate(
         supervised: Callable[..., Supervised], tmp_path: Path) -> None:
-    secret = f"pw-{uuid.uuid4().hex[:8]}"
     (tmp_path / "t.txt").write_text("a\n")
-    with pgutil.fresh_database() as url:
-        with_password = url.replace(f"{pgutil.PG_USER}@", f"{pgutil.PG_USER}:{secret}@")
+    with url_with_a_password() as (with_password, secret):
         job = supervised(["--restart-delay", "60"],
                          [f"--db={with_password}", "--tasks", "t.txt", "--grace", "0.5", "--", "sleep", "60"])
         os.kill(job.ready(1), signal.SIGKILL)

@@ -91,7 +91,7 @@ def wait_at_gate(value: str) -> None:
     from .cli import hide_passwords_from_ps
 
     hide_passwords_from_ps(sys.argv)
-    from . import command_handler, commands, worker  # noqa: F401 - loaded now, used after the gate
+    from . import commands  # noqa: F401 - loaded now (with the runner, worker and command handler it imports)
     from .errors import StoreError
     from .store import load_backend
 

@@ -144,6 +144,10 @@ class Loop(Protocol):
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
         """Report the attempt's outcome (exactly once; from any thread)."""
 
+    def note_child(self, claim: Claim, pid: int, start: int) -> None:
+        """Record in the store (crash-safe) the process an attempt is about to run its command in, before
+        the command runs: a worker taking the task over kills it first. Raises StoreError if it cannot."""
+
     def register(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop's thread whenever ``fd`` is readable (a child's pipe or pidfd)."""
 

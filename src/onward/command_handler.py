@@ -46,16 +46,14 @@ class CommandAttempt(Attempt):
         self._cgroups = cgroups
         self._cgroup = cgroups.attempt() if cgroups is not None else None
         try:
-            self._proc = starter.start(argv, env, self._cgroup)
+            self._proc = starter.start(argv, env, self._cgroup, self._note_child)
         except BaseException:
             if cgroups is not None and self._cgroup is not None:
                 cgroups.finished(self._cgroup, reusable=False)
             raise
-        self.child_pid = self._proc.pid
         self._open: dict[int, Callable[[bytes], None]] = {}  # a pipe's fd -> where its bytes go
         pidfd = -1
         try:
-            self.child_start = pid_start_time(self._proc.pid)
             pidfd = os.pidfd_open(self._proc.pid)
             for fd, sink in ((self._proc.stdout, self._on_stdout), (self._proc.stderr, self._on_stderr)):
                 os.set_blocking(fd, False)
@@ -68,6 +66,15 @@ class CommandAttempt(Attempt):
             self._discard(pidfd)
             raise
         self._pidfd = pidfd
+
+    def _note_child(self, pid: int) -> None:
+        # Before the command runs: a worker frozen (SIGSTOP, a paused VM) from here on leaves a pid in the
+        # store, so whoever takes the task over when the lease runs out kills this command first.
+        self.child_pid = pid
+        self.child_start = pid_start_time(pid)
+        self._worker.note_child(self.claim, pid, self.child_start or 0)
+        if crashpoints.ARMED:  # the command's pid is noted (crash-safe); the command has not run yet
+            crashpoints.hit("child_noted")
 
     def _discard(self, pidfd: int) -> None:
         """Undo a start that failed after the spawn: kill and reap the command, close what was opened."""
@@ -256,7 +263,7 @@ class CommandHandler:
         beat_file = os.path.join(self._beat_dir, f"task-{claim.task_id}-{claim.fence}")
         env = {"ONWARD_TASK": claim.name, "ONWARD_ATTEMPT": str(claim.attempt), "ONWARD_HEARTBEAT_FILE": beat_file}
         attempt = CommandAttempt(claim, argv, env, beat_file, loop, self.max_result_bytes, self._starter, self._cgroups)
-        if crashpoints.ARMED:  # the command's process runs (claim committed; its pid not yet noted in the store)
+        if crashpoints.ARMED:  # the command's process runs (claim committed, its pid noted in the store)
             crashpoints.hit("attempt_started")
         return attempt
 

@@ -24,6 +24,7 @@ import threading
 # The phases a site may name, in the order a task passes them (the torture tests target each one).
 PHASES = (
     "claim_committed",  # claims returned by a committed batch; no attempt started yet
+    "child_noted",  # a command's process exists and its pid is noted in the store; the command has not run
     "attempt_started",  # the command's process (or the Python task's thread) is running
     "step_recorded",  # a durable step's record committed; the step call has not returned yet
     "completion_committed",  # the task is done in the store; nothing reported, no --out file yet

@@ -120,6 +120,10 @@ class Runner:
         store connection, and steps of many tasks share one fsync."""
         return self.inbox.store_call(fn)
 
+    def note_child(self, claim: Claim, pid: int, start: int) -> None:
+        """On the loop's thread, while an attempt starts: its command's pid, before the command runs."""
+        self.store.note_child(claim.task_id, claim.fence, pid, start)
+
     def register(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop's thread whenever ``fd`` is readable (an attempt's pipe or pidfd)."""
         self.selector.register(fd, selectors.EVENT_READ, callback)
@@ -408,6 +412,12 @@ class Runner:
             return
         try:
             attempt = self.handler.start(claim, self)
+        except StoreError as e:
+            # The command's pid could not be noted, so it was not let run: a frozen worker must never leave
+            # a command nobody taking the task over could find. Given back uncounted, as when out of
+            # resources; the store error itself shows again at the settling commit.
+            self._not_started(claim, Outcome.released(f"could not record the command's pid: {e}"))
+            return
         except OSError as e:
             if e.errno in WORKER_RESOURCE_ERRORS:
                 self._lower_concurrency(claim, e)
@@ -419,11 +429,6 @@ class Runner:
             self._not_started(claim, Outcome.failure(f"cannot run {program}: {e.strerror or e}"))
             return
         self.attempts[claim.task_id] = attempt
-        if attempt.child_pid:
-            try:
-                self.store.note_child(claim.task_id, claim.fence, attempt.child_pid, attempt.child_start or 0)
-            except StoreError as e:
-                self.store_errors.warning("could not record child pid", str(e))
 
     def _not_started(self, claim: Claim, outcome: Outcome) -> None:
         attempt = Attempt(claim)

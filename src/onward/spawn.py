@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .cgroups import AttemptCgroup, WorkerCgroups
-from .proc import die_with_parent_preexec, prepare_die_with_parent
+from .proc import die_with_parent_preexec, kill_group, prepare_die_with_parent
 from .spawner import Spawner, exec_error
 
 # "fork" makes every command start the old way (a fork of the worker with a preexec_fn): an escape hatch,
@@ -87,14 +87,29 @@ class CommandStarter:
         """Whether commands are started by fork (known for sure once the first command started)."""
         return self._fork
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], cgroup: AttemptCgroup | None) -> CommandProcess:
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cgroup: AttemptCgroup | None,
+              before_go: Callable[[int], None]) -> CommandProcess:
+        """Start one command. ``before_go(pid)`` is called with its pid before any of it runs (through the
+        spawner) or, on the fork path, just after its ``execve``; if it raises, the command is killed
+        (if it was running), reaped, and the exception goes on."""
         if not self._fork and self._spawner is None:
             self._spawner = Spawner.start(self._env, self._cgroups is not None)
             self._fork = self._spawner is None
         if self._spawner is None:
-            return spawn_forked(list(argv), dict(self._env, **env), cgroup)
+            # A preexec function cannot wait for a go (Popen waits for the exec), so here the pid is known
+            # only once the command runs: the window the spawner closes stays open on this path.
+            proc = spawn_forked(list(argv), dict(self._env, **env), cgroup)
+            try:
+                before_go(proc.pid)
+            except BaseException:
+                kill_group(proc.pid)
+                proc.wait()
+                proc.close_pipes()
+                raise
+            return proc
         try:
-            pid, stdout, stderr, report = self._spawner.spawn(argv, env, cgroup.directory() if cgroup else None)
+            pid, stdout, stderr, report = self._spawner.spawn(argv, env, cgroup.directory() if cgroup else None,
+                                                              before_go)
         except OSError as e:
             if cgroup is not None and e.filename is None and e.errno not in RESOURCE_ERRNOS:
                 raise OSError(e.errno, f"cannot move the command into its cgroup {cgroup.path}: {e.strerror}"

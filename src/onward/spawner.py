@@ -70,7 +70,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 SYS_CLONE3 = 435  # one number on every architecture (system calls added since Linux 5.0 share a table)
 CLONE_PARENT = 0x00008000
@@ -157,13 +157,16 @@ class Spawner:
             os.close(fd)
         self._prepared = _Prepared(*mine, cgroup_dir=cgroup_dir, sent=sent)
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cgroup_dir: int | None
-              ) -> tuple[int, int, int, int]:
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cgroup_dir: int | None,
+              before_go: Callable[[int], None] | None = None) -> tuple[int, int, int, int]:
         """Start ``argv`` with the handler's environment plus ``env``, born in the cgroup whose directory is
         open as ``cgroup_dir`` (a process made by ``prepare`` for that cgroup, else one made now). Returns
         once the command's process is in its own session and process group and has its PDEATHSIG, before
         its ``execve``: (pid, stdout, stderr, report), the read ends of its pipes. Whether ``execve``
         failed is read from ``report`` once the process has exited (``exec_error``).
+
+        ``before_go(pid)`` is called once the process exists and before it is told its program: nothing of
+        the command has run yet. If it raises, the process is ended unstarted and the exception goes on.
 
         Raises OSError with the errno alone when the process could not be created (``EAGAIN``, ``ENOMEM``,
         a cgroup that refuses it)."""
@@ -182,6 +185,13 @@ class Spawner:
                 # The process made ahead was killed before it was set up (a cgroup it was made in was
                 # killed when an attempt there ended badly): nothing of a command ran; make another.
                 continue
+            if before_go is not None:
+                try:
+                    before_go(pid)
+                except BaseException:
+                    ready.close_all()  # its go pipe's end of file: it leaves without running anything
+                    os.waitpid(pid, 0)
+                    raise
             try:
                 _write_all(ready.go, request)
             except BrokenPipeError:  # it was killed while it waited: nothing of the command ran

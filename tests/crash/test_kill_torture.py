@@ -76,7 +76,7 @@ class Case:
 
 
 def phases_for(kind: str) -> list[str]:
-    return [p for p in PHASES if p != "step_recorded" or kind == "steps"]
+    return [p for p in PHASES if (p != "step_recorded" or kind == "steps") and (p != "child_noted" or kind == "command")]
 
 
 # CI: >= 100 kills per backend in three cases that together cover both task kinds, steps, 1 and 4 workers.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 
 from onward import cgroups
 from onward.cgroups import own_cgroup
+from onward.proc import pid_exists
 from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, run_onward, wait_for
 
 own = own_cgroup()
@@ -253,6 +255,38 @@ def test_a_worker_killed_right_after_it_starts_commands_leaves_none_running(tmp_
         p.wait()
         wait_for(lambda: not processes_with(marker), 10, f"the commands to die with their worker (seed={seed})")
         wait_for(lambda: not spawners_of(p.pid), 10, f"the spawner to die with its worker (seed={seed})")
+
+
+@pytest.mark.parametrize("phase,mode", [("child_noted", {}), ("attempt_started", {}),
+                                        ("attempt_started", {"ONWARD_SPAWN": "fork"})],
+                         ids=["spawner-before-the-go", "spawner-running", "fork-running"])
+def test_a_commands_pid_is_in_the_store_before_the_command_runs(tmp_path: Path, phase: str,
+                                                                mode: dict[str, str]) -> None:
+    """A worker frozen while its command starts must leave that command's pid in the store, or whoever takes
+    the task over when the lease runs out cannot kill it and the two executions overlap. Killed at the
+    spawner's last step before the command runs, the worker has already noted the pid and the command has
+    not run; killed once the command runs (either way of starting it), the pid is noted too."""
+    db = tmp_path / "s.db"
+    ran = tmp_path / "ran"
+    tasks = write_tasks(tmp_path / "t.txt", ["a"])
+    p = subprocess.run(onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--", "sh", "-c",
+                                   'echo $$ > "$0"; exec sleep 60', str(ran)),
+                       env=dict(os.environ, ONWARD_TEST_HOOKS="1", ONWARD_CRASH_AT=f"{phase}:1", **mode),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+    assert p.returncode == -signal.SIGKILL, p.stderr.decode()
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        state, pid, start = c.execute("SELECT state, child_pid, child_start FROM tasks WHERE name = 'a'").fetchone()
+    finally:
+        c.close()
+    assert state == "running" and pid and start, (state, pid, start)
+    if phase == "child_noted":
+        wait_for(lambda: not pid_exists(pid), 10, "the unstarted process to leave with its worker")
+        assert not ran.exists()  # the command never ran
+    else:
+        wait_for(lambda: ran.exists() or not pid_exists(pid), 10, "the command to run or die")
+        if ran.exists() and ran.read_text().strip():
+            assert int(ran.read_text()) == pid
 
 
 def test_onward_run_of_commands_never_loads_asyncio(tmp_path: Path) -> None:

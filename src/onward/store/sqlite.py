@@ -163,7 +163,7 @@ class SqliteStore(SqlStore):
             raise _os_error(f"cannot create store {self.path}", e) from None
 
     def _configure(self) -> None:
-        mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = self._switch_to_wal()
         if mode.lower() != "wal":
             raise StoreError(f"store {self.path}: cannot switch to WAL mode (got {mode})")
         self._db.execute("PRAGMA synchronous = FULL")
@@ -171,6 +171,22 @@ class SqliteStore(SqlStore):
         # The journal and task rows are appended in order; a bigger cache keeps status and claims hot.
         self._db.execute("PRAGMA cache_size = -16000")
         self._durable = True
+
+    def _switch_to_wal(self) -> str:
+        """``PRAGMA journal_mode = WAL``, waiting out other connections as the busy timeout would. A new
+        file's switch takes an exclusive lock, and SQLite tries that lock once without calling the busy
+        handler: a reader opening the same new store (``onward status`` while a worker creates it) made the
+        one or the other fail at once with "database is locked". A file already in WAL mode needs no lock."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        pause = 0.001
+        while True:
+            try:
+                return str(self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
 
     def _ensure_schema(self, upgrade: bool) -> None:
         """Create the schema in a new store, or with ``upgrade`` bring an older one to SCHEMA_VERSION: every

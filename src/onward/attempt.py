@@ -146,7 +146,8 @@ class Loop(Protocol):
 
     def note_child(self, claim: Claim, pid: int, start: int) -> None:
         """Record in the store (crash-safe) the process an attempt is about to run its command in, before
-        the command runs: a worker taking the task over kills it first. Raises StoreError if it cannot."""
+        the command runs: a worker taking the task over kills it first. Raises ``Fenced`` if the claim is
+        gone (taken over while this worker was frozen), StoreError if the store cannot say."""
 
     def register(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop's thread whenever ``fd`` is readable (a child's pipe or pidfd)."""

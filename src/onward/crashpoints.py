@@ -1,4 +1,4 @@
-"""Test-only crash points: a worker SIGKILLs itself the n-th time it passes a named phase.
+"""Test-only crash points: a worker SIGKILLs (or SIGSTOPs) itself the n-th time it passes a named phase.
 
 The torture tests (tests/crash/test_kill_torture.py) need kills at exact moments of the runner's life (a
 claim just committed, a completion committed but its result file not yet written, ...), far more often and
@@ -49,9 +49,12 @@ def _parse(spec: str) -> dict[str, int]:
     return targets
 
 
-_TARGETS: dict[str, int] = (_parse(os.environ.get("ONWARD_CRASH_AT", ""))
-                            if os.environ.get("ONWARD_TEST_HOOKS") == "1" else {})
-ARMED: bool = bool(_TARGETS)
+_HOOKS = os.environ.get("ONWARD_TEST_HOOKS") == "1"
+_TARGETS: dict[str, int] = _parse(os.environ.get("ONWARD_CRASH_AT", "")) if _HOOKS else {}
+# ``ONWARD_FREEZE_AT``, same form: the worker SIGSTOPs itself there instead (a VM paused, a process frozen at
+# that exact moment), for the test to thaw with SIGCONT once another worker has taken its tasks over.
+_FREEZES: dict[str, int] = _parse(os.environ.get("ONWARD_FREEZE_AT", "")) if _HOOKS else {}
+ARMED: bool = bool(_TARGETS or _FREEZES)
 _passes: dict[str, int] = {}
 _lock = threading.Lock()  # sites are passed from the loop's thread and from tasks' threads (steps)
 
@@ -63,3 +66,5 @@ def hit(phase: str) -> None:
         _passes[phase] = n
     if _TARGETS.get(phase) == n:
         os.kill(os.getpid(), signal.SIGKILL)
+    if _FREEZES.get(phase) == n:
+        os.kill(os.getpid(), signal.SIGSTOP)

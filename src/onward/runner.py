@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from . import crashpoints
 from .attempt import Attempt, Handler, Outcome
 from .config import RunConfig
-from .errors import OnwardError, StoreError, WedgedTask
+from .errors import Fenced, OnwardError, StoreError, WedgedTask
 from .inbox import LoopInbox, StoreCall
 from .keepawake import KeepAwake
 from .leases import Leases
@@ -122,7 +122,8 @@ class Runner:
 
     def note_child(self, claim: Claim, pid: int, start: int) -> None:
         """On the loop's thread, while an attempt starts: its command's pid, before the command runs."""
-        self.store.note_child(claim.task_id, claim.fence, pid, start)
+        if not self.store.note_child(claim.task_id, claim.fence, pid, start):
+            raise Fenced(f"task {claim.name!r} was taken over before its command could start")
 
     def register(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop's thread whenever ``fd`` is readable (an attempt's pipe or pidfd)."""
@@ -412,10 +413,11 @@ class Runner:
             return
         try:
             attempt = self.handler.start(claim, self)
-        except StoreError as e:
+        except (StoreError, Fenced) as e:
             # The command's pid could not be noted, so it was not let run: a frozen worker must never leave
-            # a command nobody taking the task over could find. Given back uncounted, as when out of
-            # resources; the store error itself shows again at the settling commit.
+            # a command nobody taking the task over could find, nor start one for a claim taken over while
+            # it was frozen. Given back uncounted, as when out of resources (settling a claim that is gone
+            # journals it as fenced); a store error shows again at the settling commit.
             self._not_started(claim, Outcome.released(f"could not record the command's pid: {e}"))
             return
         except OSError as e:

@@ -289,6 +289,51 @@ def test_a_commands_pid_is_in_the_store_before_the_command_runs(tmp_path: Path, 
             assert int(ran.read_text()) == pid
 
 
+def process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+@pytest.mark.parametrize("phase", ["claim_committed", "child_noted"])
+def test_a_worker_frozen_while_starting_a_command_never_runs_it_once_taken_over(tmp_path: Path, phase: str) -> None:
+    """A worker frozen (SIGSTOP) after its claim committed and before its command ran (before the spawn; or
+    with the pid noted and the process waiting for its go) is taken over by another worker once its lease
+    runs out. Thawed, it must not run that command: the task runs once, by the other worker, and the thawed
+    worker journals its claim as fenced and exits 0."""
+    db, runs = tmp_path / "s.db", tmp_path / "runs.log"
+    tasks = write_tasks(tmp_path / "t.txt", ["a"])
+    argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--lease", "1", "--heartbeat", "0.2", "--",
+                       "sh", "-c", 'echo "$ONWARD_ATTEMPT $$" >> "$0"', str(runs))
+    frozen = subprocess.Popen(argv, env=dict(os.environ, ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT=f"{phase}:1"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: process_state(frozen.pid) == "T", 30, "the worker to freeze itself")
+
+        def lease_over() -> bool:
+            c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                return bool(c.execute("SELECT lease_until < ? FROM tasks WHERE name = 'a'", (time.time(),)
+                                      ).fetchone()[0])
+            finally:
+                c.close()
+        wait_for(lease_over, 30, "the frozen worker's lease to run out")
+        other = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+        assert other.returncode == 0, other.stderr.decode()
+        assert b"reclaimed" in other.stderr, other.stderr.decode()
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    _, err = frozen.communicate(timeout=60)
+    assert frozen.returncode == 0, err.decode()
+    executions = [line.split()[0] for line in runs.read_text().splitlines()]
+    assert executions == ["2"], executions  # the other worker's attempt only
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        assert c.execute("SELECT state, attempts FROM tasks WHERE name = 'a'").fetchone() == ("done", 2)
+        assert c.execute("SELECT count(*) FROM events WHERE kind = 'fenced'").fetchone()[0] == 1
+    finally:
+        c.close()
+
+
 def test_onward_run_of_commands_never_loads_asyncio(tmp_path: Path) -> None:
     """Start-up: a worker that only runs commands imports no asyncio (nor the Python-task machinery)."""
     db = str(tmp_path / "s.db")

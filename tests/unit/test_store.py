@@ -201,6 +201,11 @@ def test_reclaim_fences_out_the_old_owner(store: Store) -> None:
     assert store.renew(w, [Lease(c.task_id, c.fence)], 30, 0) == [c.task_id]
     (c2,) = store.claim(w, 1, 30, 3)
     assert c2.attempt == 2
+    # A worker thawed after the takeover learns it when it notes its command's pid, before the command runs.
+    assert not store.note_child(c.task_id, c.fence, 4321, 1)
+    assert store.note_child(c2.task_id, c2.fence, 1234, 1)
+    (running,) = store.running_tasks()
+    assert running.child_pid == 1234
     assert store.complete(c2.task_id, c2.fence, b"ok", "bytes")
 
 

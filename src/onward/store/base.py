@@ -276,9 +276,10 @@ class WorkQueue(Protocol):
         the worker row, with ``completed``, the number of tasks it finished so far (for status).
         Crash-safe, not necessarily durable: a lease only has to outlive its owner's process. Bounded."""
 
-    def note_child(self, task_id: int, fence: int, child_pid: int, child_start: int) -> None:
-        """Record the process group a running task's command runs in. Crash-safe, not durable: a power cut
-        kills the children too. Bounded."""
+    def note_child(self, task_id: int, fence: int, child_pid: int, child_start: int) -> bool:
+        """Record the process group a running task's command runs in; False (nothing written) if fenced out:
+        the claim is gone, and the command must not run. Crash-safe, not durable: a power cut kills the
+        children too. Bounded."""
 
     def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
         """Mark the task done with its result, atomically. False (and nothing written) if fenced out.

@@ -331,9 +331,10 @@ class SqlStore:
                 self._journal("claimed", task_id=claim.task_id, worker_id=worker_id, attempt=claim.attempt)
         return completed, claims
 
-    def note_child(self, task_id: int, fence: int, child_pid: int, child_start: int) -> None:
+    def note_child(self, task_id: int, fence: int, child_pid: int, child_start: int) -> bool:
         with self._write(durable=False):
-            self._exec("note_child", {"pid": child_pid, "start": child_start, "task_id": task_id, "fence": fence})
+            return self._exec("note_child", {"pid": child_pid, "start": child_start, "task_id": task_id,
+                                             "fence": fence}).rowcount == 1
 
     def fail(self, task_id: int, fence: int, error: str, retry_delay: float) -> str | None:
         with self._write():

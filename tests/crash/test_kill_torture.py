@@ -375,6 +375,7 @@ def freeze_and_reclaim(backend: str, tmp_path: Path, seed: int, *, samples: int,
         workers = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                    for _ in range(2)]
         detections: list[float] = []
+        logs: list[str] = []  # the workers' stderr, shown if the check of their fenced outcomes fails
         try:
             while len(detections) < samples:
                 frozen = workers[rng.randrange(2)]
@@ -396,6 +397,7 @@ def freeze_and_reclaim(backend: str, tmp_path: Path, seed: int, *, samples: int,
             for worker in workers:
                 _, err = worker.communicate(timeout=120)
                 assert worker.returncode == 0, err.decode()[-2000:]
+                logs.append(err.decode(errors="replace"))
         finally:
             for worker in workers:
                 if worker.poll() is None:
@@ -411,7 +413,7 @@ def freeze_and_reclaim(backend: str, tmp_path: Path, seed: int, *, samples: int,
               f" {verdict.breaches()}")
         assert not any(verdict.breaches().values()), verdict.problems
         # Each thawed worker learnt of its loss: a fenced outcome journaled, none committed.
-        assert fenced >= samples
+        assert fenced >= samples, "\n---\n".join(log[-3000:] for log in logs)
 
 
 def top_up(url: str, names: list[str]) -> bool:

@@ -54,6 +54,8 @@ class CommandAttempt(Attempt):
         self._open: dict[int, Callable[[bytes], None]] = {}  # a pipe's fd -> where its bytes go
         pidfd = -1
         try:
+            if self.child_pid is None:  # forked: its pid is known only now, with the command running
+                self._note_child(self._proc.pid)
             pidfd = os.pidfd_open(self._proc.pid)
             for fd, sink in ((self._proc.stdout, self._on_stdout), (self._proc.stderr, self._on_stderr)):
                 os.set_blocking(fd, False)
@@ -61,8 +63,8 @@ class CommandAttempt(Attempt):
                 self._open[fd] = sink
             self._worker.register(pidfd, self._on_exit)
         except BaseException:
-            # Out of descriptors or memory after the command was spawned: it must not run on unwatched (the
-            # attempt is given back, and the task would run twice at once).
+            # Out of descriptors or memory after the command was spawned, or its pid could not be noted: it
+            # must not run on unwatched (the attempt is given back, and the task would run twice at once).
             self._discard(pidfd)
             raise
         self._pidfd = pidfd

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .cgroups import AttemptCgroup, WorkerCgroups
-from .proc import die_with_parent_preexec, kill_group, prepare_die_with_parent
+from .proc import die_with_parent_preexec, prepare_die_with_parent
 from .spawner import Spawner, exec_error
 
 # "fork" makes every command start the old way (a fork of the worker with a preexec_fn): an escape hatch,
@@ -89,24 +89,15 @@ class CommandStarter:
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cgroup: AttemptCgroup | None,
               before_go: Callable[[int], None]) -> CommandProcess:
-        """Start one command. ``before_go(pid)`` is called with its pid before any of it runs (through the
-        spawner) or, on the fork path, just after its ``execve``; if it raises, the command is killed
-        (if it was running), reaped, and the exception goes on."""
+        """Start one command. Through the spawner, ``before_go(pid)`` is called before any of it runs (see
+        ``Spawner.spawn``). On the fork path it is not called: a preexec function cannot wait for a go
+        (Popen waits for the exec), so the pid is known only once the command runs, and the caller notes
+        it then; the window the spawner closes stays open on that path."""
         if not self._fork and self._spawner is None:
             self._spawner = Spawner.start(self._env, self._cgroups is not None)
             self._fork = self._spawner is None
         if self._spawner is None:
-            # A preexec function cannot wait for a go (Popen waits for the exec), so here the pid is known
-            # only once the command runs: the window the spawner closes stays open on this path.
-            proc = spawn_forked(list(argv), dict(self._env, **env), cgroup)
-            try:
-                before_go(proc.pid)
-            except BaseException:
-                kill_group(proc.pid)
-                proc.wait()
-                proc.close_pipes()
-                raise
-            return proc
+            return spawn_forked(list(argv), dict(self._env, **env), cgroup)
         try:
             pid, stdout, stderr, report = self._spawner.spawn(argv, env, cgroup.directory() if cgroup else None,
                                                               before_go)

@@ -214,7 +214,6 @@ def test_a_job_faster_than_the_rate_sample_is_measured_over_its_latest_completio
     assert 9 < stats.done_last_minute / stats.rate_window <= 10.11
 
 
-
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 CREATOR = "import sys; from onward.store.sqlite import SqliteStore; SqliteStore(sys.argv[1]).add(['a'])"
 

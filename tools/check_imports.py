@@ -78,7 +78,8 @@ def _known(name: str, modules: set[str]) -> Iterator[str]:
 
 def build_graph(src: Path) -> dict[str, set[str]]:
     files = {module_name(p, src): p for p in sorted((src / PACKAGE).rglob("*.py"))}
-    modules = set(files)
+    # Modules written in C (``_clonespawn.c``) are leaves: they import no onward module.
+    modules = set(files) | {module_name(p, src) for p in (src / PACKAGE).rglob("*.c")}
     return {name: set(imports_of(path, name, modules)) - {name} for name, path in files.items()}
 
 

@@ -100,10 +100,10 @@ def wait_at_gate(value: str) -> None:
     except StoreError:
         pass  # psycopg missing: the run itself says so, in its own words, after the gate
     from .gate import GO
-    from .spawn import SWITCH
+    from .spawn import spawn_mode
     from .spawner import launch_early
 
-    if os.environ.get(SWITCH) != "fork":
+    if spawn_mode() == "spawner":
         launch_early()  # this thread (the main one) is the one that will start the commands
     try:
         go = os.read(fd, len(GO))

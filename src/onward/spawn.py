@@ -1,5 +1,7 @@
-"""Starting a command's process for one attempt: through the worker's spawner process (``onward.spawner``),
-or, where the system cannot serve that, by the old fork with a ``preexec_fn``. Either way the command gets
+"""Starting a command's process for one attempt, in the first of three ways this system allows:
+``clone3(CLONE_VM)`` from the worker's loop thread (``onward.clonespawn``, a C module built at install);
+through the worker's spawner process (``onward.spawner``); or by the old fork with a ``preexec_fn``. Every
+way the command gets
 its own session and process group, stdin from /dev/null, stdout and stderr on pipes to the worker, SIGKILL
 when its worker dies (PDEATHSIG, with the parent check), and, where an attempt cgroup is given, that cgroup
 from before its first instruction. It is a child of the worker either way.
@@ -14,12 +16,27 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .cgroups import AttemptCgroup, WorkerCgroups
+from .clonespawn import CloneSpawner
 from .proc import die_with_parent_preexec, prepare_die_with_parent
 from .spawner import Spawner, exec_error
 
-# "fork" makes every command start the old way (a fork of the worker with a preexec_fn): an escape hatch,
-# and how the tests run that path on systems where the spawner works.
+# "spawner" skips the clone path, "fork" both it and the spawner (a fork of the worker with a preexec_fn):
+# escape hatches, and how the tests run those paths on systems where a faster one works.
 SWITCH = "ONWARD_SPAWN"
+
+
+def spawn_mode() -> str:
+    """How this worker will start its commands: "clone", "spawner" (unless it turns out unusable when it is
+    first started, see ``Spawner.start``) or "fork"."""
+    switch = os.environ.get(SWITCH)
+    if switch == "fork":
+        return "fork"
+    if switch != "spawner":
+        from . import clonespawn
+
+        if clonespawn.available():
+            return "clone"
+    return "spawner"
 
 
 class CommandProcess:
@@ -27,12 +44,14 @@ class CommandProcess:
     ends of its stdout and stderr pipes, ``wait`` to reap it (it is always the worker's own child), and
     whether its ``execve`` failed (``exec_error``, known once it has exited)."""
 
-    def __init__(self, pid: int, stdout: int, stderr: int, report: int = -1, popen: Any = None) -> None:
+    def __init__(self, pid: int, stdout: int, stderr: int, report: int = -1, popen: Any = None,
+                 memory: Any = None) -> None:
         self.pid = pid
         self.stdout = stdout
         self.stderr = stderr
         self._report = report  # the spawner path: the child's report pipe, past its pid
         self._popen = popen  # the fork path's Popen, which keeps the exit status it reaped
+        self._memory = memory  # the clone path: the child's stack and arguments, the worker's until reaped
         self._status: int | None = None
         self._open = {stdout, stderr} | ({report} if report >= 0 else set())
 
@@ -55,6 +74,9 @@ class CommandProcess:
             return int(self._popen.wait())
         if self._status is None:
             self._status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            if self._memory is not None:
+                self._memory.release()  # reaped: nothing runs on it any more
+                self._memory = None
         return self._status
 
     def close_pipe(self, fd: int) -> None:
@@ -70,17 +92,20 @@ class CommandProcess:
 class CommandStarter:
     """Starts one handler's commands, all with the environment ``env`` plus each attempt's own variables.
 
-    The spawner is started with the first command, from the thread that starts commands (the worker
-    loop's): a command's PDEATHSIG follows the thread that started the spawner, as it followed the thread
-    that forked it before. Where the spawner cannot be used (``Spawner.start`` says None, or ``SWITCH``),
-    commands are forked."""
+    Commands are cloned from the thread that starts them (the worker loop's), whose death their PDEATHSIG
+    follows. Where that cannot be done (``spawn_mode``), the spawner is started with the first command,
+    from the same thread: a command's PDEATHSIG then follows the thread that started the spawner. Where
+    the spawner cannot be used either (``Spawner.start`` says None, or ``SWITCH``), commands are forked."""
 
     def __init__(self, env: Mapping[str, str], cgroups: WorkerCgroups | None) -> None:
         self._env = dict(env)
         self._cgroups = cgroups
         self._spawner: Spawner | None = None
-        self._fork = os.environ.get(SWITCH) == "fork"
-        prepare_die_with_parent()  # for the fork path: libc's prctl is loaded before any fork
+        mode = spawn_mode()
+        self._clone = CloneSpawner(env) if mode == "clone" else None
+        self._fork = mode == "fork"
+        if self._clone is None:
+            prepare_die_with_parent()  # for the fork path (also the spawner's fallback): libc's prctl is loaded before any fork
 
     @property
     def forks(self) -> bool:
@@ -93,6 +118,10 @@ class CommandStarter:
         ``Spawner.spawn``). On the fork path it is not called: a preexec function cannot wait for a go
         (Popen waits for the exec), so the pid is known only once the command runs, and the caller notes
         it then; the window the spawner closes stays open on that path."""
+        if self._clone is not None:
+            pid, stdout, stderr, report, memory = self._clone.spawn(
+                argv, env, cgroup.directory() if cgroup else None, before_go)
+            return CommandProcess(pid, stdout, stderr, report, memory=memory)
         if not self._fork and self._spawner is None:
             self._spawner = Spawner.start(self._env, self._cgroups is not None)
             self._fork = self._spawner is None
@@ -113,6 +142,9 @@ class CommandStarter:
         return CommandProcess(pid, stdout, stderr, report)
 
     def close(self) -> None:
+        if self._clone is not None:
+            self._clone.close()
+            self._clone = None
         if self._spawner is not None:
             self._spawner.close()
             self._spawner = None

@@ -205,6 +205,7 @@ def test_running_out_of_file_descriptors_gives_attempts_back_instead_of_failing_
 
 @pytest.mark.parametrize(("fault", "spawn"), [
     ("clone:error=EAGAIN", "fork"),  # the worker forks each command itself (ONWARD_SPAWN=fork)
+    ("clone3:error=EAGAIN", "clone"),  # the worker's loop thread clones each command (the default)
     ("clone3:error=EAGAIN", "spawner"),  # the spawner process makes each command with clone3
     ("pidfd_open:error=EMFILE", "spawner"),
 ])
@@ -225,7 +226,7 @@ def test_a_start_that_runs_out_of_resources_leaves_no_stray_command_and_burns_no
                       f'sleep 0.5; echo "$1" >> {side_effects}', "x", "{task}")
     # Without -f only the worker's main thread is traced: the loop that starts commands. The spawner is
     # another process: -f follows it (clone3 is the spawner's alone; the worker's threads use clone).
-    follow = ["-f"] if fault.startswith("clone3") else []
+    follow = ["-f"] if fault.startswith("clone3") and spawn == "spawner" else []
     r = subprocess.run([strace, *follow, "-qq", "-o", "/dev/null", "-e", f"inject={fault}:when=2", *run],
                        env=dict(os.environ, PYTHONPATH=SRC, ONWARD_SPAWN=spawn), capture_output=True,
                        timeout=120)

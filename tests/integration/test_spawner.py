@@ -1,5 +1,6 @@
-"""How commands are started (onward.spawn, onward.spawner): through the worker's spawner process, or by fork
-where that is switched off (``ONWARD_SPAWN=fork``), every guarantee of a command's process holds the same;
+"""How commands are started (onward.spawn, onward.clonespawn, onward.spawner): cloned by the worker itself,
+through the worker's spawner process where that is switched off (``ONWARD_SPAWN=spawner``), or by fork
+(``ONWARD_SPAWN=fork``), every guarantee of a command's process holds the same;
 the spawner's own failures (killed mid-run, its worker SIGKILLed right after a spawn) leave no task run
 twice and no process behind; and ``onward run`` of commands never loads asyncio."""
 
@@ -22,7 +23,40 @@ from onward.proc import pid_exists
 from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, run_onward, wait_for
 
 own = own_cgroup()
-SPAWN_MODES = [pytest.param({}, id="spawner"), pytest.param({"ONWARD_SPAWN": "fork"}, id="fork")]
+CLONE: dict[str, str] = {}  # the default, where onward._clonespawn is built (test_the_clone_path_is_built_here)
+SPAWNER = {"ONWARD_SPAWN": "spawner"}
+SPAWN_MODES = [pytest.param(CLONE, id="clone"), pytest.param(SPAWNER, id="spawner"),
+               pytest.param({"ONWARD_SPAWN": "fork"}, id="fork")]
+
+
+def test_the_clone_path_is_built_here() -> None:
+    """On x86_64 Linux 5.11 or later with a C compiler at install (CI's machine), the default way is the
+    clone path: the module was built and the kernel allows it, so the tests of the default test that path."""
+    from onward import clonespawn
+
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+    if os.uname().machine != "x86_64" or release < (5, 11):
+        pytest.skip("the clone path is written for x86_64 on Linux 5.11 and later")
+    assert clonespawn.available(), "onward._clonespawn was not built (no C compiler at install?)"
+    from onward.spawn import spawn_mode
+
+    assert spawn_mode() == "clone"
+
+
+def children_of(worker: int) -> list[int]:
+    """The live processes whose parent is ``worker``: its commands (and its spawner, on that path)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z" and int(fields[1]) == worker:
+            found.append(int(name))
+    return found
 
 
 def processes_with(word: str) -> list[int]:
@@ -102,7 +136,7 @@ def test_a_command_gets_the_same_process_either_way(tmp_path: Path, mode: dict[s
     assert lines["task"] == "a" and lines["notify"] == "unset", out
     assert ("/attempt-" in out) == CGROUP_WRITABLE, out
     spawner_listed = "spawner.py" in out  # ps --ppid: the worker's children, the spawner among them
-    assert spawner_listed == (mode == {}), out
+    assert spawner_listed == (mode == SPAWNER), out
     assert spawners_of(p.pid) == []  # the spawner and the process it had made ahead are gone with the worker
 
 
@@ -211,7 +245,7 @@ def test_the_spawner_killed_mid_run_costs_no_task_and_runs_none_twice(tmp_path: 
     tasks = write_tasks(tmp_path / "t.txt", names)
     p = subprocess.Popen(onward_argv("run", "--db", db, "--tasks", str(tasks), "--concurrency", "2", "--", "sh",
                                      "-c", f'echo "$1" >> {ran}; sleep 0.0$2', "x", "{task}", "5"),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                         env=dict(os.environ, **SPAWNER), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     killed = 0
     try:
         for _ in range(4):
@@ -234,7 +268,9 @@ def test_the_spawner_killed_mid_run_costs_no_task_and_runs_none_twice(tmp_path: 
     assert spawners_of(p.pid) == []
 
 
-def test_a_worker_killed_right_after_it_starts_commands_leaves_none_running(tmp_path: Path, marker: str) -> None:
+@pytest.mark.parametrize("mode", [pytest.param(CLONE, id="clone"), pytest.param(SPAWNER, id="spawner")])
+def test_a_worker_killed_right_after_it_starts_commands_leaves_none_running(tmp_path: Path, marker: str,
+                                                                            mode: dict[str, str]) -> None:
     """SIGKILL to the worker at random moments (seeded) while it starts commands four at a time: every
     command it started, whatever step of its start it was at, dies with it (PDEATHSIG and the parent check
     in the child), and so does its spawner. No supervisor here: nothing else would kill them."""
@@ -248,8 +284,8 @@ def test_a_worker_killed_right_after_it_starts_commands_leaves_none_running(tmp_
         script = f'case "$1" in *[02468]) exec sleep {marker};; esac'
         p = subprocess.Popen(onward_argv("run", "--db", db, "--tasks", str(tasks), "--concurrency", "4",
                                          "--timeout", "1000", "--", "sh", "-c", script, "x", "{task}"),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: spawners_of(p.pid) or processes_with(marker), 30, "the worker to start commands")
+                             env=dict(os.environ, **mode), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: children_of(p.pid) or processes_with(marker), 30, "the worker to start commands")
         time.sleep(rng.uniform(0.0, 0.05))
         p.kill()
         p.wait()
@@ -257,9 +293,11 @@ def test_a_worker_killed_right_after_it_starts_commands_leaves_none_running(tmp_
         wait_for(lambda: not spawners_of(p.pid), 10, f"the spawner to die with its worker (seed={seed})")
 
 
-@pytest.mark.parametrize("phase,mode", [("child_noted", {}), ("attempt_started", {}),
+@pytest.mark.parametrize("phase,mode", [("child_noted", CLONE), ("attempt_started", CLONE),
+                                        ("child_noted", SPAWNER), ("attempt_started", SPAWNER),
                                         ("attempt_started", {"ONWARD_SPAWN": "fork"})],
-                         ids=["spawner-before-the-go", "spawner-running", "fork-running"])
+                         ids=["clone-before-the-go", "clone-running", "spawner-before-the-go", "spawner-running",
+                              "fork-running"])
 def test_a_commands_pid_is_in_the_store_before_the_command_runs(tmp_path: Path, phase: str,
                                                                 mode: dict[str, str]) -> None:
     """A worker frozen while its command starts must leave that command's pid in the store, or whoever takes
@@ -294,8 +332,11 @@ def process_state(pid: int) -> str:
         return f.read().rsplit(b")", 1)[1].split()[0].decode()
 
 
-@pytest.mark.parametrize("phase", ["claim_committed", "child_noted"])
-def test_a_worker_frozen_while_starting_a_command_never_runs_it_once_taken_over(tmp_path: Path, phase: str) -> None:
+@pytest.mark.parametrize("phase,mode", [("claim_committed", CLONE), ("child_noted", CLONE),
+                                        ("child_noted", SPAWNER)],
+                         ids=["claim_committed", "child_noted-clone", "child_noted-spawner"])
+def test_a_worker_frozen_while_starting_a_command_never_runs_it_once_taken_over(tmp_path: Path, phase: str,
+                                                                                mode: dict[str, str]) -> None:
     """A worker frozen (SIGSTOP) after its claim committed and before its command ran (before the spawn; or
     with the pid noted and the process waiting for its go) is taken over by another worker once its lease
     runs out. Thawed, it must not run that command: the task runs once, by the other worker, and the thawed
@@ -304,7 +345,7 @@ def test_a_worker_frozen_while_starting_a_command_never_runs_it_once_taken_over(
     tasks = write_tasks(tmp_path / "t.txt", ["a"])
     argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--lease", "1", "--heartbeat", "0.2", "--",
                        "sh", "-c", 'echo "$ONWARD_ATTEMPT $$" >> "$0"', str(runs))
-    frozen = subprocess.Popen(argv, env=dict(os.environ, ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT=f"{phase}:1"),
+    frozen = subprocess.Popen(argv, env=dict(os.environ, ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT=f"{phase}:1", **mode),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: process_state(frozen.pid) == "T", 30, "the worker to freeze itself")
@@ -342,7 +383,7 @@ def test_onward_run_of_commands_never_loads_asyncio(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr.decode()
     imported = {line.rsplit("|", 1)[1].strip() for line in r.stderr.decode().splitlines()
                 if line.startswith("import time:") and "|" in line}
-    assert "onward.command_handler" in imported and "onward.spawner" in imported  # the profile is there
+    assert "onward.command_handler" in imported and "onward.clonespawn" in imported  # the profile is there
     assert not {name for name in imported if name == "asyncio" or name.startswith("asyncio.")}
     assert "onward.attempts" not in imported and "onward.steps" not in imported
 
@@ -383,7 +424,7 @@ def test_a_live_worker_that_reclaims_a_dead_workers_task_kills_what_left_its_gro
         a = subprocess.Popen(inside(onward_argv("run", "--db", db, "--heartbeat", "0.5", "--", str(script),
                                                 "{task}")),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wait_for(lambda: spawners_of(a.pid), 30, "worker A to start commands")
+        wait_for(lambda: children_of(a.pid), 30, "worker A to start commands")
         assert processes_with(escaped), "the escaped sleep runs before B dies"
         b.kill()
         b.wait()

@@ -840,15 +840,22 @@ def test_a_gate_closed_without_the_go_ends_the_worker_having_done_nothing(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]  # no store, no task run
 
 
-def test_a_gate_opened_lets_the_worker_run_and_its_command_dies_with_it(tmp_path: Path) -> None:
-    # The worker started its spawner before the gate; a command it starts through that spawner keeps
-    # every guarantee, e.g. it dies with the worker, even by SIGKILL (PDEATHSIG).
+@pytest.mark.parametrize("spawn", ["clone", "spawner"])
+def test_a_gate_opened_lets_the_worker_run_and_its_command_dies_with_it(tmp_path: Path, spawn: str) -> None:
+    # Before the gate the worker chose how it starts commands: it loaded the clone module (the default
+    # where it is built), or started its spawner (ONWARD_SPAWN=spawner); a command it starts that way
+    # keeps every guarantee, e.g. it dies with the worker, even by SIGKILL (PDEATHSIG).
+    from onward import clonespawn
+
+    if spawn == "clone" and not clonespawn.available():
+        pytest.skip("the clone path is not built here (test_spawner.py says why where it should be)")
     (tmp_path / "t.txt").write_text("a\n")
     read, write = os.pipe()
     try:
         worker = subprocess.Popen(
             onward_argv("run", "--db", "s.db", "--tasks", "t.txt", "--", "sh", "-c", "touch ran; exec sleep 60"),
-            cwd=tmp_path, env={**os.environ, "PYTHONPATH": SRC, "ONWARD_START_GATE": f"{read},{os.getpid()},sqlite"},
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": SRC, "ONWARD_START_GATE": f"{read},{os.getpid()},sqlite",
+                               "ONWARD_SPAWN": spawn},
             pass_fds=[read], stderr=subprocess.DEVNULL)
     finally:
         os.close(read)
@@ -857,10 +864,15 @@ def test_a_gate_opened_lets_the_worker_run_and_its_command_dies_with_it(tmp_path
         pids = Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()
         return [int(pid) for pid in pids if name in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
+    def ready_to_spawn() -> bool:
+        if spawn == "spawner":
+            return bool(children(b"spawner"))
+        return "_clonespawn" in Path(f"/proc/{worker.pid}/maps").read_text()
+
     try:
-        # Waiting: the worker has loaded its code and started its spawner (the last step before the gate),
-        # but touched nothing.
-        wait_for(lambda: children(b"spawner"), 20, "the worker to start its spawner")
+        # Waiting: the worker has loaded its code and made ready to start commands (the last step before
+        # the gate), but touched nothing.
+        wait_for(ready_to_spawn, 20, f"the worker to make ready to start commands ({spawn})")
         assert not (tmp_path / "s.db").exists() and worker.poll() is None
         os.write(write, b"g")
         wait_for(lambda: (tmp_path / "ran").exists() and children(b"sleep"), 20, "the command to run")

@@ -1,0 +1,397 @@
+/* onward._clonespawn: start a command's process from the worker itself, without forking the worker.
+ *
+ * Why (see onward/clonespawn.py for the Python side). A fork of the worker copies the page tables of a
+ * multi-threaded interpreter; a spawner process's clone runs Python in the child, which faults in copies
+ * of the pages it touches. Here the child is made with clone3(CLONE_VM): it shares the worker's memory, runs
+ * on a stack of its own, and executes only the C function `child` below, which makes raw system calls and
+ * touches nothing but that stack and the argument block the worker built for it before the clone. So
+ * nothing is copied, and its cost is about what vfork + execve cost xargs.
+ *
+ * Unlike vfork, the worker is not suspended: the child waits on a `go` pipe before it runs its program,
+ * so that the worker can note its pid in the store first (nothing of the command has run by then). The
+ * worker keeps the argument block and the stack until it has reaped the child (`Child.release`), since the
+ * child reads them until its execve.
+ *
+ * Rules for `child` (it shares memory with a running, multi-threaded interpreter):
+ * - only raw system calls through `sys6` (no libc: a failing libc call writes errno into the thread-local
+ *   storage of the worker's thread, whose thread pointer the child shares);
+ * - all signals are blocked from before the clone until just before execve, and every handler is reset
+ *   to the default first: a signal must never run the interpreter's handler on the child's stack;
+ * - it writes only to its own stack.
+ *
+ * x86_64 only (the clone3 entry and the system calls are written for it); elsewhere the module says it is
+ * unavailable and the worker uses its spawner process.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) && defined(__linux__)
+#define ONWARD_CLONESPAWN 1
+#else
+#define ONWARD_CLONESPAWN 0
+#endif
+
+#if ONWARD_CLONESPAWN
+
+#define NR_CLONE3 435
+#define NR_CLOSE_RANGE 436
+#define CLONE_VM_ 0x00000100ULL
+#define CLONE_INTO_CGROUP_ 0x200000000ULL
+#define CLOSE_RANGE_CLOEXEC_ (1U << 2)
+#define PR_SET_PDEATHSIG_ 1
+#define CHILD_STACK (64 * 1024)
+
+struct clone_args_v2 {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+        set_tid_size, cgroup;
+};
+
+/* The kernel's struct sigaction on x86_64 (handler, flags, restorer, mask). */
+struct ksigaction {
+    uintptr_t handler;
+    unsigned long flags;
+    uintptr_t restorer;
+    uint64_t mask;
+};
+
+static inline long sys6(long nr, long a, long b, long c, long d, long e, long f) {
+    long ret;
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    return ret; /* -errno on failure */
+}
+#define sys3(nr, a, b, c) sys6((nr), (long)(a), (long)(b), (long)(c), 0, 0, 0)
+
+/* Everything the child needs, built by the worker before the clone, read by the child until execve. */
+struct block {
+    int out, err, devnull, report, go, go_write;
+    int worker;            /* the pid the child's parent must have, else the worker died before the prctl */
+    char **paths;          /* where to look for the program, in order (NULL-terminated) */
+    char **argv;           /* NULL-terminated */
+    char **envp;           /* NULL-terminated */
+    void *stack;           /* CHILD_STACK bytes */
+    size_t size;           /* of the whole mapping (this block, the arrays, the strings) */
+};
+
+static void child_exit(int code) {
+    sys3(SYS_exit, code, 0, 0);
+    for (;;) {
+    }
+}
+
+static void child_write_int(int fd, int value) {
+    /* A pipe write of 4 bytes is atomic; the worker reads exactly 4 or nothing. */
+    sys3(SYS_write, fd, &value, sizeof value);
+}
+
+/* In the new process: own session, die with the worker, announce itself; wait for the go; run. */
+__attribute__((noinline, used, optimize("no-stack-protector"))) static int child(struct block *b) {
+    sys3(SYS_close, b->go_write, 0, 0); /* our copy: the worker's close must reach us as end of file */
+    sys3(SYS_setsid, 0, 0, 0);
+    sys6(SYS_prctl, PR_SET_PDEATHSIG_, SIGKILL, 0, 0, 0, 0);
+    if (sys3(SYS_getppid, 0, 0, 0) != b->worker)
+        child_exit(137); /* the worker died before the prctl: its signal was missed, do not run */
+    child_write_int(b->report, (int)sys3(SYS_getpid, 0, 0, 0));
+
+    /* Signals stay blocked (the worker blocked them all around the clone) until every handler it has is
+     * back to the default: execve would reset handlers, but not before a pending signal ran one here.
+     * SIGPIPE and SIGXFSZ, which Python ignores, go back to the default too, as subprocess does. */
+    for (int sig = 1; sig <= 64; sig++) {
+        struct ksigaction old;
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        if (sys6(SYS_rt_sigaction, sig, 0, (long)&old, 8, 0, 0) != 0)
+            continue;
+        if (old.handler != (uintptr_t)SIG_DFL &&
+            (old.handler != (uintptr_t)SIG_IGN || sig == SIGPIPE || sig == SIGXFSZ)) {
+            struct ksigaction dfl = {0};
+            sys6(SYS_rt_sigaction, sig, (long)&dfl, 0, 8, 0, 0);
+        }
+    }
+    if (sys3(SYS_dup2, b->devnull, 0, 0) < 0 || sys3(SYS_dup2, b->out, 1, 0) < 0 ||
+        sys3(SYS_dup2, b->err, 2, 0) < 0)
+        child_exit(127);
+    /* Only 0, 1 and 2 survive the execve: the worker's other descriptors, whichever thread opened them. */
+    if (sys3(NR_CLOSE_RANGE, 3, ~0U, CLOSE_RANGE_CLOEXEC_) != 0)
+        child_exit(127);
+
+    char go;
+    long got;
+    do {
+        got = sys3(SYS_read, b->go, &go, 1);
+    } while (got == -EINTR);
+    if (got != 1)
+        child_exit(0); /* end of file: discarded, nothing of the command runs */
+
+    uint64_t none = 0;
+    sys6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&none, 0, 8, 0, 0);
+    /* As subprocess does: the first error other than "not there", else the last. */
+    long first = 0, last = -ENOENT;
+    for (char **path = b->paths; *path != NULL; path++) {
+        last = sys3(SYS_execve, *path, b->argv, b->envp);
+        if (first == 0 && last != -ENOENT && last != -ENOTDIR)
+            first = last;
+    }
+    child_write_int(b->report, (int)-(first ? first : last));
+    child_exit(127);
+    return 0;
+}
+
+/* clone3 with a stack: the child starts on `stack`, calls child(b) and exits with its value. The
+ * parent gets the pid, or -errno. Registers r12 and r13 survive the system call in both processes. */
+static long clone3_child(struct clone_args_v2 *args, struct block *b) {
+    long ret;
+    register void *fn __asm__("r12") = (void *)child;
+    register void *arg __asm__("r13") = b;
+    __asm__ volatile(
+        "syscall\n\t"
+        "test %%rax, %%rax\n\t"
+        "jnz 1f\n\t"
+        "xor %%ebp, %%ebp\n\t"
+        "mov %%r13, %%rdi\n\t"
+        "call *%%r12\n\t"
+        "mov %%eax, %%edi\n\t"
+        "mov $60, %%eax\n\t" /* SYS_exit */
+        "syscall\n\t"
+        "hlt\n"
+        "1:\n\t"
+        : "=a"(ret)
+        : "a"((long)NR_CLONE3), "D"(args), "S"(sizeof *args), "r"(fn), "r"(arg)
+        : "rcx", "r11", "memory");
+    return ret;
+}
+
+/* --- the Python side ------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    struct block *block; /* NULL once released */
+    int pid;
+} Child;
+
+static void child_dealloc(Child *self) {
+    /* Never unmap memory a live child may still run on: a handle dropped without `release` (after the
+     * child was reaped) leaks its block rather than pulling the stack from under a running child. */
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *child_release(Child *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->block != NULL) {
+        munmap(self->block, self->block->size);
+        self->block = NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *child_get_pid(Child *self, void *closure) { return PyLong_FromLong(self->pid); }
+
+static PyMethodDef child_methods[] = {
+    {"release", (PyCFunction)child_release, METH_NOARGS,
+     "Unmap the child's stack and arguments. Call only once it has been reaped."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef child_getset[] = {{"pid", (getter)child_get_pid, NULL, "the child's pid", NULL},
+                                     {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject ChildType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "onward._clonespawn.Child",
+    .tp_basicsize = sizeof(Child),
+    .tp_dealloc = (destructor)child_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A process made by clone: its pid, and its memory to release once it is reaped.",
+    .tp_methods = child_methods,
+    .tp_getset = child_getset,
+};
+
+/* Bytes for each item of a sequence of bytes objects; -1 with an exception set. */
+static Py_ssize_t strings_size(PyObject *seq, Py_ssize_t *count) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyBytes_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "expected bytes");
+            return -1;
+        }
+        if ((Py_ssize_t)strlen(PyBytes_AS_STRING(item)) != PyBytes_GET_SIZE(item)) {
+            PyErr_SetString(PyExc_ValueError, "embedded null byte");
+            return -1;
+        }
+        total += PyBytes_GET_SIZE(item) + 1;
+    }
+    *count = n;
+    return total;
+}
+
+static char *copy_strings(PyObject *seq, char **array, char *text) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        Py_ssize_t len = PyBytes_GET_SIZE(item);
+        memcpy(text, PyBytes_AS_STRING(item), (size_t)len + 1);
+        array[i] = text;
+        text += len + 1;
+    }
+    array[n] = NULL;
+    return text;
+}
+
+static PyObject *spawn(PyObject *module, PyObject *args) {
+    PyObject *paths_in, *argv_in, *envp_in;
+    int out, err, devnull, report, go, go_write, cgroup;
+    if (!PyArg_ParseTuple(args, "OOOiiiiiii", &paths_in, &argv_in, &envp_in, &out, &err, &devnull, &report,
+                          &go, &go_write, &cgroup))
+        return NULL;
+    PyObject *paths = NULL, *argv = NULL, *envp = NULL;
+    PyObject *result = NULL;
+    paths = PySequence_Fast(paths_in, "paths must be a sequence");
+    argv = PySequence_Fast(argv_in, "argv must be a sequence");
+    envp = PySequence_Fast(envp_in, "envp must be a sequence");
+    if (paths == NULL || argv == NULL || envp == NULL)
+        goto done;
+    Py_ssize_t np, na, ne, sp, sa, se;
+    if ((sp = strings_size(paths, &np)) < 0 || (sa = strings_size(argv, &na)) < 0 ||
+        (se = strings_size(envp, &ne)) < 0)
+        goto done;
+    if (na == 0) {
+        PyErr_SetString(PyExc_ValueError, "argv must not be empty");
+        goto done;
+    }
+    size_t head = (sizeof(struct block) + (size_t)(np + na + ne + 3) * sizeof(char *) + 15) & ~(size_t)15;
+    size_t text = (size_t)(sp + sa + se);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t size = (head + text + page - 1) / page * page + CHILD_STACK;
+    void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (map == MAP_FAILED) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    struct block *b = map;
+    b->out = out, b->err = err, b->devnull = devnull, b->report = report, b->go = go, b->go_write = go_write;
+    b->worker = getpid();
+    b->size = size;
+    b->stack = (char *)map + size - CHILD_STACK;
+    b->paths = (char **)(b + 1);
+    b->argv = b->paths + np + 1;
+    b->envp = b->argv + na + 1;
+    char *cursor = (char *)map + head;
+    cursor = copy_strings(paths, b->paths, cursor);
+    cursor = copy_strings(argv, b->argv, cursor);
+    copy_strings(envp, b->envp, cursor);
+
+    Child *handle = PyObject_New(Child, &ChildType);
+    if (handle == NULL) {
+        munmap(map, size);
+        goto done;
+    }
+    handle->block = NULL;
+    handle->pid = 0;
+
+    struct clone_args_v2 ca;
+    memset(&ca, 0, sizeof ca);
+    ca.flags = CLONE_VM_ | (cgroup >= 0 ? CLONE_INTO_CGROUP_ : 0);
+    ca.exit_signal = SIGCHLD;
+    ca.stack = (uint64_t)(uintptr_t)b->stack;
+    ca.stack_size = CHILD_STACK;
+    ca.cgroup = cgroup >= 0 ? (uint64_t)cgroup : 0;
+
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    long pid = clone3_child(&ca, b);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (pid < 0) {
+        munmap(map, size); /* no child: nothing runs on this memory */
+        Py_DECREF(handle);
+        errno = (int)-pid;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    handle->block = b;
+    handle->pid = (int)pid;
+    result = (PyObject *)handle;
+done:
+    Py_XDECREF(paths);
+    Py_XDECREF(argv);
+    Py_XDECREF(envp);
+    return result;
+}
+
+/* Whether this kernel lets us: clone3 with CLONE_INTO_CGROUP (5.7) and close_range with CLOEXEC (5.11),
+ * and no seccomp filter refuses them. Asked with requests the kernel must refuse, as the spawner does. */
+static PyObject *available(PyObject *module, PyObject *Py_UNUSED(ignored)) {
+    struct clone_args_v2 ca;
+    memset(&ca, 0, sizeof ca);
+    ca.flags = CLONE_VM_ | CLONE_INTO_CGROUP_;
+    ca.exit_signal = SIGCHLD;
+    ca.cgroup = 0x7FFFFFFF; /* no such descriptor: EBADF once the kernel got as far as the cgroup */
+    char stack[64];
+    ca.stack = (uint64_t)(uintptr_t)stack;
+    ca.stack_size = sizeof stack;
+    long r = sys6(NR_CLONE3, (long)&ca, sizeof ca, 0, 0, 0, 0);
+    if (r == 0)
+        child_exit(0); /* cannot happen (no such descriptor); were it a child, it must not go on */
+    if (r > 0) {
+        waitpid((pid_t)r, NULL, 0);
+        Py_RETURN_FALSE;
+    }
+    if (r != -EBADF)
+        Py_RETURN_FALSE;
+    int fd = fcntl(0, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0)
+        fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        Py_RETURN_FALSE;
+    long c = sys3(NR_CLOSE_RANGE, fd, fd, CLOSE_RANGE_CLOEXEC_);
+    close(fd);
+    if (c != 0)
+        Py_RETURN_FALSE;
+    Py_RETURN_TRUE;
+}
+
+#else /* not x86_64 Linux */
+
+static PyObject *available(PyObject *module, PyObject *Py_UNUSED(ignored)) { Py_RETURN_FALSE; }
+
+static PyObject *spawn(PyObject *module, PyObject *args) {
+    errno = ENOSYS;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+#endif
+
+static PyMethodDef methods[] = {
+    {"available", available, METH_NOARGS, "Whether spawn works on this system."},
+    {"spawn", spawn, METH_VARARGS,
+     "spawn(paths, argv, envp, out, err, devnull, report, go, go_write, cgroup) -> Child"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_clonespawn",
+                                       "Start commands with clone3(CLONE_VM) (see the C source).", -1, methods};
+
+PyMODINIT_FUNC PyInit__clonespawn(void) {
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL)
+        return NULL;
+#if ONWARD_CLONESPAWN
+    if (PyType_Ready(&ChildType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    return m;
+}

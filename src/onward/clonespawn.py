@@ -5,9 +5,9 @@
 The child shares the worker's memory, so nothing is copied (a fork copies the page tables of the whole
 worker; a clone of the spawner process faults in copies of the pages its Python touches), and it runs only
 C: own session, PDEATHSIG SIGKILL with the parent check, then it says it is set up (its pid on ``report``),
-waits for a byte on ``go``, and calls ``execve``. Between the two the worker notes the pid in the store
-(``before_go``), so nothing of the command runs before its pid is in the store, exactly as through the
-spawner. Its stack and arguments are the worker's memory until the child is reaped (``CommandProcess.wait``
+waits for a byte on ``go``, and calls ``execve``. Meanwhile the worker notes the pid in the store
+(``before_go``) and reads that the child is set up, so nothing of the command runs before its pid is in
+the store, as through the spawner. Its stack and arguments are the worker's memory until the child is reaped (``CommandProcess.wait``
 releases them). See the C source for the rules the child keeps.
 """
 
@@ -47,9 +47,9 @@ class CloneSpawner:
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cgroup_dir: int | None,
               before_go: Callable[[int], None] | None) -> tuple[int, int, int, int, Any]:
-        """Start ``argv`` born in the cgroup whose directory is open as ``cgroup_dir``. Returns once the
-        process is in its own session with its PDEATHSIG and ``before_go(pid)`` returned, its program told
-        to run: (pid, stdout, stderr, report, handle), ``handle.release()`` to be called once it is reaped.
+        """Start ``argv`` born in the cgroup whose directory is open as ``cgroup_dir``. Returns once
+        ``before_go(pid)`` returned and the process is in its own session with its PDEATHSIG, its program
+        told to run: (pid, stdout, stderr, report, handle), ``handle.release()`` to be called once it is reaped.
         The contract is ``Spawner.spawn``'s: if ``before_go`` raises, the process leaves unstarted and the
         exception goes on; ``OSError`` with the errno alone when the process could not be made."""
         program = argv[0]
@@ -89,13 +89,10 @@ class CloneSpawner:
             raise
         _close([out_w, err_w, report_w, go_r])  # the child has its copies; ours would keep the pipes open
         mine = [out_r, err_r, report_r]
-        said = _read_exact(report_r, REPORT_SIZE)
-        if len(said) < REPORT_SIZE:
-            # It died before it was set up (killed from outside, or its worker thread is gone): nothing of
-            # the command ran.
-            _close(mine + [go_w])
-            _reap(child)
-            return None
+        # The pid is noted before the child has said it is set up: the note (a commit) and the child's
+        # first steps then overlap instead of taking turns. A worker frozen from here on leaves a pid that
+        # whoever takes the task over kills by itself as well as by its group (``reclaim``), so a child
+        # not yet in its own session is killed all the same; and the child runs nothing before the go.
         if before_go is not None:
             try:
                 before_go(child.pid)
@@ -103,6 +100,13 @@ class CloneSpawner:
                 _close(mine + [go_w])  # its go pipe's end of file: it leaves without running anything
                 _reap(child)
                 raise
+        said = _read_exact(report_r, REPORT_SIZE)
+        if len(said) < REPORT_SIZE:
+            # It died before it was set up (killed from outside, or its worker thread is gone): nothing of
+            # the command ran.
+            _close(mine + [go_w])
+            _reap(child)
+            return None
         try:
             os.write(go_w, b"g")
         except BrokenPipeError:  # killed while it waited: nothing of the command ran

@@ -19,7 +19,7 @@ import pytest
 
 from onward import cgroups
 from onward.cgroups import own_cgroup
-from onward.proc import pid_exists
+from onward.proc import pid_exists, pid_start_time
 from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, run_onward, wait_for
 
 own = own_cgroup()
@@ -438,3 +438,46 @@ def test_a_live_worker_that_reclaims_a_dead_workers_task_kills_what_left_its_gro
                 p.wait()
         cgroups.remove(scratch)
     assert run_onward("result", "--db", db, "x").stdout == b"again\n"
+
+
+def test_a_noted_process_not_yet_leading_its_group_is_killed_by_whoever_takes_its_task_over(
+        tmp_path: Path, marker: str) -> None:
+    """The clone path notes a command's pid as soon as its process exists, a moment before that process
+    calls setsid: a worker frozen in that moment leaves a pid whose group does not exist yet. Whoever takes
+    the task over kills the process itself too. Here the noted process is a real `sleep` in this test's
+    own process group (so never a group leader), written over the pid of a worker frozen after its claim."""
+    db, tasks = tmp_path / "s.db", write_tasks(tmp_path / "t.txt", ["a"])
+    argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--lease", "1", "--heartbeat", "0.2", "--",
+                       "true")
+    frozen = subprocess.Popen(argv, env=dict(os.environ, ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT="claim_committed:1"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sleeper = subprocess.Popen(["sleep", marker])
+    try:
+        wait_for(lambda: process_state(frozen.pid) == "T", 30, "the worker to freeze itself")
+        assert os.getpgid(sleeper.pid) != sleeper.pid
+        c = sqlite3.connect(db)
+        try:
+            with c:
+                c.execute("UPDATE tasks SET child_pid = ?, child_start = ? WHERE name = 'a'",
+                          (sleeper.pid, pid_start_time(sleeper.pid)))
+        finally:
+            c.close()
+
+        def lease_over() -> bool:
+            c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                return bool(c.execute("SELECT lease_until < ? FROM tasks WHERE name = 'a'", (time.time(),)
+                                      ).fetchone()[0])
+            finally:
+                c.close()
+        wait_for(lease_over, 30, "the frozen worker's lease to run out")
+        other = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+        assert other.returncode == 0, other.stderr.decode()
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+    _, err = frozen.communicate(timeout=60)
+    assert frozen.returncode == 0, err.decode()

@@ -1,7 +1,9 @@
 """The spawner: a small single-threaded process, one per command handler, that starts the worker's commands
-so that the worker itself never forks. Both ends of the protocol live here: ``Spawner`` in the worker, and
-``serve`` in the spawner process (this file imported by ``python -I -S -c``, so it imports nothing but
-the standard library and starts in ~15 ms, once per worker).
+so that the worker itself never forks, where the worker cannot clone them itself (``onward.clonespawn``:
+its C module not built, another architecture, an older kernel, a seccomp filter; or ``ONWARD_SPAWN=spawner``).
+Both ends of the protocol live here: ``Spawner`` in the worker, and ``serve`` in the spawner process (this
+file imported by ``python -I -S -c``, so it imports nothing but the standard library and starts in ~15 ms,
+once per worker).
 
 Why. Starting a command used to take ``subprocess.Popen`` with a ``preexec_fn`` (setsid, PDEATHSIG with a
 parent check, the move into the attempt's cgroup): a ``preexec_fn`` makes CPython ``fork()`` the whole

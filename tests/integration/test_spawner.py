@@ -327,6 +327,15 @@ def test_a_commands_pid_is_in_the_store_before_the_command_runs(tmp_path: Path, 
             assert int(ran.read_text()) == pid
 
 
+def lease_over(db: Path) -> bool:
+    """Whether the lease on task ``a`` of the store ``db`` has run out."""
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return bool(c.execute("SELECT lease_until < ? FROM tasks WHERE name = 'a'", (time.time(),)).fetchone()[0])
+    finally:
+        c.close()
+
+
 def process_state(pid: int) -> str:
     with open(f"/proc/{pid}/stat", "rb") as f:
         return f.read().rsplit(b")", 1)[1].split()[0].decode()
@@ -350,14 +359,7 @@ def test_a_worker_frozen_while_starting_a_command_never_runs_it_once_taken_over(
     try:
         wait_for(lambda: process_state(frozen.pid) == "T", 30, "the worker to freeze itself")
 
-        def lease_over() -> bool:
-            c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            try:
-                return bool(c.execute("SELECT lease_until < ? FROM tasks WHERE name = 'a'", (time.time(),)
-                                      ).fetchone()[0])
-            finally:
-                c.close()
-        wait_for(lease_over, 30, "the frozen worker's lease to run out")
+        wait_for(lambda: lease_over(db), 30, "the frozen worker's lease to run out")
         other = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
         assert other.returncode == 0, other.stderr.decode()
         assert b"reclaimed" in other.stderr, other.stderr.decode()
@@ -463,14 +465,7 @@ def test_a_noted_process_not_yet_leading_its_group_is_killed_by_whoever_takes_it
         finally:
             c.close()
 
-        def lease_over() -> bool:
-            c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            try:
-                return bool(c.execute("SELECT lease_until < ? FROM tasks WHERE name = 'a'", (time.time(),)
-                                      ).fetchone()[0])
-            finally:
-                c.close()
-        wait_for(lease_over, 30, "the frozen worker's lease to run out")
+        wait_for(lambda: lease_over(db), 30, "the frozen worker's lease to run out")
         other = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
         assert other.returncode == 0, other.stderr.decode()
         assert sleeper.wait(timeout=10) == -signal.SIGKILL

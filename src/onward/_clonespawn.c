@@ -351,9 +351,7 @@ static PyObject *available(PyObject *module, PyObject *Py_UNUSED(ignored)) {
     }
     if (r != -EBADF)
         Py_RETURN_FALSE;
-    int fd = fcntl(0, F_DUPFD_CLOEXEC, 3);
-    if (fd < 0)
-        fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         Py_RETURN_FALSE;
     long c = sys3(NR_CLOSE_RANGE, fd, fd, CLOSE_RANGE_CLOEXEC_);

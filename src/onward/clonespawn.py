@@ -17,7 +17,10 @@ import errno
 import fcntl
 import os
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 from typing import Any
+
+from .spawner import REPORT, read_exact
 
 try:
     from ._clonespawn import available as _kernel_allows
@@ -25,9 +28,7 @@ try:
 except ImportError:  # built without a C compiler: the spawner serves instead
     _kernel_allows = _clone = None
 
-REPORT_SIZE = 4  # the child's pid, as it writes it on ``report`` (native int)
-
-
+@cache  # the kernel's answer does not change: asked once per process (at the start gate, then by the handler)
 def available() -> bool:
     """Whether commands can be started this way here: the module was built, the architecture is one it is
     written for (x86_64), and the kernel (5.11 and later) and any seccomp filter allow clone3 with
@@ -100,8 +101,8 @@ class CloneSpawner:
                 _close(mine + [go_w])  # its go pipe's end of file: it leaves without running anything
                 _reap(child)
                 raise
-        said = _read_exact(report_r, REPORT_SIZE)
-        if len(said) < REPORT_SIZE:
+        # The child writes its pid as the spawner's children do (``REPORT``), then only an execve error.
+        if len(read_exact(report_r, REPORT.size)) < REPORT.size:
             # It died before it was set up (killed from outside, or its worker thread is gone): nothing of
             # the command ran.
             _close(mine + [go_w])
@@ -143,10 +144,3 @@ def _close(fds: list[int]) -> None:
 def _reap(child: Any) -> None:
     os.waitpid(child.pid, 0)
     child.release()
-
-
-def _read_exact(fd: int, size: int) -> bytes:
-    data = b""
-    while len(data) < size and (chunk := os.read(fd, size - len(data))):
-        data += chunk
-    return data

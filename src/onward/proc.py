@@ -136,18 +136,19 @@ def set_child_subreaper(on: bool) -> None:
     _prctl()(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
-def children() -> list[int]:
-    """The pids of this process's children, zombies included (from /proc/self/task/*/children, or a scan
-    of /proc where the kernel lacks that file)."""
+def children(parent: int | None = None) -> list[int]:
+    """The pids of the children of ``parent`` (this process by default), zombies included (from
+    /proc/PID/task/*/children, or a scan of /proc where the kernel lacks that file)."""
+    where = "self" if parent is None else str(parent)
     try:
         pids: list[int] = []
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+        for tid in os.listdir(f"/proc/{where}/task"):
+            with open(f"/proc/{where}/task/{tid}/children", "rb") as f:
                 pids += [int(pid) for pid in f.read().split()]
         return pids
     except FileNotFoundError:
         pass
-    me = str(os.getpid()).encode()
+    me = str(os.getpid() if parent is None else parent).encode()
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():

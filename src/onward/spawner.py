@@ -220,7 +220,7 @@ class Spawner:
             # Did a process come of the request? Only the report can tell, and it says so for sure once
             # the spawner is dead: the process writes its pid, or nobody holds the pipe any more.
             self._kill()
-            said = _read_exact(ready.report, REPORT.size)
+            said = read_exact(ready.report, REPORT.size)
             if len(said) < REPORT.size:
                 ready.close_all()
                 raise _SpawnerGone()
@@ -228,7 +228,7 @@ class Spawner:
         if pid == 0:
             ready.close_all()
             raise OSError(code, os.strerror(code))
-        if len(_read_exact(ready.report, REPORT.size)) < REPORT.size:
+        if len(read_exact(ready.report, REPORT.size)) < REPORT.size:
             # It died before it was set up (killed from outside): nothing of the command ran.
             ready.close_all()
             os.waitpid(pid, 0)
@@ -384,7 +384,8 @@ def exec_error(rest: bytes) -> int | None:
     return int(REPORT.unpack_from(rest)[0]) if len(rest) >= REPORT.size else None
 
 
-def _read_exact(fd: int, size: int) -> bytes:
+def read_exact(fd: int, size: int) -> bytes:
+    """``size`` bytes from ``fd``, or fewer once it reached end of file (a child's report pipe)."""
     data = b""
     while len(data) < size and (chunk := os.read(fd, size - len(data))):
         data += chunk

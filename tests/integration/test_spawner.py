@@ -19,7 +19,7 @@ import pytest
 
 from onward import cgroups
 from onward.cgroups import own_cgroup
-from onward.proc import pid_exists, pid_start_time
+from onward.proc import children, pid_exists, pid_start_time
 from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, run_onward, wait_for
 
 own = own_cgroup()
@@ -41,22 +41,6 @@ def test_the_clone_path_is_built_here() -> None:
     from onward.spawn import spawn_mode
 
     assert spawn_mode() == "clone"
-
-
-def children_of(worker: int) -> list[int]:
-    """The live processes whose parent is ``worker``: its commands (and its spawner, on that path)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != b"Z" and int(fields[1]) == worker:
-            found.append(int(name))
-    return found
 
 
 def processes_with(word: str) -> list[int]:
@@ -285,7 +269,7 @@ def test_a_worker_killed_right_after_it_starts_commands_leaves_none_running(tmp_
         p = subprocess.Popen(onward_argv("run", "--db", db, "--tasks", str(tasks), "--concurrency", "4",
                                          "--timeout", "1000", "--", "sh", "-c", script, "x", "{task}"),
                              env=dict(os.environ, **mode), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: children_of(p.pid) or processes_with(marker), 30, "the worker to start commands")
+        wait_for(lambda: children(p.pid) or processes_with(marker), 30, "the worker to start commands")
         time.sleep(rng.uniform(0.0, 0.05))
         p.kill()
         p.wait()
@@ -426,7 +410,7 @@ def test_a_live_worker_that_reclaims_a_dead_workers_task_kills_what_left_its_gro
         a = subprocess.Popen(inside(onward_argv("run", "--db", db, "--heartbeat", "0.5", "--", str(script),
                                                 "{task}")),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wait_for(lambda: children_of(a.pid), 30, "worker A to start commands")
+        wait_for(lambda: children(a.pid), 30, "worker A to start commands")
         assert processes_with(escaped), "the escaped sleep runs before B dies"
         b.kill()
         b.wait()

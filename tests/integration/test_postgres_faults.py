@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from onward.errors import NotAStore, SchemaTooOld, StoreError
-from onward.proc import current_owner
+from onward.proc import current_owner, pid_start_time
 from onward.store import open_store
 from onward.store.base import (
     CANCELLED,
@@ -291,8 +291,9 @@ def test_a_worker_that_cannot_renew_its_lease_stops_its_tasks_and_commits_nothin
 
         # A stops both tasks before its lease runs out (the store's clock: this machine's, here).
         def stopped_at() -> float | None:
-            alive = [pid for pid in children if Path(f"/proc/{pid}").exists()
-                     and b"Z" != Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]]
+            # pid_start_time: None once the process is a zombie or gone, read in one go (a look for
+            # /proc/PID followed by a read of its stat raced with the reaping of a killed task).
+            alive = [pid for pid in children if pid_start_time(pid) is not None]
             return None if alive else time.time()
         killed_at = float(wait_for(stopped_at, 10, "A to stop its tasks", interval=0.01))  # type: ignore[arg-type]
         assert killed_at < lease_until, f"tasks still ran {killed_at - lease_until:.3f}s after the lease expired"

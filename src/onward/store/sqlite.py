@@ -6,8 +6,11 @@ Why these settings:
 - ``synchronous=FULL``: in WAL mode, NORMAL only fsyncs at checkpoints, so a power cut could lose the
   last completions; FULL fsyncs the log at every commit, which is what "a committed completion is never
   run again" needs. Writes that only have to survive the *process* (lease renewals, the child's pid, the
-  journal) switch the connection to NORMAL for that one transaction: they reach the OS page cache, which a
-  ``kill -9`` does not lose, and the next FULL commit's fsync covers them too, since the log is sequential.
+  journal) are committed with the connection at NORMAL: they reach the OS page cache, which a ``kill -9``
+  does not lose, and the next FULL commit's fsync covers them too, since the log is sequential. The
+  connection is switched only when a transaction needs the other setting than the last one had: the switch
+  is a statement of its own, and costs about as much as a claim (a worker that settles crash-safe and syncs
+  itself, every task, never switches).
 - A worker's settling commit (outcomes and the next claims) may be made crash-safe first and durable a
   moment later (``batch(durable=False)`` then ``sync``): the runner starts the claimed tasks in between, so
   the log's fsync overlaps their run instead of delaying them. ``sync`` is one ``fdatasync`` of the log
@@ -167,10 +170,10 @@ class SqliteStore(SqlStore):
         if mode.lower() != "wal":
             raise StoreError(f"store {self.path}: cannot switch to WAL mode (got {mode})")
         self._db.execute("PRAGMA synchronous = FULL")
+        self._durable = True  # what synchronous is set to now: FULL (see _transaction)
         self._db.execute("PRAGMA foreign_keys = OFF")
         # The journal and task rows are appended in order; a bigger cache keeps status and claims hot.
         self._db.execute("PRAGMA cache_size = -16000")
-        self._durable = True
 
     def _switch_to_wal(self) -> str:
         """``PRAGMA journal_mode = WAL``, waiting out other connections as the busy timeout would. A new
@@ -295,20 +298,17 @@ class SqliteStore(SqlStore):
 
     @contextmanager
     def _transaction(self, durable: bool) -> Iterator[None]:
+        if durable != self._durable:
+            self._db.execute("PRAGMA synchronous = FULL" if durable else "PRAGMA synchronous = NORMAL")
+            self._durable = durable
+        self._db.execute("BEGIN IMMEDIATE")
         try:
-            if not durable:
-                self._db.execute("PRAGMA synchronous = NORMAL")
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-        finally:
-            if not durable:
-                self._db.execute("PRAGMA synchronous = FULL")
+            yield
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def _on_its_own(self, name: str, params: dict[str, Any]) -> list[Any]:
         with self._write():

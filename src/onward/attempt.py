@@ -144,6 +144,10 @@ class Loop(Protocol):
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
         """Report the attempt's outcome (exactly once; from any thread)."""
 
+    def settle_here(self, attempt: Attempt, outcome: Outcome) -> bool:
+        """Report the attempt's outcome (exactly once) from the attempt's own thread, which may settle it
+        there and then (True) and be handed the next attempt to run (see ``Runner.settle_here``)."""
+
     def note_child(self, claim: Claim, pid: int, start: int) -> None:
         """Record in the store (crash-safe) the process an attempt is about to run its command in, before
         the command runs: a worker taking the task over kills it first. Raises ``Fenced`` if the claim is

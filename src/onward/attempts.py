@@ -23,6 +23,11 @@ from .spawn import spawn_forked
 from .store.base import Claim
 from .threads import EventLoopThread, ThreadPool
 
+# Per thread of the pool: while its attempt's outcome is being settled on it (Loop.settle_here), ``free`` is
+# true and the first attempt the worker starts meanwhile is left in ``next`` for this thread to run, instead
+# of going to another thread.
+_lane = threading.local()
+
 # The fork path of commands under its old name here (tests start a command through it into a cgroup that
 # is gone).
 _spawn = spawn_forked
@@ -48,6 +53,14 @@ class PythonAttempt(Attempt):
 
     # -- a function in a thread --
     def run(self) -> None:
+        """Run this attempt on the calling thread (one of the pool's); then, each time its outcome was
+        settled here and the worker handed this thread the next attempt, that one: one task after another
+        with no hand-over between threads."""
+        attempt: PythonAttempt | None = self
+        while attempt is not None:
+            attempt = attempt._run_here()
+
+    def _run_here(self) -> PythonAttempt | None:
         token = durable.CURRENT.set(self.ctx)
         try:
             try:
@@ -58,7 +71,17 @@ class PythonAttempt(Attempt):
                 self.ctx.used_step_log.finish()
         finally:
             durable.CURRENT.reset(token)
-        self._report(outcome)
+        with self._report_lock:
+            if self._reported:
+                return None  # abandoned meanwhile: reported released already
+            self._reported = True
+        _lane.free, _lane.next = True, None
+        try:
+            self._worker.settle_here(self, outcome)
+        finally:
+            _lane.free = False
+            following, _lane.next = _lane.next, None
+        return following
 
     # -- a coroutine on the worker's event loop --
     def start_async(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -174,6 +197,8 @@ class PythonHandler:
             if self._event_loop is None:
                 self._event_loop = EventLoopThread()
             attempt.start_async(self._event_loop.loop)
+        elif getattr(_lane, "free", False):
+            _lane.free, _lane.next = False, attempt  # this thread runs it once the turn is over
         else:
             self._pool.submit(attempt.run)
         if crashpoints.ARMED:  # the task's function is running (claim committed, nothing of it yet)

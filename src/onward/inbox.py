@@ -48,6 +48,10 @@ class LoopInbox:
         """Whether an attempt was posted and not taken yet (the loop asks before it waits)."""
         return bool(self._finished)
 
+    def has_calls(self) -> bool:
+        """Whether store calls wait for the loop's next commit."""
+        return bool(self._calls or self._taken_calls)
+
     def store_call(self, fn: Callable[[Store], T]) -> T:
         """Have the loop run ``fn(store)`` in its next group commit; block until that commit is durable
         and return the value (or raise what ``fn`` or the commit raised)."""

@@ -9,6 +9,15 @@ one transaction (group commit), crash-safe at first; the claimed tasks are start
 the commit durable while they run: with one slot that is exactly one durable commit per task, its fsync
 off the path from one task to the next, and nothing (log line, output file, summary) reports a completion
 before that sync returned.
+
+A turn may also be taken on a task's own thread (``settle_here``): when the attempt that just finished was
+the only one running, there is nothing to group its commit with, and handing it to the loop's thread and the
+next task back to a task thread would cost two thread hand-overs per task. Its thread then settles it,
+claims and starts the next task and runs it itself. One lock (``_turn``) makes every turn, on either thread,
+the only one: the loop holds it except while it waits, so the runner's state and the store connection are
+only ever touched by one turn at a time. The loop keeps what must not depend on tasks' threads: ticks
+(leases, reclaims, cancels), deadlines, signals and the watchdog; a task's thread gives way to it (hands its
+outcome over the usual way) whenever the loop is waiting for the lock.
 """
 
 from __future__ import annotations
@@ -108,16 +117,71 @@ class Runner:
         self._marker_held = False  # this worker made the keep-awake marker exist
         self._waits_seen = False  # the job had waiting tasks at the last heartbeat, or one parked here since
         self._wake_due_at = 0.0  # monotonic time before which waits' deadlines are not looked at again
+        # Held by whichever thread takes a turn (see the module's docstring); the loop asks for it back by
+        # setting _loop_waiting, and a task's thread that sees it hands its outcome over instead.
+        self._turn = threading.Lock()
+        self._loop_waiting = False
+        self._waiting_until = 0.0  # monotonic time the loop's current wait ends at the latest
+        self._closed = False  # run() returned: a task's thread settles nothing more
+        self._lane_error: BaseException | None = None  # a turn on a task's thread failed: the loop raises it
 
     # --- called from other threads -------------------------------------------------------------------
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
         """Hand a finished attempt to the loop (thread-safe)."""
         self.inbox.post(attempt, outcome)
 
+    def settle_here(self, attempt: Attempt, outcome: Outcome) -> bool:
+        """From an attempt's own thread, once it has its outcome: settle it on this thread, now, in a turn of
+        its own (commit it with the next claims, start them, sync, report), if it is the only attempt
+        running and the loop is not waiting for a turn; True then. Otherwise hand it to the loop (``post``)
+        and return False. The handler may give this thread the next attempt to run (PythonHandler does)."""
+        with self._turn:
+            if self._closed:
+                return False  # the worker left; the attempt was given back on the way out
+            if not self._lane_open(attempt):
+                self.inbox.post(attempt, outcome)
+                return False
+            try:
+                finished = self._take_finished()
+                finished.append((attempt, outcome))
+                claims = self._settle_and_claim(finished, self._want(finished, time.monotonic()))
+                for claim in claims:
+                    self._start(claim)
+                self._report_settled()
+            except BaseException as e:  # the loop's own turn would have ended the worker: let it do so
+                self._lane_error = e
+                self.wake()
+                return True
+            if not claims or self.stopping or self._store_retry_at > time.monotonic() \
+                    or self._next_deadline(self._waiting_until, time.monotonic()) < self._waiting_until:
+                # Nothing started here (the job may be over), the store failed, or an attempt started here is
+                # due (--timeout) before the loop planned to wake: the loop looks again.
+                self.wake()
+            return True
+
+    def _lane_open(self, attempt: Attempt) -> bool:
+        """Whether a task's thread may take a turn for ``attempt`` (``settle_here``): it is the only attempt
+        running (nothing to group its commit with), the loop is not waiting for its own turn (a tick may be
+        due), the worker is not stopping, and no failed commit is waiting for its backoff."""
+        return (not self._loop_waiting and not self.stopping and not self._unsettled
+                and len(self.attempts) == 1 and self.attempts.get(attempt.claim.task_id) is attempt
+                and time.monotonic() >= self._store_retry_at)
+
     def store_call(self, fn: Callable[[Store], T]) -> T:
-        """From a task's thread: run ``fn(store)`` on the loop's thread, inside its next group commit, and
-        return its value once that commit is durable. This is how a task records steps: the loop owns the
-        store connection, and steps of many tasks share one fsync."""
+        """From a task's thread: run ``fn(store)`` and return its value once its commit is durable. This is
+        how a task records steps. While the task is the only one running, on its own thread in a durable
+        transaction of its own (nothing to share the fsync with); otherwise on the loop's thread, inside its
+        next group commit, so that steps of many tasks share one fsync."""
+        with self._turn:
+            if len(self.attempts) == 1 and not self._loop_waiting and not self._closed \
+                    and time.monotonic() >= self._store_retry_at and not self.inbox.has_calls():
+                try:
+                    with self.store.batch(durable=True):
+                        return fn(self.store)
+                except StoreError as e:
+                    self._back_off(e)
+                    self.wake()
+                    raise
         return self.inbox.store_call(fn)
 
     def note_child(self, claim: Claim, pid: int, start: int) -> None:
@@ -148,6 +212,14 @@ class Runner:
     # --- the loop ------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         cfg = self.config
+        self._turn.acquire()  # the loop's, except while it waits (see _wait)
+        try:
+            return self._run(cfg)
+        finally:
+            self._closed = True
+            self._turn.release()
+
+    def _run(self, cfg: RunConfig) -> RunSummary:
         saved_signals = self._catch_stop_signals()
         self.inbox.loop_thread = threading.get_ident()  # Job.run may run the loop on another thread than built it
         self.worker_id = self.store.register_worker(current_owner(), f"concurrency={cfg.concurrency}")
@@ -221,7 +293,7 @@ class Runner:
         if self.stopping:
             return
         self.request_stop(name)
-        for attempt in self.attempts.values():
+        for attempt in list(self.attempts.values()):  # (a task's thread may be taking a turn)
             attempt.request_stop()
 
     def _loop(self) -> None:
@@ -231,6 +303,8 @@ class Runner:
         last_turn = time.monotonic()
         while True:
             now = time.monotonic()
+            if self._lane_error is not None:
+                raise self._lane_error
             self.notifier.watchdog()
             gap = now - last_turn
             # The loop never sleeps past a tick; a much longer gap means the process was not running. A gap
@@ -253,9 +327,7 @@ class Runner:
             claims: list[Claim] = []
             if now >= self._store_retry_at:
                 finished = self._take_finished()
-                paused = self.stopping or now < self._claim_paused_until
-                want = 0 if paused else self.concurrency - len(self.attempts) + len(finished)
-                claims = self._settle_and_claim(finished, want)
+                claims = self._settle_and_claim(finished, self._want(finished, now))
             for claim in claims:
                 self._start(claim)
             self._report_settled()
@@ -294,8 +366,23 @@ class Runner:
             period = min(period, fence_at)
         return max(period, 0.02)
 
+    def _want(self, finished: list[tuple[Attempt, Outcome]], now: float) -> int:
+        """How many tasks to claim in a turn that settles ``finished``: the slots free once they are."""
+        if self.stopping or now < self._claim_paused_until:
+            return 0
+        return self.concurrency - len(self.attempts) + len(finished)
+
     def _wait(self, timeout: float) -> None:
-        for key, _ in self.selector.select(timeout):
+        """Wait for something to do, letting tasks' threads take turns meanwhile (see settle_here)."""
+        self._waiting_until = time.monotonic() + timeout
+        self._turn.release()
+        try:
+            ready = self.selector.select(timeout)
+        finally:
+            self._loop_waiting = True  # a task's thread that gets the lock first hands its outcome over
+            self._turn.acquire()
+            self._loop_waiting = False
+        for key, _ in ready:
             key.data()  # the inbox's wake-up, new work in the store, or a child's pipe or exit
 
     def _take_finished(self) -> list[tuple[Attempt, Outcome]]:

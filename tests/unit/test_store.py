@@ -206,7 +206,39 @@ def test_reclaim_fences_out_the_old_owner(store: Store) -> None:
     assert store.note_child(c2.task_id, c2.fence, 1234, 1)
     (running,) = store.running_tasks()
     assert running.child_pid == 1234
+    # A process noted with its claim instead: the thawed worker asks whether the claim holds before its go.
+    assert not store.holds(c.task_id, c.fence)
+    assert store.holds(c2.task_id, c2.fence)
     assert store.complete(c2.task_id, c2.fence, b"ok", "bytes")
+    assert not store.holds(c2.task_id, c2.fence)  # done: nothing runs under it any more
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_a_process_made_ahead_is_noted_with_the_claim_of_the_first_task(store: Store, limit: int) -> None:
+    """``claim`` and ``complete_and_claim`` with ``child``: its pid and start time are noted on the first task
+    they claim, in the same transaction, and that claim says so; the others have no pid."""
+    store.add(["a", "b", "c", "d", "e"])
+    w = worker(store)
+    claims = store.claim(w, limit, 30, 3, child=(4242, 77))
+    assert [c.name for c in claims] == ["a", "b", "c"][:limit]
+    assert [c.child_pid for c in claims] == [4242] + [None] * (limit - 1)
+    noted = {t.name: (t.child_pid, t.child_start) for t in store.running_tasks()}
+    assert noted == {"a": (4242, 77), **{n: (None, None) for n in ["b", "c"][:limit - 1]}}
+    for c in claims[1:]:
+        assert store.release(c.task_id, c.fence, "test")
+    completed, more = store.complete_and_claim(claims[0], b"ok", "bytes", w, limit, 30, 3, child=(4343, 88))
+    assert completed
+    assert [c.child_pid for c in more] == [4343] + [None] * (len(more) - 1)
+    noted = {t.name: (t.child_pid, t.child_start) for t in store.running_tasks()}
+    assert noted[more[0].name] == (4343, 88)
+    assert all(noted[c.name] == (None, None) for c in more[1:])
+    # None noted when there is nothing to claim.
+    for c in more:
+        assert store.complete(c.task_id, c.fence, b"ok", "bytes")
+    left = [c for c in store.claim(w, 5, 30, 3)]
+    for c in left:
+        assert store.complete(c.task_id, c.fence, b"ok", "bytes")
+    assert store.claim(w, 1, 30, 3, child=(4444, 99)) == []
 
 
 def test_reclaim_with_no_attempts_left_fails_the_task(store: Store) -> None:

@@ -51,6 +51,7 @@ class Claim(NamedTuple):
     attempt: int  # 1-based count of attempts, this one included
     fence: int
     max_attempts: int
+    child_pid: int | None = None  # a process noted with the claim, to run its command (``claim``'s ``child``)
 
 
 class Reclaimed(NamedTuple):
@@ -264,11 +265,15 @@ class WorkQueue(Protocol):
         journals one "added" event for the call when any were (not one per task: a million-line import
         stays one row). Not bounded: it waits for another import of the same names to commit."""
 
-    def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int) -> list[Claim]:
+    def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int,
+              child: tuple[int, int] | None = None) -> list[Claim]:
         """Take up to ``limit`` ready pending tasks (retry time reached), oldest first, for this worker:
         state running, attempt + 1, fence + 1, lease until now + ``lease_seconds``. The claim is committed
         before this returns (or with the enclosing batch), so a task that kills its worker still has the
-        attempt counted. No two workers ever hold the same task. Names the lease: bounded from here on."""
+        attempt counted. No two workers ever hold the same task. Names the lease: bounded from here on.
+        ``child`` (pid, start time): a process made ready to run the first claimed task's command; it is
+        noted on that claim (as by ``note_child``) in the same transaction, and that ``Claim`` carries its
+        pid as ``child_pid``."""
 
     def renew(self, worker_id: int, leases: Sequence[Lease], lease_seconds: float, completed: int) -> list[int]:
         """Extend the leases of tasks this worker runs, recording progress. Returns the ids of the tasks
@@ -281,17 +286,23 @@ class WorkQueue(Protocol):
         the claim is gone, and the command must not run. Crash-safe, not durable: a power cut kills the
         children too. Bounded."""
 
+    def holds(self, task_id: int, fence: int) -> bool:
+        """Whether the claim under ``fence`` still holds (the task runs, under that fence): a read, nothing
+        written. What ``note_child`` checks, for a process noted with its claim (``claim``'s ``child``).
+        Bounded."""
+
     def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
         """Mark the task done with its result, atomically. False (and nothing written) if fenced out.
         Bounded."""
 
     def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
-                           lease_seconds: float, max_attempts: int, durable: bool = True) -> tuple[bool, list[Claim]]:
+                           lease_seconds: float, max_attempts: int, durable: bool = True,
+                           child: tuple[int, int] | None = None) -> tuple[bool, list[Claim]]:
         """``complete`` of ``done`` then ``claim`` of up to ``limit`` tasks, with their journal rows ("done", or
         "fenced" with FENCED_DETAIL when fenced out, and "claimed" for each claim), in one transaction, durable
         unless ``durable=False`` (then as ``batch(durable=False)``: durable at the next ``sync``): a worker's
         commit when its one finished attempt succeeded (the hot path at concurrency 1; PostgreSQL sends it as
-        one statement). Returns what ``complete`` and ``claim`` would. Bounded."""
+        one statement). ``child`` as for ``claim``. Returns what ``complete`` and ``claim`` would. Bounded."""
 
     def fail(self, task_id: int, fence: int, error: str, retry_delay: float) -> str | None:
         """Record a failed attempt. If attempts remain, the task goes back to pending, ready after

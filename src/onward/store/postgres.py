@@ -418,16 +418,22 @@ class PostgresStore(SqlStore):
         return cur.fetchone() is not None
 
     def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
-                           lease_seconds: float, max_attempts: int, durable: bool = True) -> tuple[bool, list[Claim]]:
+                           lease_seconds: float, max_attempts: int, durable: bool = True,
+                           child: tuple[int, int] | None = None) -> tuple[bool, list[Claim]]:
         # One autocommitted statement, a synchronous commit whatever ``durable`` says (see _batch_transaction).
-        if self._batch_depth:  # the batch's own statements and journal (its events are written at its end)
-            return super().complete_and_claim(done, result, kind, worker_id, limit, lease_seconds, max_attempts)
+        # The statement notes ``child`` on what it claims: right for one claim, so with more, the batch's way.
+        if self._batch_depth or (child is not None and limit != 1):
+            # The batch's own statements and journal (its events are written at its end).
+            return super().complete_and_claim(done, result, kind, worker_id, limit, lease_seconds, max_attempts,
+                                              durable, child)
         self._set_lease(lease_seconds)
         rows = self._exec("complete_and_claim", {
             "task_id": done.task_id, "fence": done.fence, "attempt": done.attempt, "result": result, "kind": kind,
             "worker_id": worker_id, "limit": limit, "lease": lease_seconds, "max_attempts": max_attempts,
-            "pid": os.getpid(), "host": hostname(), "fenced": FENCED_DETAIL}).fetchall()
-        claims = sorted((Claim(task_id=r[1], name=r[2], attempt=r[3], fence=r[4], max_attempts=r[5])
+            "pid": os.getpid(), "host": hostname(), "fenced": FENCED_DETAIL,
+            "child_pid": child[0] if child else None, "child_start": child[1] if child else None}).fetchall()
+        claims = sorted((Claim(task_id=r[1], name=r[2], attempt=r[3], fence=r[4], max_attempts=r[5],
+                               child_pid=child[0] if child else None)
                          for r in rows if r[1] is not None), key=lambda c: c.task_id)
         return bool(rows[0][0]), claims
 

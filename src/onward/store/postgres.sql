@@ -377,11 +377,13 @@ WITH completed AS (
      WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
     RETURNING id, job_id
 ), changed AS (
+    -- child_pid/child_start: the process made ready to run the claimed task's command (NULL: none), noted
+    -- with the claim (the caller passes one only when it claims one task).
     UPDATE onward.tasks AS t
        SET state = 'running', attempts = t.attempts + 1, fence = t.fence + 1, max_attempts = %(max_attempts)s,
            worker_id = %(worker_id)s, lease_until = onward.epoch() + %(lease)s, heartbeat_at = onward.epoch(),
-           progress_at = onward.epoch(), note = NULL, started_at = onward.epoch(), child_pid = NULL,
-           child_start = NULL, cancel_requested = false
+           progress_at = onward.epoch(), note = NULL, started_at = onward.epoch(), child_pid = %(child_pid)s,
+           child_start = %(child_start)s, cancel_requested = false
      WHERE t.id IN (SELECT id FROM onward.tasks
                      WHERE job_id = %(job)s AND state = 'pending' AND ready_at <= onward.epoch()
                        AND NOT (SELECT paused FROM onward.jobs WHERE id = %(job)s)
@@ -446,6 +448,9 @@ SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0
 -- name: note_child
 UPDATE onward.tasks SET child_pid = %(pid)s, child_start = %(start)s
  WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running';
+
+-- name: fence_holds
+SELECT 1 FROM onward.tasks WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running';
 
 -- name: complete
 WITH changed AS (

@@ -313,20 +313,34 @@ class SqlStore:
     def cancelling(self, worker_id: int) -> list[int]:
         return [r[0] for r in self._exec("cancelling", {"worker_id": worker_id}).fetchall()]
 
-    def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int) -> list[Claim]:
+    def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int,
+              child: tuple[int, int] | None = None) -> list[Claim]:
         self._set_lease(lease_seconds)
-        rows = self._on_its_own("claim", {**self._clock(), "worker_id": worker_id, "lease": lease_seconds,
-                                           "limit": limit, "max_attempts": max_attempts})
+        params = {**self._clock(), "worker_id": worker_id, "lease": lease_seconds, "limit": limit,
+                  "max_attempts": max_attempts}
+        if child is None:
+            rows = self._on_its_own("claim", params)
+        else:
+            with self._write():
+                rows = self._exec("claim", params).fetchall()
+                if rows:
+                    first = min(rows)
+                    self._exec("note_child", {"pid": child[0], "start": child[1], "task_id": first[0],
+                                              "fence": first[3]})
         rows.sort()  # RETURNING gives no order guarantee; hand tasks out in the order they were added
-        return [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4]) for r in rows]
+        claims = [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4]) for r in rows]
+        if child is not None and claims:
+            claims[0] = claims[0]._replace(child_pid=child[0])
+        return claims
 
     def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
-                           lease_seconds: float, max_attempts: int, durable: bool = True) -> tuple[bool, list[Claim]]:
+                           lease_seconds: float, max_attempts: int, durable: bool = True,
+                           child: tuple[int, int] | None = None) -> tuple[bool, list[Claim]]:
         with self.batch(durable):
             completed = self.complete(done.task_id, done.fence, result, kind)
             self._journal("done" if completed else "fenced", task_id=done.task_id, worker_id=worker_id,
                           attempt=done.attempt, detail=None if completed else FENCED_DETAIL)
-            claims = self.claim(worker_id, limit, lease_seconds, max_attempts) if limit > 0 else []
+            claims = self.claim(worker_id, limit, lease_seconds, max_attempts, child) if limit > 0 else []
             for claim in claims:
                 self._journal("claimed", task_id=claim.task_id, worker_id=worker_id, attempt=claim.attempt)
         return completed, claims
@@ -335,6 +349,9 @@ class SqlStore:
         with self._write(durable=False):
             return self._exec("note_child", {"pid": child_pid, "start": child_start, "task_id": task_id,
                                              "fence": fence}).rowcount == 1
+
+    def holds(self, task_id: int, fence: int) -> bool:
+        return self._exec("fence_holds", {"task_id": task_id, "fence": fence}).fetchone() is not None
 
     def fail(self, task_id: int, fence: int, error: str, retry_delay: float) -> str | None:
         with self._write():

@@ -427,7 +427,7 @@ class SqliteStore(SqlStore):
     def drop_steps(self, task_id: int, fence: int, from_index: int) -> bool:
         with self._write():
             self._exec("drop_steps", {"task_id": task_id, "fence": fence, "from_idx": from_index})
-            return self._exec("fence_holds", {"task_id": task_id, "fence": fence}).fetchone() is not None
+            return self.holds(task_id, fence)
 
     # --- maintenance ---------------------------------------------------------------------------------
     def integrity_check(self) -> str:

@@ -4,13 +4,18 @@
  * multi-threaded interpreter; a spawner process's clone runs Python in the child, which faults in copies
  * of the pages it touches. Here the child is made with clone3(CLONE_VM): it shares the worker's memory, runs
  * on a stack of its own, and executes only the C function `child` below, which makes raw system calls and
- * touches nothing but that stack and the argument block the worker built for it before the clone. So
+ * touches nothing but that stack and the blocks the worker built for it (see `struct block`). So
  * nothing is copied, and its cost is about what vfork + execve cost xargs.
  *
  * Unlike vfork, the worker is not suspended: the child waits on a `go` pipe before it runs its program,
  * so that the worker can note its pid in the store first (nothing of the command has run by then). The
  * worker keeps the argument block and the stack until it has reaped the child (`Child.release`), since the
  * child reads them until its execve.
+ *
+ * A child may also be made before its command is known (`spawn` with None for the arguments): it sets
+ * itself up and waits, and the worker gives it its program, arguments and environment (`Child.arm`) just
+ * before the go. The worker makes the next command's process so while the current command runs, and notes
+ * its pid in the same commit as the claim of the task it will run.
  *
  * Rules for `child` (it shares memory with a running, multi-threaded interpreter):
  * - only raw system calls through `sys6` (no libc: a failing libc call writes errno into the thread-local
@@ -77,15 +82,22 @@ static inline long sys6(long nr, long a, long b, long c, long d, long e, long f)
 }
 #define sys3(nr, a, b, c) sys6((nr), (long)(a), (long)(b), (long)(c), 0, 0, 0)
 
-/* Everything the child needs, built by the worker before the clone, read by the child until execve. */
-struct block {
-    int out, err, devnull, report, go, go_write;
-    int worker;            /* the pid the child's parent must have, else the worker died before the prctl */
+/* What the child runs: built by the worker (before the clone, or before the go: `arm`), read by the child
+ * after its go, until execve. */
+struct arguments {
     char **paths;          /* where to look for the program, in order (NULL-terminated) */
     char **argv;           /* NULL-terminated */
     char **envp;           /* NULL-terminated */
+    size_t size;           /* of the whole mapping (this header, the arrays, the strings) */
+};
+
+/* Everything else the child needs, built by the worker before the clone. */
+struct block {
+    int out, err, devnull, report, go, go_write;
+    int worker;            /* the pid the child's parent must have, else the worker died before the prctl */
+    struct arguments *args; /* NULL until armed; read by the child only after its go */
     void *stack;           /* CHILD_STACK bytes */
-    size_t size;           /* of the whole mapping (this block, the arrays, the strings) */
+    size_t size;           /* of the whole mapping (this block and the stack) */
 };
 
 static void child_exit(int code) {
@@ -137,13 +149,18 @@ __attribute__((noinline, used, optimize("no-stack-protector"))) static int child
     } while (got == -EINTR);
     if (got != 1)
         child_exit(0); /* end of file: discarded, nothing of the command runs */
+    /* The worker stored the arguments before it wrote the go: the read above orders them before us (the
+     * system call is a compiler barrier too: "memory" in sys6). */
+    struct arguments *a = b->args;
+    if (a == NULL)
+        child_exit(127); /* a go without arguments: never sent by the worker */
 
     uint64_t none = 0;
     sys6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&none, 0, 8, 0, 0);
     /* As subprocess does: the first error other than "not there", else the last. */
     long first = 0, last = -ENOENT;
-    for (char **path = b->paths; *path != NULL; path++) {
-        last = sys3(SYS_execve, *path, b->argv, b->envp);
+    for (char **path = a->paths; *path != NULL; path++) {
+        last = sys3(SYS_execve, *path, a->argv, a->envp);
         if (first == 0 && last != -ENOENT && last != -ENOTDIR)
             first = last;
     }
@@ -192,9 +209,28 @@ static void child_dealloc(Child *self) {
 
 static PyObject *child_release(Child *self, PyObject *Py_UNUSED(ignored)) {
     if (self->block != NULL) {
+        if (self->block->args != NULL)
+            munmap(self->block->args, self->block->args->size);
         munmap(self->block, self->block->size);
         self->block = NULL;
     }
+    Py_RETURN_NONE;
+}
+
+static struct arguments *build_arguments(PyObject *paths_in, PyObject *argv_in, PyObject *envp_in);
+
+static PyObject *child_arm(Child *self, PyObject *args) {
+    PyObject *paths_in, *argv_in, *envp_in;
+    if (!PyArg_ParseTuple(args, "OOO", &paths_in, &argv_in, &envp_in))
+        return NULL;
+    if (self->block == NULL || self->block->args != NULL) {
+        PyErr_SetString(PyExc_ValueError, "this child was released or has its arguments already");
+        return NULL;
+    }
+    struct arguments *a = build_arguments(paths_in, argv_in, envp_in);
+    if (a == NULL)
+        return NULL;
+    self->block->args = a; /* read by the child after the go, which the caller writes after this returns */
     Py_RETURN_NONE;
 }
 
@@ -203,6 +239,8 @@ static PyObject *child_get_pid(Child *self, void *closure) { return PyLong_FromL
 static PyMethodDef child_methods[] = {
     {"release", (PyCFunction)child_release, METH_NOARGS,
      "Unmap the child's stack and arguments. Call only once it has been reaped."},
+    {"arm", (PyCFunction)child_arm, METH_VARARGS,
+     "arm(paths, argv, envp): give a child made without arguments what to run; then write its go."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef child_getset[] = {{"pid", (getter)child_get_pid, NULL, "the child's pid", NULL},
@@ -250,14 +288,10 @@ static char *copy_strings(PyObject *seq, char **array, char *text) {
     return text;
 }
 
-static PyObject *spawn(PyObject *module, PyObject *args) {
-    PyObject *paths_in, *argv_in, *envp_in;
-    int out, err, devnull, report, go, go_write, cgroup;
-    if (!PyArg_ParseTuple(args, "OOOiiiiiii", &paths_in, &argv_in, &envp_in, &out, &err, &devnull, &report,
-                          &go, &go_write, &cgroup))
-        return NULL;
+/* The arguments' mapping (header, arrays, strings); NULL with an exception set. */
+static struct arguments *build_arguments(PyObject *paths_in, PyObject *argv_in, PyObject *envp_in) {
     PyObject *paths = NULL, *argv = NULL, *envp = NULL;
-    PyObject *result = NULL;
+    struct arguments *result = NULL;
     paths = PySequence_Fast(paths_in, "paths must be a sequence");
     argv = PySequence_Fast(argv_in, "argv must be a sequence");
     envp = PySequence_Fast(envp_in, "envp must be a sequence");
@@ -271,32 +305,65 @@ static PyObject *spawn(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "argv must not be empty");
         goto done;
     }
-    size_t head = (sizeof(struct block) + (size_t)(np + na + ne + 3) * sizeof(char *) + 15) & ~(size_t)15;
-    size_t text = (size_t)(sp + sa + se);
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t size = (head + text + page - 1) / page * page + CHILD_STACK;
-    void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    size_t head = (sizeof(struct arguments) + (size_t)(np + na + ne + 3) * sizeof(char *) + 15) & ~(size_t)15;
+    size_t size = head + (size_t)(sp + sa + se);
+    void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (map == MAP_FAILED) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
+    }
+    struct arguments *a = map;
+    a->size = size;
+    a->paths = (char **)(a + 1);
+    a->argv = a->paths + np + 1;
+    a->envp = a->argv + na + 1;
+    char *cursor = (char *)map + head;
+    cursor = copy_strings(paths, a->paths, cursor);
+    cursor = copy_strings(argv, a->argv, cursor);
+    copy_strings(envp, a->envp, cursor);
+    result = a;
+done:
+    Py_XDECREF(paths);
+    Py_XDECREF(argv);
+    Py_XDECREF(envp);
+    return result;
+}
+
+static PyObject *spawn(PyObject *module, PyObject *args) {
+    PyObject *paths_in, *argv_in, *envp_in;
+    int out, err, devnull, report, go, go_write, cgroup;
+    if (!PyArg_ParseTuple(args, "OOOiiiiiii", &paths_in, &argv_in, &envp_in, &out, &err, &devnull, &report,
+                          &go, &go_write, &cgroup))
+        return NULL;
+    /* None for all three: a child that waits for `arm` (see the top of this file). */
+    struct arguments *arguments = NULL;
+    if (paths_in != Py_None || argv_in != Py_None || envp_in != Py_None) {
+        arguments = build_arguments(paths_in, argv_in, envp_in);
+        if (arguments == NULL)
+            return NULL;
+    }
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t size = (sizeof(struct block) + page - 1) / page * page + CHILD_STACK;
+    void *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (map == MAP_FAILED) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        if (arguments != NULL)
+            munmap(arguments, arguments->size);
+        return NULL;
     }
     struct block *b = map;
     b->out = out, b->err = err, b->devnull = devnull, b->report = report, b->go = go, b->go_write = go_write;
     b->worker = getpid();
     b->size = size;
     b->stack = (char *)map + size - CHILD_STACK;
-    b->paths = (char **)(b + 1);
-    b->argv = b->paths + np + 1;
-    b->envp = b->argv + na + 1;
-    char *cursor = (char *)map + head;
-    cursor = copy_strings(paths, b->paths, cursor);
-    cursor = copy_strings(argv, b->argv, cursor);
-    copy_strings(envp, b->envp, cursor);
+    b->args = arguments;
 
     Child *handle = PyObject_New(Child, &ChildType);
     if (handle == NULL) {
+        if (arguments != NULL)
+            munmap(arguments, arguments->size);
         munmap(map, size);
-        goto done;
+        return NULL;
     }
     handle->block = NULL;
     handle->pid = 0;
@@ -315,20 +382,18 @@ static PyObject *spawn(PyObject *module, PyObject *args) {
     long pid = clone3_child(&ca, b);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
-        munmap(map, size); /* no child: nothing runs on this memory */
+        /* no child: nothing runs on this memory */
+        if (arguments != NULL)
+            munmap(arguments, arguments->size);
+        munmap(map, size);
         Py_DECREF(handle);
         errno = (int)-pid;
         PyErr_SetFromErrno(PyExc_OSError);
-        goto done;
+        return NULL;
     }
     handle->block = b;
     handle->pid = (int)pid;
-    result = (PyObject *)handle;
-done:
-    Py_XDECREF(paths);
-    Py_XDECREF(argv);
-    Py_XDECREF(envp);
-    return result;
+    return (PyObject *)handle;
 }
 
 /* Whether this kernel lets us: clone3 with CLONE_INTO_CGROUP (5.7) and close_range with CLOEXEC (5.11),
@@ -375,7 +440,8 @@ static PyObject *spawn(PyObject *module, PyObject *args) {
 static PyMethodDef methods[] = {
     {"available", available, METH_NOARGS, "Whether spawn works on this system."},
     {"spawn", spawn, METH_VARARGS,
-     "spawn(paths, argv, envp, out, err, devnull, report, go, go_write, cgroup) -> Child"},
+     "spawn(paths, argv, envp, out, err, devnull, report, go, go_write, cgroup) -> Child; None for paths, argv"
+     " and envp makes a child that waits for Child.arm"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_clonespawn",

@@ -153,6 +153,10 @@ class Loop(Protocol):
         the command runs: a worker taking the task over kills it first. Raises ``Fenced`` if the claim is
         gone (taken over while this worker was frozen), StoreError if the store cannot say."""
 
+    def check_claim(self, claim: Claim) -> None:
+        """Before a command whose pid was noted with its claim runs: raises ``Fenced`` if the claim is gone
+        (taken over while this worker was frozen), StoreError if the store cannot say. A read, no commit."""
+
     def register(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop's thread whenever ``fd`` is readable (a child's pipe or pidfd)."""
 
@@ -166,5 +170,10 @@ class Loop(Protocol):
 class Handler(Protocol):
     def start(self, claim: Claim, loop: Loop) -> Attempt:
         """Start one attempt; it must report its outcome with ``loop.post`` exactly once."""
+
+    def spare_child(self) -> tuple[int, int] | None:
+        """A process (pid, start time) made ready to run the next attempt's command, if there is one: the
+        worker notes it with its next claim (``Store.claim``'s ``child``), and ``start`` of the claim that
+        says so (``Claim.child_pid``) runs that attempt in it. None for a handler without such processes."""
 
 

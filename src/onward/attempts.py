@@ -205,6 +205,9 @@ class PythonHandler:
             crashpoints.hit("attempt_started")
         return attempt
 
+    def spare_child(self) -> None:
+        return None  # a Python task runs in a thread
+
     def close(self) -> None:
         if self._event_loop is not None:
             self._event_loop.close()

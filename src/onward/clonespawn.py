@@ -9,6 +9,10 @@ waits for a byte on ``go``, and calls ``execve``. Meanwhile the worker notes the
 (``before_go``) and reads that the child is set up, so nothing of the command runs before its pid is in
 the store, as through the spawner. Its stack and arguments are the worker's memory until the child is reaped (``CommandProcess.wait``
 releases them). See the C source for the rules the child keeps.
+
+The next command's process can be made before that command is known (``prepare``), while the current one
+runs: it sets itself up and waits, and gets its program, arguments and environment just before its go.
+Its pid is then noted in the store with the claim of the task it will run (``CommandStarter.spare_child``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,21 @@ def available() -> bool:
     return _kernel_allows is not None and bool(_kernel_allows())
 
 
+class Cloned:
+    """A process made by clone, with the worker's ends of its pipes: set up (or setting itself up) in its
+    own session, waiting on ``go``. ``pid`` is known from the clone's return."""
+
+    def __init__(self, child: Any, stdout: int, stderr: int, report: int, go: int) -> None:
+        self.child = child
+        self.pid: int = child.pid
+        self.stdout, self.stderr, self.report, self.go = stdout, stderr, report, go
+
+    def discard(self) -> None:
+        """End it unstarted: the end of file on its go makes it leave without running anything."""
+        _close([self.stdout, self.stderr, self.report, self.go])
+        _reap(self.child)
+
+
 class CloneSpawner:
     """Starts one handler's commands, with the environment ``env`` plus each attempt's own variables."""
 
@@ -46,13 +65,21 @@ class CloneSpawner:
         self._candidates: dict[str, list[bytes]] = {}
         self._devnull = _above_stdio(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
 
+    def prepare(self, cgroup_dir: int | None) -> Cloned:
+        """A process for a command not known yet, born in the cgroup whose directory is open as
+        ``cgroup_dir``: it sets itself up beside the worker and waits for ``spawn(..., ready=it)``, or for
+        ``Cloned.discard``. ``OSError`` when it could not be made."""
+        return self._make(None, None, None, cgroup_dir)
+
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cgroup_dir: int | None,
-              before_go: Callable[[int], None] | None) -> tuple[int, int, int, int, Any]:
-        """Start ``argv`` born in the cgroup whose directory is open as ``cgroup_dir``. Returns once
-        ``before_go(pid)`` returned and the process is in its own session with its PDEATHSIG, its program
-        told to run: (pid, stdout, stderr, report, handle), ``handle.release()`` to be called once it is reaped.
-        The contract is ``Spawner.spawn``'s: if ``before_go`` raises, the process leaves unstarted and the
-        exception goes on; ``OSError`` with the errno alone when the process could not be made."""
+              before_go: Callable[[int], None] | None,
+              ready: Cloned | None = None) -> tuple[int, int, int, int, Any]:
+        """Start ``argv`` born in the cgroup whose directory is open as ``cgroup_dir`` (in ``ready``, a
+        process ``prepare`` made in that cgroup, if it is still there). Returns once ``before_go(pid)``
+        returned and the process is in its own session with its PDEATHSIG, its program told to run: (pid,
+        stdout, stderr, report, handle), ``handle.release()`` to be called once it is reaped. The contract is
+        ``Spawner.spawn``'s: if ``before_go`` raises, the process leaves unstarted and the exception goes on;
+        ``OSError`` with the errno alone when the process could not be made."""
         program = argv[0]
         paths = self._candidates.get(program)
         if paths is None:
@@ -64,15 +91,24 @@ class CloneSpawner:
             merged[os.fsencode(k)] = os.fsencode(v)
         envp = [k + b"=" + v for k, v in merged.items()]
         args = [os.fsencode(a) for a in argv]
+        if ready is not None:
+            try:
+                ready.child.arm(paths, args, envp)
+            except BaseException:
+                ready.discard()
+                raise
+            started = self._go(ready, before_go)
+            if started is not None:
+                return started
         for _ in range(3):
-            started = self._start(paths, args, envp, cgroup_dir, before_go)
+            started = self._go(self._make(paths, args, envp, cgroup_dir), before_go)
             if started is not None:
                 return started
         raise OSError(errno.EAGAIN, "the command's process died three times before it could start")
 
-    def _start(self, paths: list[bytes], args: list[bytes], envp: list[bytes], cgroup_dir: int | None,
-               before_go: Callable[[int], None] | None) -> tuple[int, int, int, int, Any] | None:
-        """One try; None when the process died before it was set up (killed from outside: nothing ran)."""
+    def _make(self, paths: list[bytes] | None, args: list[bytes] | None, envp: list[bytes] | None,
+              cgroup_dir: int | None) -> Cloned:
+        """Clone a process that runs ``args`` at its go (None: given later, with ``Child.arm``)."""
         assert _clone is not None
         fds: list[int] = []
         try:
@@ -84,39 +120,39 @@ class CloneSpawner:
         out_r, out_w, err_r, err_w, report_r, report_w, go_r, go_w = fds
         try:
             child = _clone(paths, args, envp, out_w, err_w, self._devnull, report_w, go_r, go_w,
-                                      -1 if cgroup_dir is None else cgroup_dir)
+                           -1 if cgroup_dir is None else cgroup_dir)
         except BaseException:
             _close(fds)
             raise
         _close([out_w, err_w, report_w, go_r])  # the child has its copies; ours would keep the pipes open
-        mine = [out_r, err_r, report_r]
+        return Cloned(child, out_r, err_r, report_r, go_w)
+
+    def _go(self, cloned: Cloned, before_go: Callable[[int], None] | None) -> tuple[int, int, int, int, Any] | None:
+        """Let ``cloned`` run its command, once ``before_go`` noted its pid; None when the process died before
+        it was set up, or before its go (killed from outside: nothing of the command ran)."""
         # The pid is noted before the child has said it is set up: the note (a commit) and the child's
         # first steps then overlap instead of taking turns. A worker frozen from here on leaves a pid that
         # whoever takes the task over kills by itself as well as by its group (``reclaim``), so a child
         # not yet in its own session is killed all the same; and the child runs nothing before the go.
         if before_go is not None:
             try:
-                before_go(child.pid)
+                before_go(cloned.pid)
             except BaseException:
-                _close(mine + [go_w])  # its go pipe's end of file: it leaves without running anything
-                _reap(child)
+                cloned.discard()
                 raise
         # The child writes its pid as the spawner's children do (``REPORT``), then only an execve error.
-        if len(read_exact(report_r, REPORT.size)) < REPORT.size:
+        if len(read_exact(cloned.report, REPORT.size)) < REPORT.size:
             # It died before it was set up (killed from outside, or its worker thread is gone): nothing of
             # the command ran.
-            _close(mine + [go_w])
-            _reap(child)
+            cloned.discard()
             return None
         try:
-            os.write(go_w, b"g")
+            os.write(cloned.go, b"g")
         except BrokenPipeError:  # killed while it waited: nothing of the command ran
-            _close(mine)
-            _reap(child)
+            cloned.discard()
             return None
-        finally:
-            os.close(go_w)
-        return child.pid, out_r, err_r, report_r, child
+        os.close(cloned.go)
+        return cloned.pid, cloned.stdout, cloned.stderr, cloned.report, cloned.child
 
     def close(self) -> None:
         os.close(self._devnull)

@@ -44,9 +44,16 @@ class CommandAttempt(Attempt):
         self._killed = False
         self._proc_exited = False
         self._cgroups = cgroups
-        self._cgroup = cgroups.attempt() if cgroups is not None else None
+        # The process the claim noted (made ahead while the last command ran), if it is this worker's spare:
+        # the command runs in it, in the cgroup it was born in, and its pid needs no note of its own.
+        spare = starter.take_spare(claim.child_pid)
+        self._noted = (spare.pid, spare.start) if spare is not None else None
+        if spare is not None:
+            self._cgroup = spare.cgroup
+        else:
+            self._cgroup = cgroups.attempt() if cgroups is not None else None
         try:
-            self._proc = starter.start(argv, env, self._cgroup, self._note_child)
+            self._proc = starter.start(argv, env, self._cgroup, self._before_go, spare)
         except BaseException:
             if cgroups is not None and self._cgroup is not None:
                 cgroups.finished(self._cgroup, reusable=False)
@@ -68,6 +75,19 @@ class CommandAttempt(Attempt):
             self._discard(pidfd)
             raise
         self._pidfd = pidfd
+
+    def _before_go(self, pid: int) -> None:
+        """Before the command runs in process ``pid``: its pid in the store (noted with the claim already,
+        for the spare)."""
+        if self._noted is not None and pid == self._noted[0]:
+            # Noted with the claim, maybe long ago: as note_child does, make sure the claim still holds, or a
+            # worker frozen since then would start a command for a task another worker took over meanwhile.
+            self._worker.check_claim(self.claim)
+            self.child_pid, self.child_start = self._noted
+            if crashpoints.ARMED:  # the command's pid is noted (with its claim); the command has not run yet
+                crashpoints.hit("child_noted")
+            return
+        self._note_child(pid)
 
     def _note_child(self, pid: int) -> None:
         # Before the command runs: a worker frozen (SIGSTOP, a paused VM) from here on leaves a pid in the
@@ -257,6 +277,9 @@ class CommandHandler:
             env.pop(name, None)
         self._cgroups = WorkerCgroups.create()
         self._starter = CommandStarter(env, self._cgroups)
+
+    def spare_child(self) -> tuple[int, int] | None:
+        return self._starter.spare_child()
 
     def start(self, claim: Claim, loop: Loop) -> Attempt:
         argv = [arg.replace("{task}", claim.name) for arg in self.argv]

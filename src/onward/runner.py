@@ -189,6 +189,11 @@ class Runner:
         if not self.store.note_child(claim.task_id, claim.fence, pid, start):
             raise Fenced(f"task {claim.name!r} was taken over before its command could start")
 
+    def check_claim(self, claim: Claim) -> None:
+        """On the loop's thread, before a command whose pid was noted with its claim runs: the claim holds."""
+        if not self.store.holds(claim.task_id, claim.fence):
+            raise Fenced(f"task {claim.name!r} was taken over before its command could start")
+
     def register(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop's thread whenever ``fd`` is readable (an attempt's pipe or pidfd)."""
         self.selector.register(fd, selectors.EVENT_READ, callback)
@@ -402,15 +407,18 @@ class Runner:
         after_commit: list[Callable[[], None]] = []
         started = time.monotonic()
         wake_due = want > 0 and self._waits_seen and started >= self._wake_due_at
+        # A process the handler made ready for the next command: its pid is noted with the first claim, in
+        # the same commit, instead of in a commit of its own before that command may run.
+        child = self.handler.spare_child() if want > 0 else None
         try:
             if not calls and not wake_due and len(finished) == 1 and finished[0][1].kind == "done" \
                     and not finished[0][0].fenced:
                 # One successful attempt and the next claims: one store call (one statement on PostgreSQL).
                 report, claims = self.settler.done_and_claim(*finished[0], want, self.config.lease_seconds,
-                                                             self.config.max_attempts, durable=self._durable_now)
+                                                             self.config.max_attempts, self._durable_now, child)
                 after_commit.append(report)
             else:
-                claims = self._settle_and_claim_in_batch(calls, finished, want, started, after_commit)
+                claims = self._settle_and_claim_in_batch(calls, finished, want, started, after_commit, child)
         except StoreError as e:
             # Nothing was committed: keep the outcomes and try again after a backoff; the tasks that
             # asked for writes are told, since they wait on them.
@@ -441,7 +449,8 @@ class Runner:
         return claims
 
     def _settle_and_claim_in_batch(self, calls: list[StoreCall], finished: list[tuple[Attempt, Outcome]],
-                                   want: int, started: float, after_commit: list[Callable[[], None]]) -> list[Claim]:
+                                   want: int, started: float, after_commit: list[Callable[[], None]],
+                                   child: tuple[int, int] | None) -> list[Claim]:
         # Tasks waiting on their writes (steps) get a durable commit at once: their thread waits on it anyway.
         with self.store.batch(durable=self._durable_now or bool(calls)):
             for fn, future in calls:
@@ -456,7 +465,7 @@ class Runner:
                 self._wake_due_at = started + WAKE_DUE_EVERY
                 self.store.wake_due()
             claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
-                                      self.config.max_attempts) if want > 0 else []
+                                      self.config.max_attempts, child) if want > 0 else []
             for claim in claims:
                 self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
                                      attempt=claim.attempt)

@@ -13,11 +13,11 @@ import contextlib
 import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .cgroups import AttemptCgroup, WorkerCgroups
-from .clonespawn import CloneSpawner
-from .proc import die_with_parent_preexec, prepare_die_with_parent
+from .clonespawn import Cloned, CloneSpawner
+from .proc import die_with_parent_preexec, pid_start_time, prepare_die_with_parent
 from .spawner import Spawner, exec_error
 
 # "spawner" skips the clone path, "fork" both it and the spawner (a fork of the worker with a preexec_fn):
@@ -89,13 +89,31 @@ class CommandProcess:
             self.close_pipe(fd)
 
 
+class Spare(NamedTuple):
+    """A process cloned ahead for the next command (the clone path), with the attempt cgroup it was born in
+    and its start time (with its pid: what the store notes)."""
+
+    cloned: Cloned
+    start: int
+    cgroup: AttemptCgroup | None
+
+    @property
+    def pid(self) -> int:
+        return self.cloned.pid
+
+
 class CommandStarter:
     """Starts one handler's commands, all with the environment ``env`` plus each attempt's own variables.
 
     Commands are cloned from the thread that starts them (the worker loop's), whose death their PDEATHSIG
     follows. Where that cannot be done (``spawn_mode``), the spawner is started with the first command,
     from the same thread: a command's PDEATHSIG then follows the thread that started the spawner. Where
-    the spawner cannot be used either (``Spawner.start`` says None, or ``SWITCH``), commands are forked."""
+    the spawner cannot be used either (``Spawner.start`` says None, or ``SWITCH``), commands are forked.
+
+    On the clone path, once a command is started the next one's process is cloned at once, in the cgroup
+    of the next attempt, and waits set up (a ``Spare``): the worker notes its pid with its next claim
+    (``spare_child``), and the attempt of that claim takes it (``take_spare``), so neither the clone nor a
+    commit of its own stands between one command's end and the next one's start."""
 
     def __init__(self, env: Mapping[str, str], cgroups: WorkerCgroups | None) -> None:
         self._env = dict(env)
@@ -103,6 +121,7 @@ class CommandStarter:
         self._spawner: Spawner | None = None
         mode = spawn_mode()
         self._clone = CloneSpawner(env) if mode == "clone" else None
+        self._spare: Spare | None = None
         self._fork = mode == "fork"
         if self._clone is None:
             prepare_die_with_parent()  # for the fork path (also the spawner's fallback): libc's prctl is loaded before any fork
@@ -112,15 +131,31 @@ class CommandStarter:
         """Whether commands are started by fork (known for sure once the first command started)."""
         return self._fork
 
+    def spare_child(self) -> tuple[int, int] | None:
+        """The spare's pid and start time, if there is one (see the class)."""
+        spare = self._spare
+        return None if spare is None else (spare.pid, spare.start)
+
+    def take_spare(self, pid: int | None) -> Spare | None:
+        """The spare, for the attempt whose claim noted it (``pid``); None (and the spare kept) for any other."""
+        spare = self._spare
+        if spare is None or pid != spare.pid:
+            return None
+        self._spare = None
+        return spare
+
     def start(self, argv: Sequence[str], env: Mapping[str, str], cgroup: AttemptCgroup | None,
-              before_go: Callable[[int], None]) -> CommandProcess:
-        """Start one command. Through the spawner, ``before_go(pid)`` is called before any of it runs (see
+              before_go: Callable[[int], None], spare: Spare | None = None) -> CommandProcess:
+        """Start one command (in ``spare``, taken with ``take_spare``, when given: ``cgroup`` is then its
+        own). Through the spawner, ``before_go(pid)`` is called before any of it runs (see
         ``Spawner.spawn``). On the fork path it is not called: a preexec function cannot wait for a go
         (Popen waits for the exec), so the pid is known only once the command runs, and the caller notes
         it then; the window the spawner closes stays open on that path."""
         if self._clone is not None:
             pid, stdout, stderr, report, memory = self._clone.spawn(
-                argv, env, cgroup.directory() if cgroup else None, before_go)
+                argv, env, cgroup.directory() if cgroup else None, before_go,
+                spare.cloned if spare is not None else None)
+            self._prepare_spare()
             return CommandProcess(pid, stdout, stderr, report, memory=memory)
         if not self._fork and self._spawner is None:
             self._spawner = Spawner.start(self._env, self._cgroups is not None)
@@ -141,7 +176,35 @@ class CommandStarter:
             self._spawner.prepare(self._cgroups.next_attempt().directory() if self._cgroups else None)
         return CommandProcess(pid, stdout, stderr, report)
 
+    def _prepare_spare(self) -> None:
+        """Clone the next command's process now, while this one runs (the clone path; see the class). A
+        failure (out of descriptors, processes) leaves no spare: the next start clones as before and meets
+        the shortage there, where the worker knows what to do about it."""
+        if self._clone is None or self._spare is not None:
+            return
+        cgroup = self._cgroups.attempt() if self._cgroups is not None else None
+        try:
+            cloned = self._clone.prepare(cgroup.directory() if cgroup is not None else None)
+        except OSError:
+            if cgroup is not None and self._cgroups is not None:
+                self._cgroups.finished(cgroup)
+            return
+        start = pid_start_time(cloned.pid)
+        self._spare = Spare(cloned, start or 0, cgroup)
+        if start is None:  # killed from outside already: no use
+            self.discard_spare()
+
+    def discard_spare(self) -> None:
+        """End the spare unstarted (nothing of a command ran in it), and give its cgroup back."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        spare.cloned.discard()
+        if spare.cgroup is not None and self._cgroups is not None:
+            self._cgroups.finished(spare.cgroup)
+
     def close(self) -> None:
+        self.discard_spare()
         if self._clone is not None:
             self._clone.close()
             self._clone = None

@@ -11,7 +11,6 @@ import math
 import os
 import sys
 
-from .errors import StoreError
 from .store.states import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING
 
 TYPE_CHECKING = False
@@ -101,15 +100,19 @@ def print_plain_status(db: str | None, job: str | None, as_json: bool) -> bool:
     journal, nothing done in the last minute: nothing that needs a worker's liveness, a rate window or a
     table) and a stdout in UTF-8 that, for text, is not a terminal (see ``_plain_stdout``). Returns False,
     having printed nothing and changed nothing, in every other case: the caller runs the full command."""
-    from .errors import OnwardError
     from .store import is_postgres_url, job_name, store_url
 
     if not (_plain_stdout() if not as_json else _utf8_stdout()):
         return False
     try:
         url, name = store_url(db), job_name(job)
-    except OnwardError:
-        return False  # the full command says what is wrong
+    except Exception as error:
+        # Imported here, not at the top: start-up of `onward status` (the error types load once one is raised).
+        from .errors import OnwardError
+
+        if isinstance(error, OnwardError):
+            return False  # the full command says what is wrong
+        raise
     if is_postgres_url(url) or url.startswith("sqlite:"):
         return False
     from .store.sqlite_peek import NotPlain, QuickRead
@@ -192,6 +195,7 @@ def _eta(left: int, rate: float, workers_alive: int) -> int | None:
 def _steps_of(store: Store, task_id: int, fence: int) -> dict[str, Any] | None:
     """A running task's durable steps: recorded, replayed on this resume, and the time those took at first.
     None when the task records no steps. Reads only this task's rows (an index range)."""
+    from .errors import StoreError
     from .step_records import summarize
 
     try:

@@ -131,3 +131,37 @@ def test_the_options_the_plain_status_takes(args: list[str], options: tuple[Any,
     from onward.entry import plain_status_options
 
     assert plain_status_options(args) == options
+
+
+def test_the_plain_status_runs_without_the_cyclic_gc_and_the_full_command_with_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    import onward.cli
+    import onward.status
+    from onward.entry import main
+
+    seen: list[tuple[str, bool]] = []
+
+    def plain(answers: bool) -> Callable[..., bool]:
+        def print_plain_status(*options: Any) -> bool:
+            seen.append(("plain", gc.isenabled()))
+            return answers
+        return print_plain_status
+
+    monkeypatch.setattr(onward.cli, "cli_main", lambda: seen.append(("full", gc.isenabled())))
+    monkeypatch.setattr(sys, "argv", ["onward", "status", "--db", "s.db"])
+    try:
+        monkeypatch.setattr(onward.status, "print_plain_status", plain(True))
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert exit_.value.code == 0 and seen == [("plain", False)]
+        gc.enable()
+        seen.clear()
+        # Declined (a store that is not plain, a terminal...): the full command, which may run for long
+        # (--watch), collects garbage as usual.
+        monkeypatch.setattr(onward.status, "print_plain_status", plain(False))
+        main()
+        assert seen == [("plain", False), ("full", True)]
+    finally:
+        gc.enable()

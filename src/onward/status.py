@@ -11,7 +11,6 @@ import math
 import os
 import sys
 
-from .errors import StoreError
 from .store.states import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING
 
 TYPE_CHECKING = False
@@ -101,15 +100,19 @@ def print_plain_status(db: str | None, job: str | None, as_json: bool) -> bool:
     journal, nothing done in the last minute: nothing that needs a worker's liveness, a rate window or a
     table) and a stdout in UTF-8 that, for text, is not a terminal (see ``_plain_stdout``). Returns False,
     having printed nothing and changed nothing, in every other case: the caller runs the full command."""
-    from .errors import OnwardError
     from .store import is_postgres_url, job_name, store_url
 
     if not (_plain_stdout() if not as_json else _utf8_stdout()):
         return False
     try:
         url, name = store_url(db), job_name(job)
-    except OnwardError:
-        return False  # the full command says what is wrong
+    except Exception as error:
+        # Imported here, not at the top: start-up of `onward status` (the error types load once one is raised).
+        from .errors import OnwardError
+
+        if isinstance(error, OnwardError):
+            return False  # the full command says what is wrong
+        raise
     if is_postgres_url(url) or url.startswith("sqlite:"):
         return False
     from .store.sqlite_peek import NotPlain, QuickRead
@@ -134,9 +137,7 @@ def print_plain_status(db: str | None, job: str | None, as_json: bool) -> bool:
                      tasks_running=[], tasks_waiting=[], errors=[], restarts=restarts, rate=0.0, working=0)
     try:
         if as_json:
-            import json
-
-            sys.stdout.write(json.dumps(report, ensure_ascii=False) + "\n")
+            sys.stdout.write(plain_json(report) + "\n")
             sys.stdout.flush()
         else:
             render_status(report)
@@ -145,6 +146,42 @@ def print_plain_status(db: str | None, job: str | None, as_json: bool) -> bool:
 
         quiet_broken_pipe()  # as the full command does: `onward status | head -1` is no error
     return True
+
+
+def plain_json(report: dict[str, Any]) -> str:
+    """``json.dumps(report, ensure_ascii=False)``, written here without loading json when every value is
+    one that json writes plainly: None, a boolean, an int or a finite float (as its ``repr``), an empty
+    list, or a text of printable characters without ``"`` or ``\\`` (json escapes only those and control
+    characters). Such is the plain status's report, nearly always: `onward status --json` then spares
+    json's import, with the regular expressions (`re`) it compiles, which took longer than all the rest the
+    plain status adds to `import sqlite3`. Any other value (a text to escape, a nested object, NaN) is left
+    to json itself."""
+    fields = []
+    for key, value in report.items():
+        key_text, value_text = _plain_json_value(key), _plain_json_value(value)
+        if key_text is None or value_text is None:
+            import json
+
+            return json.dumps(report, ensure_ascii=False)
+        fields.append(f"{key_text}: {value_text}")
+    return "{" + ", ".join(fields) + "}"
+
+
+def _plain_json_value(value: object) -> str | None:
+    """What json writes for ``value``, for the values it writes without escapes; None for any other."""
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if type(value) is int:
+        return int.__repr__(value)
+    if type(value) is float and math.isfinite(value):
+        return float.__repr__(value)
+    if type(value) is str and value.isprintable() and '"' not in value and "\\" not in value:
+        return f'"{value}"'
+    if type(value) is list and not value:
+        return "[]"
+    return None
 
 
 def _utf8_stdout() -> bool:
@@ -192,6 +229,7 @@ def _eta(left: int, rate: float, workers_alive: int) -> int | None:
 def _steps_of(store: Store, task_id: int, fence: int) -> dict[str, Any] | None:
     """A running task's durable steps: recorded, replayed on this resume, and the time those took at first.
     None when the task records no steps. Reads only this task's rows (an index range)."""
+    from .errors import StoreError
     from .step_records import summarize
 
     try:

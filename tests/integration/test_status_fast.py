@@ -284,8 +284,10 @@ def test_other_options_urls_and_environments_go_to_the_full_command(tmp_path: Pa
     for args in (("status", "--db", db, "--watch", "--json"), ("status", "--db", db, "--interval", "1"),
                  ("status", "--help"), ("status", "--db", db, "extra"), ("status", "--db", db, "--db", db),
                  ("status", "--json=1", "--db", db), ("status", "--db"), ("status", "--db", f"sqlite:///{db}"),
-                 ("status", "--db", "mysql://u:secret@host/db")):
+                 ("status", "--db", "mysql://u:secret@host/db"), ("status", "--db", "mysql:db")):
         assert_same(*args, quick=False)
+    # A location in no accepted form that reaches the quick path (no "://" in it) is the full command's too.
+    assert "unsupported store location" in assert_same("status", quick=False, env={"ONWARD_DB": "mysql:db"})
     assert "\x1b[" in assert_same("status", "--db", db, quick=False, env={"FORCE_COLOR": "1"})
     assert_same("status", "--db", db, quick=False, env={"PYTHONIOENCODING": "latin-1"})
 

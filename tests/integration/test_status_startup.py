@@ -38,5 +38,7 @@ def test_status_on_a_fresh_store_imports_only_what_it_uses(tmp_path: Path) -> No
         assert "onward.status" in imported and "sqlite3" in imported  # the profile is there
         assert not loaded(imported, NOT_FOR_STATUS), args
         assert not loaded(imported, NOT_FOR_PLAIN_STATUS), args
-    # The text needs no regular expression either (json does, for --json).
-    assert not loaded(imports_of("status", "--db", db), ("re", "json", "onward.log"))
+    # Neither needs a regular expression, nor json (status.plain_json writes the JSON of such a report), nor
+    # the error types (loaded once one is raised).
+    for args in (("status", "--db", db), ("status", "--json", "--db", db)):
+        assert not loaded(imports_of(*args), ("re", "json", "onward.log", "onward.errors")), args

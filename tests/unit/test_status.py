@@ -94,6 +94,30 @@ def test_the_plain_text_is_what_rich_prints_to_a_pipe(store: str, job: str, paus
     assert plain == through_rich
 
 
+# Texts that json writes as they are, and texts it escapes or that take a second look (\x7f, \x85 and
+# \u2028 are not escaped, though not printable; a lone surrogate comes from a file name that is not UTF-8).
+JSON_TEXTS = st.sampled_from(["s.db", "/var/x/漢字 🎉.db", "default", "nightly-2"]) | TEXTS | st.sampled_from(
+    ['a"b.db', "a\\b.db", "\x7f\x85\u2028.db", "\udc80.db", "tab\t.db", "\x00"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(store=JSON_TEXTS, job=JSON_TEXTS, paused=st.booleans(),
+       counts=st.lists(st.integers(0, 10**9), min_size=6, max_size=6),
+       errors=st.just([]) | st.lists(st.tuples(TEXTS, TEXTS, TEXTS), max_size=1),
+       eta=st.none() | st.integers(0, 10**7),
+       rate=st.sampled_from([0.0, 2.5, 1e300, float("nan"), float("inf"), -float("inf")]) | st.floats())
+def test_the_plain_json_is_what_json_writes(store: str, job: str, paused: bool, counts: list[int],
+                                            errors: list[tuple[str, str, str]], eta: int | None,
+                                            rate: float) -> None:
+    import json
+
+    from onward.status import plain_json
+
+    report = a_report(store, job, paused, counts, errors, eta, 0, 0, 0.0)
+    report["rate_per_second"] = rate
+    assert plain_json(report) == json.dumps(report, ensure_ascii=False)
+
+
 @pytest.mark.parametrize(("args", "options"), [
     ([], (None, None, False)),
     (["--json"], (None, None, True)),
@@ -107,3 +131,37 @@ def test_the_options_the_plain_status_takes(args: list[str], options: tuple[Any,
     from onward.entry import plain_status_options
 
     assert plain_status_options(args) == options
+
+
+def test_the_plain_status_runs_without_the_cyclic_gc_and_the_full_command_with_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    import onward.cli
+    import onward.status
+    from onward.entry import main
+
+    seen: list[tuple[str, bool]] = []
+
+    def plain(answers: bool) -> Callable[..., bool]:
+        def print_plain_status(*options: Any) -> bool:
+            seen.append(("plain", gc.isenabled()))
+            return answers
+        return print_plain_status
+
+    monkeypatch.setattr(onward.cli, "cli_main", lambda: seen.append(("full", gc.isenabled())))
+    monkeypatch.setattr(sys, "argv", ["onward", "status", "--db", "s.db"])
+    try:
+        monkeypatch.setattr(onward.status, "print_plain_status", plain(True))
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert exit_.value.code == 0 and seen == [("plain", False)]
+        gc.enable()
+        seen.clear()
+        # Declined (a store that is not plain, a terminal...): the full command, which may run for long
+        # (--watch), collects garbage as usual.
+        monkeypatch.setattr(onward.status, "print_plain_status", plain(False))
+        main()
+        assert seen == [("plain", False), ("full", True)]
+    finally:
+        gc.enable()

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import os
 
-from ..errors import StoreError, UsageError
-
-# What is imported here stays small (no `re`, no contract classes until asked for): `onward status` on a
-# plain store loads this package and little else (see onward.status.print_plain_status).
+# What is imported here stays small (no `re`, no error types, no contract classes until they are needed):
+# `onward status` on a plain store loads this package and little else (see onward.status.print_plain_status).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .base import Store
@@ -52,6 +50,8 @@ def store_url(explicit: str | None = None) -> str:
         return f"{scheme}:{rest}"
     if scheme == "sqlite" and rest.startswith("///") and len(rest) > 3:
         return f"sqlite:{rest}"
+    from ..errors import StoreError  # imported here, not at the top: start-up of `onward status`
+
     # Only the scheme is shown: the rest may hold a password.
     raise StoreError(f"unsupported store location {match.group(0)}…: give {ACCEPTED_FORMS}"
                      f" (write ./{match.group(1)}:… for a file whose name starts like that)")
@@ -71,6 +71,8 @@ def job_name(explicit: str | None = None) -> str:
     import re
 
     if re.fullmatch(JOB_NAME, name) is None:
+        from ..errors import UsageError  # imported here, not at the top: start-up of `onward status`
+
         shown = ascii(name[:80] + ("…" if len(name) > 80 else ""))
         raise UsageError(f"bad job name {shown}: give {JOB_NAME_RULE}")
     return name

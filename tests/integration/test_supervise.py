@@ -663,6 +663,27 @@ def test_a_restart_is_journaled_in_the_store_the_worker_created(supervised: Call
     assert [line for line in journal if "restart" in line and "signal SIGKILL" in line], journal
 
 
+def test_the_supervisor_loads_the_journal_driver_before_the_first_restart(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    # Loaded at the first restart, psycopg would share the CPU with the restarted worker's start-up.
+    (tmp_path / "t.txt").write_text("a\n")
+    with pgutil.fresh_database() as url:
+        job = supervised(["--db", url], ["--db", url, "--tasks", "t.txt", "--grace", "0.5", "--", "sleep", "60"])
+        job.ready(1)
+        maps = Path(f"/proc/{job.proc.pid}/maps")
+        wait_for(lambda: "psycopg" in maps.read_text(), 20, "the supervisor to load psycopg")
+        assert "restarting" not in job.log
+        os.kill(job.workers()[0], signal.SIGKILL)
+        job.ready(2)
+        assert job.stop() == 0, job.log
+        assert "could not record" not in job.log
+        store = open_store(url, create=False)
+        try:
+            assert store.stats().restarts == 1
+        finally:
+            store.close()
+
+
 def test_journaling_a_restart_creates_no_store(tmp_path: Path) -> None:
     done = run_onward("supervise", "--max-restarts", "1", "--restart-delay", "0", "--", "sh", "-c", "exit 1",
                       cwd=tmp_path)

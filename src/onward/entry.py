@@ -3,9 +3,9 @@ is plainly fine is answered by ``status.print_plain_status``, without loading cl
 classes (a start-up near that of Python with sqlite3); every other command line, and every case that one
 declines, goes to the CLI (``onward.cli``), unchanged.
 
-A worker that ``onward supervise`` restarts is started while the restart delay runs, behind a start gate
+A worker that ``onward supervise`` restarts is started ahead of the restart, behind a start gate
 (``onward.gate``): it loads its code, then waits for the supervisor's go before it does anything else, so
-the delay spaces the work, not the interpreter's start-up."""
+a restart waits for the delay, not for the interpreter's start-up."""
 
 from __future__ import annotations
 
@@ -80,6 +80,9 @@ def wait_at_gate(value: str) -> None:
     if int(parent) != os.getppid() or fd < 3:
         return
     import stat
+    import time
+
+    loading_since = time.time()
 
     try:
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
@@ -111,3 +114,27 @@ def wait_at_gate(value: str) -> None:
         os.close(fd)
     if go != GO:
         sys.exit(0)
+    if code_changed_since(loading_since):
+        # The code was loaded before the restart, maybe long before (a standby waits for as long as its
+        # worker lives): what was installed since (an upgrade of onward) runs instead, as in a worker
+        # started now. The same process, started again: its gate is behind it (START_GATE was popped); a
+        # spawner it started ends when it finds its end of their socket closed by the exec.
+        os.execv(sys.executable, sys.orig_argv)
+
+
+# What a worker runs that an upgrade replaces: onward, its store driver, its command line.
+UPGRADABLE = ("onward", "psycopg", "psycopg_binary", "click")
+
+
+def code_changed_since(when: float) -> bool:
+    """Whether a file of a loaded module of ``UPGRADABLE`` was written, replaced or removed since ``when``
+    (the wall clock; the change time, which no tool can set back). A few hundred ``stat`` calls."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and name.partition(".")[0] in UPGRADABLE:
+            try:
+                if os.stat(path).st_ctime >= when:
+                    return True
+            except OSError:
+                return True
+    return False

@@ -1,9 +1,10 @@
 """The start gate between ``onward supervise`` and the ``onward run`` worker it restarts.
 
-The supervisor starts the next worker as soon as the last one is gone, while the restart delay runs, with
-``START_GATE`` in its environment: the worker loads its code and starts its spawner, then waits for the go
+The supervisor starts the next worker ahead of need (a standby, once the current worker is up; or, when
+there is none, as soon as the last worker is gone, while the restart delay runs), with ``START_GATE`` in its
+environment: the worker loads its code and starts its spawner, then waits for the go
 (``onward.entry.wait_at_gate``) before it does anything else. The delay then spaces the work, as before,
-but no longer the new interpreter's start-up, which is most of a restart. ``Gate`` is the supervisor's end.
+but no longer the new interpreter's start-up, which was most of a restart. ``Gate`` is the supervisor's end.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import contextlib
 import os
 
 # "FD,PID,BACKEND": the read end of a pipe, inherited from the supervisor PID (our parent), which writes one
-# byte when the restart delay is over, or closes it when no restart follows; BACKEND is "sqlite" or
-# "postgres", the store module worth loading meanwhile. Any other value (or a parent other than PID) is
+# byte when the restart delay is over, or closes it when no restart will need this worker; BACKEND is
+# "sqlite" or "postgres", the store module worth loading meanwhile. Any other value (or a parent other than PID) is
 # ignored: the worker then starts at once, as without a supervisor.
 START_GATE = "ONWARD_START_GATE"
 GO = b"g"

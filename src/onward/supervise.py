@@ -32,11 +32,13 @@ Restart rules (exit statuses are those of ``onward run``):
   seconds, a standby is started, which loads its code and does nothing else until its gate opens. When the
   worker dies, the standby's gate opens as soon as the delay is over: a restart waits for the delay, not
   for an interpreter's start-up. Where there is no standby (the worker died sooner, or the standby ended
-  on its own), one is started right away and loads its code while the delay runs. A stop during the delay,
-  or an end without a restart, kills the standby unstarted. The cost is one idle process, about the size
-  of a worker that has loaded its code and run nothing (24 MB resident on SQLite, 38 MB with psycopg,
-  measured on Linux x86_64). A standby that finds, at its go, that onward was upgraded since it loaded
-  runs itself again from the new code (``onward.entry``).
+  on its own), one is started right away and loads its code while the delay runs. Its gate says when the
+  restart begins (``Gate.wake``), so that a worker on PostgreSQL connects to the server while the delay
+  runs, reading only (``onward.store.open_ahead``). A stop during the delay, or an end without a restart,
+  kills the standby unstarted. The cost is one idle process, about the size of a worker that has loaded
+  its code and run nothing (24 MB resident on SQLite, 38 MB with psycopg, measured on Linux x86_64). A
+  standby that finds, at its go, that onward was upgraded since it loaded runs itself again from the new
+  code (``onward.entry``).
 - more than ``max_restarts`` restarts within ``window`` seconds: one line on stderr and exit 1. Only runs
   without progress count, and a run with progress forgets the restarts before it: a worker that keeps
   settling tasks is never given up on, however often it is killed; one that settles nothing (it dies at
@@ -338,8 +340,11 @@ class Supervisor:
                 # than the delay, and the restart must not wait for it.
                 journal = self._journal_store()
                 # An `onward run` worker waits at its start gate (onward.gate) until the delay is over: the
-                # standby, or one started now that loads its code while the delay runs.
+                # standby, or one started now that loads its code while the delay runs. Woken now, it may
+                # prepare meanwhile what writes nothing (on PostgreSQL, connect to the server).
                 early = self._take_standby(path)
+                if early is not None:
+                    early.gate.wake()
                 if not self._wait_unless_stopped(now + delay):
                     if early is not None:
                         self._drop(early)

@@ -1014,3 +1014,153 @@ def test_a_worker_that_finds_onward_changed_at_its_go_runs_the_new_code(tmp_path
     assert worker.returncode == 0, err.decode()
     assert (work / "upgraded").read_text() == "the new code ran\n"
     assert (work / "ran").exists()
+
+
+# --- woken at its gate: a PostgreSQL worker connects while the restart delay runs ---------------------------
+class Gated:
+    """``onward run RUN...`` started behind a start gate of this process's, as ``onward supervise`` starts
+    one: ``wake`` says the restart has begun, ``go`` lets it through, ``close`` shuts the gate."""
+
+    def __init__(self, cwd: Path, run: list[str]) -> None:
+        read, self._go = os.pipe()
+        wake_read, self._wake = os.pipe()
+        self.gate_fd = read
+        try:
+            self.proc = subprocess.Popen(
+                onward_argv("run", *run), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env={**os.environ, "PYTHONPATH": SRC,
+                     "ONWARD_START_GATE": f"{read},{os.getpid()},postgres,{wake_read}"},
+                pass_fds=[read, wake_read])
+        finally:
+            os.close(read)
+            os.close(wake_read)
+
+    def _send(self, end: str, byte: bytes) -> None:
+        fd = getattr(self, end)
+        if fd >= 0:
+            if byte:
+                os.write(fd, byte)
+            os.close(fd)
+            setattr(self, end, -1)
+
+    def wake(self) -> None:
+        self._send("_wake", b"w")
+
+    def go(self) -> None:
+        self._send("_go", b"g")
+
+    def close(self) -> None:
+        self._send("_wake", b"")
+        self._send("_go", b"")
+
+    def waiting_for_the_go(self) -> bool:
+        """Whether its main thread is blocked reading its gate (``read``, system call 0 on x86_64)."""
+        try:
+            call = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/syscall").read_text().split()
+        except OSError:
+            return False
+        return call[:2] == ["0", hex(self.gate_fd)]
+
+    def finish(self, timeout: float = 60) -> tuple[bytes, bytes]:
+        try:
+            return self.proc.communicate(timeout=timeout)
+        finally:
+            self.close()
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def gated_on_postgres(tmp_path: Path) -> Iterator[tuple[Callable[[list[str]], Gated], str, Any]]:
+    """A fresh PostgreSQL store holding the task "a", a way to start gated workers on it, and an autocommit
+    connection to its database (to look at its rows and sessions)."""
+    import psycopg
+
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        pytest.skip("reads a system call number of x86_64 Linux")
+    with pgutil.fresh_database() as url:
+        assert run_onward("add", "--db", url, "a").returncode == 0
+        started: list[Gated] = []
+
+        def start(run: list[str]) -> Gated:
+            started.append(Gated(tmp_path, ["--db", url, *run]))
+            return started[-1]
+
+        with psycopg.connect(url, autocommit=True) as db:
+            try:
+                yield start, url, db
+            finally:
+                for gated in started:
+                    gated.close()
+                    if gated.proc.poll() is None:
+                        gated.proc.kill()
+                        gated.proc.wait()
+
+
+def onward_sessions(db: Any) -> list[tuple[int, datetime]]:
+    """The pid and start of each session of onward's on the database (none but the gated worker's here)."""
+    return [(int(pid), start) for pid, start in db.execute(
+        "SELECT pid, backend_start FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'onward'")]
+
+
+def rows_written(db: Any) -> tuple[int, int]:
+    """How many workers and journal events the store holds."""
+    row = db.execute("SELECT (SELECT count(*) FROM onward.workers), (SELECT count(*) FROM onward.events)").fetchone()
+    return int(row[0]), int(row[1])
+
+
+def test_a_woken_worker_connects_ahead_and_without_the_go_exits_having_written_nothing(
+        gated_on_postgres: tuple[Callable[[list[str]], Gated], str, Any]) -> None:
+    start, _, db = gated_on_postgres
+    before = rows_written(db)
+    worker = start(["--", "touch", "ran"])
+    worker.wake()
+    wait_for(lambda: len(onward_sessions(db)) == 2 and worker.waiting_for_the_go(), 30,
+             "the worker to open its store and its LISTEN session, then wait for the go")
+    assert rows_written(db) == before
+    worker.close()
+    assert worker.finish() == (b"", b"")
+    assert worker.proc.returncode == 0
+    wait_for(lambda: onward_sessions(db) == [], 10, "the worker's sessions to end")
+    assert rows_written(db) == before
+
+
+def test_a_woken_worker_runs_on_the_sessions_it_opened_before_the_go(
+        gated_on_postgres: tuple[Callable[[list[str]], Gated], str, Any], tmp_path: Path) -> None:
+    start, url, db = gated_on_postgres
+    worker = start(["--", "sh", "-c", f"while [ ! -e {tmp_path / 'done'} ]; do sleep 0.02; done"])
+    worker.wake()
+    wait_for(lambda: len(onward_sessions(db)) == 2 and worker.waiting_for_the_go(), 30,
+             "the worker to open its store and its LISTEN session, then wait for the go")
+    go_at = db.execute("SELECT clock_timestamp()").fetchone()[0]
+    worker.go()
+    wait_for(lambda: rows_written(db)[0] == 1 and db.execute(
+        "SELECT count(*) FROM onward.tasks WHERE state = 'running'").fetchone()[0] == 1, 30, "the task to run")
+    sessions = onward_sessions(db)
+    assert len(sessions) == 2 and all(started < go_at for _, started in sessions), (sessions, go_at)
+    (tmp_path / "done").touch()
+    out, err = worker.finish()
+    assert worker.proc.returncode == 0, err.decode()
+    assert run_onward("status", "--db", url, "--json").stdout.count(b'"done": 1') == 1
+
+
+def test_a_session_opened_ahead_and_lost_before_the_go_is_replaced(
+        gated_on_postgres: tuple[Callable[[list[str]], Gated], str, Any], tmp_path: Path) -> None:
+    # The server ends the sessions while the worker waits (a restart of the server, an administrator): at
+    # the go the worker finds its connection closed and opens another, instead of failing its first call.
+    start, url, db = gated_on_postgres
+    worker = start(["--", "touch", str(tmp_path / "ran")])
+    worker.wake()
+    wait_for(lambda: len(onward_sessions(db)) == 2 and worker.waiting_for_the_go(), 30,
+             "the worker to open its store and its LISTEN session, then wait for the go")
+    lost = {pid for pid, _ in onward_sessions(db)}
+    db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+               " AND application_name = 'onward'")
+    wait_for(lambda: not lost & {pid for pid, _ in onward_sessions(db)}, 10, "the sessions to end")
+    worker.go()
+    out, err = worker.finish()
+    assert worker.proc.returncode == 0, err.decode()
+    assert (tmp_path / "ran").exists()
+    assert b"error" not in err and b"unavailable" not in err, err.decode()

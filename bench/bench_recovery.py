@@ -77,6 +77,15 @@ def worker_running_the_task(supervisor: int) -> int | None:
     return None
 
 
+def dead(pid: int) -> bool:
+    """Whether ``pid`` is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] in "ZX"
+    except OSError:
+        return True
+
+
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -140,10 +149,13 @@ class Postgres:
 
 
 # --- recovery -----------------------------------------------------------------------------------------------
-def recovery_samples(store: Store, kills: int, env: dict[str, str] | None = None) -> list[float]:
+def recovery_samples(store: Store, kills: int, env: dict[str, str] | None = None,
+                     without_standby: bool = False) -> list[float]:
     """One supervisor with default settings takes ``kills`` SIGKILLs of its worker, each while a task runs
     and ``KILL_SPACING`` seconds after that task started (beyond the fast-crash threshold, so the backoff
-    never applies): seconds from each kill to the next attempt of a task starting."""
+    never applies): seconds from each kill to the next attempt of a task starting. ``without_standby``: the
+    standby (the supervisor's other child) is SIGKILLed first, so the supervisor starts the next worker
+    only once the worker is dead, as it does for a worker that dies before its standby was started."""
     samples: list[float] = []
     work = Path(tempfile.mkdtemp(prefix="onward-bench-recovery-", dir=bench_dir()))
     try:
@@ -159,6 +171,10 @@ def recovery_samples(store: Store, kills: int, env: dict[str, str] | None = None
                     seen = wait_until(lambda: len(lines(starts)), 30, "a task to start")
                     time.sleep(KILL_SPACING)
                     worker = wait_until(lambda: worker_running_the_task(sup.pid), 10, "the worker")
+                    if without_standby:
+                        for standby in set(children(sup.pid)) - {worker}:
+                            os.kill(standby, signal.SIGKILL)
+                            wait_until(lambda: dead(standby), 10, "the standby to die")
                     killed_at = time.time()
                     os.kill(worker, signal.SIGKILL)
                     wait_until(lambda: len(lines(starts)) > seen, 30, "the task to start again")
@@ -244,15 +260,17 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - any reason there is no server is reported in the section
         postgres_missing = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
     load_before = os.getloadavg()[0]
-    kinds: dict[str, list[float]] = {"sqlite": [], "postgres": [], "no-bytecode": []}
+    kinds: dict[str, list[float]] = {"sqlite": [], "postgres": [], "no-bytecode": [], "no-standby": []}
     with without_bytecode() as source_env:
         # The kinds take turns, supervisor by supervisor, so that they share the machine's load alike.
         for i in range(supervisors):
             kinds["sqlite"] += recovery_samples(sqlite_store, kills)
             if postgres is not None:
                 kinds["postgres"] += recovery_samples(postgres.store, kills)
-            if i % 2 == 0:  # fewer samples: this row only shows what compiling at every start costs
+            if i % 2 == 0:  # fewer samples: these rows are for comparison
                 kinds["no-bytecode"] += recovery_samples(sqlite_store, kills, source_env)
+                if postgres is not None:
+                    kinds["no-standby"] += recovery_samples(postgres.store, kills, without_standby=True)
             print(f"[recovery] supervisor {i + 1}/{supervisors}: "
                   + ", ".join(f"{k} {[round(s, 3) for s in v[-kills:]]}" for k, v in kinds.items()),
                   file=sys.stderr, flush=True)
@@ -272,8 +290,8 @@ def main() -> None:
           + ("" if compiled else " (NOT all could be compiled here: some are compiled at every start)")
           + ". PostgreSQL: a fresh database per supervisor on the local server. The machine's load average"
           f" (1 min) was {load_before:.1f} when the recovery runs began and {load_after:.1f} when they ended,"
-          f" on {os.cpu_count()} cores: a restart is a new process's start-up, and other work on the machine"
-          " lengthens it.\n")
+          f" on {os.cpu_count()} cores: other work on the machine lengthens a restart (the store's part, and"
+          " all of a new process's start-up where no standby was ready).\n")
     print("| figure | samples | median | min | max | target |")
     print("|---|---|---|---|---|---|")
     target = f"≤ {TARGET:g} s"
@@ -285,16 +303,23 @@ def main() -> None:
               f" ({postgres_missing}) | | | | {target} |")
     print(row("same, SQLite, onward compiled at every start (no bytecode)", kinds["no-bytecode"],
               "for comparison"))
+    if postgres is not None:
+        print(row("same, PostgreSQL, no standby ready (SIGKILLed just before the worker)", kinds["no-standby"],
+                  "for comparison"))
     print(row(f"watchdog detection, `--watchdog {wd_setting:g}` (wedge → kill)", wd, "≤ setting + one tick"))
     print("\nWhat a recovery is made of: the supervisor reaps the dead worker and kills what it left, waits"
           f" for the restart delay ({DEFAULT_RESTART_DELAY:g} s), then opens the start gate (onward.gate) of"
           " the standby, the next worker, which it started once the dead one had been up for a moment: the"
           " standby had started its Python interpreter, imported onward (and, on PostgreSQL, psycopg) and"
-          " made ready to start commands, and did nothing else. Through its gate it opens the store,"
+          " made ready to start commands, and did nothing else. Woken when the worker died, a standby on"
+          " PostgreSQL connects to the server and checks the store's schema and its job while the delay runs"
+          " (reads only). Through its gate it opens the store (on PostgreSQL, takes the connections it made),"
           " registers, reclaims the dead worker's task, claims it and starts its command; the restart is"
-          " journaled meanwhile. So the figure is the delay plus the store's part, not an interpreter's"
-          " start-up (a worker that dies before its standby was started is restarted by one started at once,"
-          " which loads during the delay, as before). The no-bytecode row imports onward from a"
+          " journaled meanwhile. So the figure is the delay plus the store's writes, not an interpreter's"
+          " start-up. A worker that dies before its standby was started (it is started once a worker has been"
+          " ready for half a second), or whose standby died, is followed by a worker started at once, which"
+          " loads its code while the delay runs: the no-standby row, where the benchmark SIGKILLs the standby"
+          " just before the worker. The no-bytecode row imports onward from a"
           " copy of its sources under `PYTHONDONTWRITEBYTECODE=1` (a source checkout in a sandbox that sets"
           " it). The watchdog figure can be shorter than the setting: the period counts from the worker's last"
           " heartbeat, sent up to a quarter period before the wedge began.\n")

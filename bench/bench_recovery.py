@@ -7,8 +7,9 @@ Prints a Markdown section.
 PostgreSQL: a fresh database per supervisor on the server at ``--db-admin`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``), dropped afterwards; without a server that row says so.
 
-Bytecode. A restart starts a new interpreter, so the figure depends on whether onward's modules are read
-from cached bytecode (``__pycache__``) or compiled from source at every start. pip compiles them when it
+Bytecode. Every worker is a new interpreter, whose start-up depends on whether onward's modules are read
+from cached bytecode (``__pycache__``) or compiled from source at every start (a restart waits for little of
+it: the next worker is started ahead, see onward.supervise). pip compiles them when it
 installs onward, and Python caches them on first import, unless ``PYTHONDONTWRITEBYTECODE`` is set, as it is
 in some sandboxes, where a source checkout is then compiled at every start. The headline rows are measured
 as installed (the benchmark compiles onward's modules once, as pip does); one more row, in the same run,
@@ -60,6 +61,29 @@ def wait_until(condition, timeout: float, what: str):  # type: ignore[no-untyped
             return value
         time.sleep(0.002)
     raise RuntimeError(f"timed out waiting for {what}")
+
+
+def worker_running_the_task(supervisor: int) -> int | None:
+    """The supervisor's child that runs the task: the parent of its ``sleep``. The supervisor may have
+    another child, the standby worker that waits at its start gate for the next restart."""
+    for child in children(supervisor):
+        for grandchild in children(child):
+            try:
+                with open(f"/proc/{grandchild}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[0] == b"sleep":
+                        return child
+            except OSError:
+                pass
+    return None
+
+
+def dead(pid: int) -> bool:
+    """Whether ``pid`` is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] in "ZX"
+    except OSError:
+        return True
 
 
 def lines(path: Path) -> list[str]:
@@ -125,10 +149,13 @@ class Postgres:
 
 
 # --- recovery -----------------------------------------------------------------------------------------------
-def recovery_samples(store: Store, kills: int, env: dict[str, str] | None = None) -> list[float]:
+def recovery_samples(store: Store, kills: int, env: dict[str, str] | None = None,
+                     without_standby: bool = False) -> list[float]:
     """One supervisor with default settings takes ``kills`` SIGKILLs of its worker, each while a task runs
     and ``KILL_SPACING`` seconds after that task started (beyond the fast-crash threshold, so the backoff
-    never applies): seconds from each kill to the next attempt of a task starting."""
+    never applies): seconds from each kill to the next attempt of a task starting. ``without_standby``: the
+    standby (the supervisor's other child) is SIGKILLed first, so the supervisor starts the next worker
+    only once the worker is dead, as it does for a worker that dies before its standby was started."""
     samples: list[float] = []
     work = Path(tempfile.mkdtemp(prefix="onward-bench-recovery-", dir=bench_dir()))
     try:
@@ -143,7 +170,11 @@ def recovery_samples(store: Store, kills: int, env: dict[str, str] | None = None
                 for _ in range(kills):
                     seen = wait_until(lambda: len(lines(starts)), 30, "a task to start")
                     time.sleep(KILL_SPACING)
-                    (worker,) = wait_until(lambda: children(sup.pid), 10, "the worker")
+                    worker = wait_until(lambda: worker_running_the_task(sup.pid), 10, "the worker")
+                    if without_standby:
+                        for standby in set(children(sup.pid)) - {worker}:
+                            os.kill(standby, signal.SIGKILL)
+                            wait_until(lambda: dead(standby), 10, "the standby to die")
                     killed_at = time.time()
                     os.kill(worker, signal.SIGKILL)
                     wait_until(lambda: len(lines(starts)) > seen, 30, "the task to start again")
@@ -229,15 +260,17 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - any reason there is no server is reported in the section
         postgres_missing = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
     load_before = os.getloadavg()[0]
-    kinds: dict[str, list[float]] = {"sqlite": [], "postgres": [], "no-bytecode": []}
+    kinds: dict[str, list[float]] = {"sqlite": [], "postgres": [], "no-bytecode": [], "no-standby": []}
     with without_bytecode() as source_env:
         # The kinds take turns, supervisor by supervisor, so that they share the machine's load alike.
         for i in range(supervisors):
             kinds["sqlite"] += recovery_samples(sqlite_store, kills)
             if postgres is not None:
                 kinds["postgres"] += recovery_samples(postgres.store, kills)
-            if i % 2 == 0:  # fewer samples: this row only shows what compiling at every start costs
+            if i % 2 == 0:  # fewer samples: these rows are for comparison
                 kinds["no-bytecode"] += recovery_samples(sqlite_store, kills, source_env)
+                if postgres is not None:
+                    kinds["no-standby"] += recovery_samples(postgres.store, kills, without_standby=True)
             print(f"[recovery] supervisor {i + 1}/{supervisors}: "
                   + ", ".join(f"{k} {[round(s, 3) for s in v[-kills:]]}" for k, v in kinds.items()),
                   file=sys.stderr, flush=True)
@@ -257,8 +290,8 @@ def main() -> None:
           + ("" if compiled else " (NOT all could be compiled here: some are compiled at every start)")
           + ". PostgreSQL: a fresh database per supervisor on the local server. The machine's load average"
           f" (1 min) was {load_before:.1f} when the recovery runs began and {load_after:.1f} when they ended,"
-          f" on {os.cpu_count()} cores: a restart is a new process's start-up, and other work on the machine"
-          " lengthens it.\n")
+          f" on {os.cpu_count()} cores: other work on the machine lengthens a restart (the store's part, and"
+          " all of a new process's start-up where no standby was ready).\n")
     print("| figure | samples | median | min | max | target |")
     print("|---|---|---|---|---|---|")
     target = f"≤ {TARGET:g} s"
@@ -270,14 +303,23 @@ def main() -> None:
               f" ({postgres_missing}) | | | | {target} |")
     print(row("same, SQLite, onward compiled at every start (no bytecode)", kinds["no-bytecode"],
               "for comparison"))
+    if postgres is not None:
+        print(row("same, PostgreSQL, no standby ready (SIGKILLed just before the worker)", kinds["no-standby"],
+                  "for comparison"))
     print(row(f"watchdog detection, `--watchdog {wd_setting:g}` (wedge → kill)", wd, "≤ setting + one tick"))
-    print("\nWhat a recovery is made of: the supervisor reaps the dead worker and kills what it left, then"
-          " starts the next worker at once, behind its start gate (onward.gate): the worker starts a Python"
-          " interpreter, imports onward (and, on PostgreSQL, psycopg) and starts its command spawner while the"
-          f" restart delay ({DEFAULT_RESTART_DELAY:g} s) runs. When the delay is over, and the worker is ready,"
-          " it opens the store, registers, reclaims the dead worker's task, claims it and starts its command;"
-          " the restart is journaled meanwhile. So the figure is the longer of the delay and that start-up,"
-          " plus the store's part. The no-bytecode row imports onward from a"
+    print("\nWhat a recovery is made of: the supervisor reaps the dead worker and kills what it left, waits"
+          f" for the restart delay ({DEFAULT_RESTART_DELAY:g} s), then opens the start gate (onward.gate) of"
+          " the standby, the next worker, which it started once the dead one had been up for a moment: the"
+          " standby had started its Python interpreter, imported onward (and, on PostgreSQL, psycopg) and"
+          " made ready to start commands, and did nothing else. Woken when the worker died, a standby on"
+          " PostgreSQL connects to the server and checks the store's schema and its job while the delay runs"
+          " (reads only). Through its gate it opens the store (on PostgreSQL, takes the connections it made),"
+          " registers, reclaims the dead worker's task, claims it and starts its command; the restart is"
+          " journaled meanwhile. So the figure is the delay plus the store's writes, not an interpreter's"
+          " start-up. A worker that dies before its standby was started (it is started once a worker has been"
+          " ready for half a second), or whose standby died, is followed by a worker started at once, which"
+          " loads its code while the delay runs: the no-standby row, where the benchmark SIGKILLs the standby"
+          " just before the worker. The no-bytecode row imports onward from a"
           " copy of its sources under `PYTHONDONTWRITEBYTECODE=1` (a source checkout in a sandbox that sets"
           " it). The watchdog figure can be shorter than the setting: the period counts from the worker's last"
           " heartbeat, sent up to a quarter period before the wedge began.\n")

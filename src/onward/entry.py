@@ -3,9 +3,11 @@ is plainly fine is answered by ``status.print_plain_status``, without loading cl
 classes (a start-up near that of Python with sqlite3); every other command line, and every case that one
 declines, goes to the CLI (``onward.cli``), unchanged.
 
-A worker that ``onward supervise`` restarts is started while the restart delay runs, behind a start gate
+A worker that ``onward supervise`` restarts is started ahead of the restart, behind a start gate
 (``onward.gate``): it loads its code, then waits for the supervisor's go before it does anything else, so
-the delay spaces the work, not the interpreter's start-up."""
+a restart waits for the delay, not for the interpreter's start-up. Woken when its restart begins, a worker
+on PostgreSQL opens its store meanwhile (connects, checks the schema and its job: reads only), so the go
+finds it connected."""
 
 from __future__ import annotations
 
@@ -83,19 +85,17 @@ def wait_at_gate(value: str) -> None:
     return on the go, exit quietly if the supervisor closes it without one (it is stopping, not
     restarting). A value that does not describe a gate of our parent's is ignored."""
     fd_text, _, rest = value.partition(",")
-    parent, _, backend = rest.partition(",")
-    if not all(text.isascii() and text.isdigit() and len(text) <= 10 for text in (fd_text, parent)):
+    parent, _, rest = rest.partition(",")
+    backend, _, wake_text = rest.partition(",")
+    if not (_number(fd_text) and _number(parent)) or int(parent) != os.getppid():
         return
-    fd = int(fd_text)
-    if int(parent) != os.getppid() or fd < 3:
-        return
-    import stat
+    import time
 
-    try:
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return
-    except (OSError, OverflowError):  # not open; beyond any descriptor
+    loading_since = time.time()
+    fd = int(fd_text)
+    if not _a_pipe(fd):
         return
+    wake = int(wake_text) if _number(wake_text) and _a_pipe(int(wake_text)) else None
     # Before the wait, which may be long (a backoff): a password on the command line is blanked out as
     # soon as a worker starts, gated or not.
     from .cli import hide_passwords_from_ps
@@ -116,8 +116,79 @@ def wait_at_gate(value: str) -> None:
     if spawn_mode() == "spawner":
         launch_early()  # this thread (the main one) is the one that will start the commands
     try:
+        if wake is not None:
+            _wait_for_wakeup(fd, wake, backend)
         go = os.read(fd, len(GO))
     finally:
         os.close(fd)
+        if wake is not None:
+            os.close(wake)
     if go != GO:
         sys.exit(0)
+    if code_changed_since(loading_since):
+        # The code was loaded before the restart, maybe long before (a standby waits for as long as its
+        # worker lives): what was installed since (an upgrade of onward) runs instead, as in a worker
+        # started now. The same process, started again: its gate is behind it (START_GATE was popped); a
+        # spawner it started ends when it finds its end of their socket closed by the exec.
+        os.execv(sys.executable, sys.orig_argv)
+
+
+def _number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 10
+
+
+def _a_pipe(fd: int) -> bool:
+    """Whether ``fd`` is open on a pipe (and not stdin, stdout or stderr)."""
+    import stat
+
+    try:
+        return fd >= 3 and stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except (OSError, OverflowError):  # not open; beyond any descriptor
+        return False
+
+
+def _wait_for_wakeup(gate: int, wake: int, backend: str) -> None:
+    """Return once the supervisor said the restart has begun (then, on PostgreSQL, with the store opened
+    ahead), or once anything came on the gate itself (the go, or its end)."""
+    import select
+
+    from .gate import WAKEUP
+
+    readable, _, _ = select.select([gate, wake], [], [])
+    if wake in readable and os.read(wake, len(WAKEUP)) == WAKEUP and backend == "postgres":
+        _open_store_ahead()
+
+
+def _open_store_ahead() -> None:
+    """Open the store this run is about to open, between the wake-up and the go: connecting to the server
+    (and the connection that LISTENs) and checking its schema and job then take none of the restart's time
+    (on SQLite, opening a file, there is nothing worth it). Reads only: nothing is written before the go.
+    The store is found from the command line as the supervisor finds it; the run takes it only if it is the
+    one it opens (``onward.store.open_ahead``). A failure is left for the run to meet, and report, itself."""
+    from .errors import OnwardError
+    from .store import open_ahead
+    from .supervise import job_for, store_url_for
+
+    command = ["onward", *sys.argv[1:]]
+    try:
+        open_ahead(store_url_for(command, os.environ), job_for(command, os.environ))
+    except OnwardError:
+        pass
+
+
+# What a worker runs that an upgrade replaces: onward, its store driver, its command line.
+UPGRADABLE = ("onward", "psycopg", "psycopg_binary", "click")
+
+
+def code_changed_since(when: float) -> bool:
+    """Whether a file of a loaded module of ``UPGRADABLE`` was written, replaced or removed since ``when``
+    (the wall clock; the change time, which no tool can set back). A few hundred ``stat`` calls."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and name.partition(".")[0] in UPGRADABLE:
+            try:
+                if os.stat(path).st_ctime >= when:
+                    return True
+            except OSError:
+                return True
+    return False

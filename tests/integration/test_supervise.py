@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -609,6 +610,11 @@ class Supervised:
     def workers(self) -> list[int]:
         return [int(pid) for pid in re.findall(r"onward supervise pid=\d+ worker (\d+) started: ", self.log)]
 
+    def standbys(self) -> list[int]:
+        """The pids of the workers started ahead of need, behind their start gate, in order."""
+        return [int(pid) for pid in re.findall(r"onward supervise pid=\d+ standby (\d+) started, waiting at its"
+                                               r" start gate: ", self.log)]
+
     def ready(self, n: int, timeout: float = 20) -> int:
         """The pid of the Nth worker, once it said READY=1."""
         wait_for(lambda: len(self.workers()) >= n and f"worker {self.workers()[n - 1]} ready" in self.log,
@@ -661,6 +667,27 @@ def test_a_restart_is_journaled_in_the_store_the_worker_created(supervised: Call
     assert status_of(tmp_path)["restarts"] == 1
     journal = run_onward("logs", cwd=tmp_path).stdout.decode().splitlines()
     assert [line for line in journal if "restart" in line and "signal SIGKILL" in line], journal
+
+
+def test_the_supervisor_loads_the_journal_driver_before_the_first_restart(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    # Loaded at the first restart, psycopg would share the CPU with the restarted worker's start-up.
+    (tmp_path / "t.txt").write_text("a\n")
+    with pgutil.fresh_database() as url:
+        job = supervised(["--db", url], ["--db", url, "--tasks", "t.txt", "--grace", "0.5", "--", "sleep", "60"])
+        job.ready(1)
+        maps = Path(f"/proc/{job.proc.pid}/maps")
+        wait_for(lambda: "psycopg" in maps.read_text(), 20, "the supervisor to load psycopg")
+        assert "restarting" not in job.log
+        os.kill(job.workers()[0], signal.SIGKILL)
+        job.ready(2)
+        assert job.stop() == 0, job.log
+        assert "could not record" not in job.log
+        store = open_store(url, create=False)
+        try:
+            assert store.stats().restarts == 1
+        finally:
+            store.close()
 
 
 def test_journaling_a_restart_creates_no_store(tmp_path: Path) -> None:
@@ -738,46 +765,118 @@ def test_a_password_given_as_db_equals_url_is_hidden_from_ps_of_the_supervisor(
     assert secret not in job.log
 
 
-# --- the start gate: a restarted worker loads its code during the restart delay ------------------------
+# --- the start gate: the next worker loads its code ahead of the restart -----------------------------------
 def log_time(line: str) -> float:
     """The wall-clock time at the start of one of onward's log lines (``2026-12-01T19:08:29.480Z ...``)."""
     return datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
-def killed_during_its_task(supervised: Callable[..., Supervised], tmp_path: Path,
-                           restart_delay: float) -> tuple[Supervised, Path, float]:
-    """A supervised worker whose one task appends its start time to the returned file, SIGKILLed once the
-    task has started; also returns when (wall clock) it was killed, give or take the kill itself."""
+def line_of(log: str, text: str) -> str:
+    return next(line for line in log.splitlines() if text in line)
+
+
+def at_its_gate(pid: int) -> bool:
+    """Whether the process waits at its start gate, not yet woken: its main thread blocked in ``select`` on
+    the gate's two pipes (``select`` or ``pselect6``, system calls 23 and 270 on x86_64 Linux; their first
+    argument is the highest descriptor + 1). The gate's descriptors are read from its environment."""
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        pytest.skip("reads a system call number of x86_64 Linux")
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        call = Path(f"/proc/{pid}/task/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    gate = next(item for item in environ if item.startswith(b"ONWARD_START_GATE=")).split(b"=", 1)[1].split(b",")
+    return len(call) > 1 and call[0] in ("23", "270") and int(call[1], 16) == max(int(gate[0]), int(gate[3])) + 1
+
+
+def running_its_task(supervised: Callable[..., Supervised], tmp_path: Path,
+                     restart_delay: float) -> tuple[Supervised, Path]:
+    """A supervised worker whose one task appends its start time to the returned file, once the task has
+    started."""
     (tmp_path / "t.txt").write_text("a\n")
     starts = tmp_path / "starts"
     job = supervised(["--restart-delay", str(restart_delay)],
                      ["--tasks", "t.txt", "--grace", "0.5", "--", "sh", "-c", f"date +%s.%N >> {starts}; exec sleep 60"])
-    first = job.ready(1)
+    job.ready(1)
     wait_for(lambda: starts.exists() and len(starts.read_text().split()) == 1, 20, "the task to start")
+    return job, starts
+
+
+def killed_during_its_task(supervised: Callable[..., Supervised], tmp_path: Path,
+                           restart_delay: float) -> tuple[Supervised, Path, float]:
+    """``running_its_task``, its worker SIGKILLed at once (a standby may or may not have been started yet);
+    also returns when (wall clock) it was killed, give or take the kill itself."""
+    job, starts = running_its_task(supervised, tmp_path, restart_delay)
     killed = time.time()
-    os.kill(first, signal.SIGKILL)
+    os.kill(job.workers()[0], signal.SIGKILL)
     return job, starts, killed
 
 
-def test_a_restarted_worker_loads_during_the_delay_and_runs_its_task_only_after_it(
+def test_a_restarted_worker_loads_before_the_delay_is_over_and_runs_its_task_only_after_it(
         supervised: Callable[..., Supervised], tmp_path: Path) -> None:
     job, starts, killed = killed_during_its_task(supervised, tmp_path, 3)
     second = job.ready(2)
     wait_for(lambda: len(starts.read_text().split()) == 2, 20, "the task to start again")
     again = float(starts.read_text().split()[1])
-    started = log_time(next(line for line in job.log.splitlines() if f"worker {second} started" in line))
+    started = log_time(line_of(job.log, f"standby {second} started, waiting at its start gate"))
     # The task waited out the whole delay, counted from after the kill; the worker's process did not: it
-    # was started right after the kill, and waited at its gate.
+    # was started before the kill (the standby) or right after it, and waited at its gate.
     assert again >= killed + 3.0
     assert again - started > 2.0, job.log
     assert job.stop() == 0, job.log
 
 
+def test_a_standby_waits_at_its_gate_having_done_nothing_and_takes_over_after_the_delay(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    job, starts = running_its_task(supervised, tmp_path, 1)
+    standby = int(str(wait_for(lambda: job.standbys() and job.standbys()[0], 20, "the standby to be started")))
+    first = job.workers()[0]
+    wait_for(lambda: at_its_gate(standby), 20, "the standby to wait at its gate")
+    report = status_of(tmp_path)
+    assert [w["pid"] for w in report["workers"]] == [first], report["workers"]  # not registered
+    assert f"onward pid={standby} " not in job.log and alive(standby)
+    killed = time.time()
+    os.kill(first, signal.SIGKILL)
+    assert job.ready(2) == standby
+    wait_for(lambda: len(starts.read_text().split()) == 2, 20, "the task to start again")
+    assert float(starts.read_text().split()[1]) >= killed + 1.0  # after the delay
+    assert f"worker {standby} started: " in job.log and "(the standby, started " in job.log
+    assert job.stop() == 0, job.log
+
+
+def test_a_standby_that_ended_on_its_own_is_replaced_at_the_restart(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    job, starts = running_its_task(supervised, tmp_path, 0.1)
+    standby = int(str(wait_for(lambda: job.standbys() and job.standbys()[0], 20, "the standby to be started")))
+    os.kill(standby, signal.SIGKILL)
+    os.kill(job.workers()[0], signal.SIGKILL)
+    second = job.ready(2)
+    assert second != standby and second == job.standbys()[1]
+    assert f"standby {standby} ended before a restart needed it (signal SIGKILL); starting another" in job.log
+    wait_for(lambda: len(starts.read_text().split()) == 2, 20, "the task to start again")
+    assert not alive(standby)
+    assert job.stop() == 0, job.log
+
+
+def test_the_standby_is_ended_unstarted_when_no_restart_needs_it(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    # The worker finishes its one task (exit 0): the supervisor exits, and the standby with it, having
+    # done nothing (no worker of its in the store, not a line of its own in the log).
+    (tmp_path / "t.txt").write_text("a\n")
+    job = supervised([], ["--tasks", "t.txt", "--", "sleep", "2"])
+    standby = int(str(wait_for(lambda: job.standbys() and job.standbys()[0], 20, "the standby to be started")))
+    assert job.proc.wait(60) == 0, job.log
+    assert not alive(standby) and f"onward pid={standby} " not in job.log
+    journal = run_onward("logs", cwd=tmp_path).stdout.decode()
+    assert journal.count("worker started") == 1, journal
+
+
 def test_a_stop_during_the_delay_ends_the_waiting_worker_before_it_does_anything(
         supervised: Callable[..., Supervised], tmp_path: Path) -> None:
     job, starts, _ = killed_during_its_task(supervised, tmp_path, 60)
-    wait_for(lambda: len(job.workers()) == 2, 20, "the next worker to be started")
-    second = job.workers()[1]
+    wait_for(lambda: "restarting worker" in job.log and job.standbys(), 20, "the next worker to be waiting")
+    second = job.standbys()[-1]
     assert b"run" in Path(f"/proc/{second}/cmdline").read_bytes().split(b"\0")  # alive, at its gate
     assert job.stop() == 128 + signal.SIGKILL, job.log  # the status of the last worker that ran
     assert "received while waiting to restart; not restarting" in job.log
@@ -794,8 +893,8 @@ def test_a_password_is_blanked_out_while_the_worker_waits_at_its_gate(
         job = supervised(["--restart-delay", "60"],
                          [f"--db={with_password}", "--tasks", "t.txt", "--grace", "0.5", "--", "sleep", "60"])
         os.kill(job.ready(1), signal.SIGKILL)
-        wait_for(lambda: len(job.workers()) == 2, 20, "the next worker to be started")
-        second = job.workers()[1]
+        wait_for(lambda: "restarting worker" in job.log and job.standbys(), 20, "the next worker to be waiting")
+        second = job.standbys()[-1]
         title = Path(f"/proc/{second}/cmdline")
         wait_for(lambda: secret not in title.read_bytes().decode(), 20, "the password to be blanked out")
         assert f"worker {second} ready" not in job.log  # still at its gate
@@ -891,3 +990,190 @@ def test_a_gate_opened_lets_the_worker_run_and_its_command_dies_with_it(tmp_path
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+
+
+def test_a_worker_that_finds_onward_changed_at_its_go_runs_the_new_code(tmp_path: Path) -> None:
+    # A standby may wait at its gate for as long as its worker lives, and onward may be upgraded meanwhile.
+    # At the go the worker finds files of the code it loaded changed, and runs itself again from them (no
+    # gate any more), as a worker started then would. The change comes once the worker is at its gate (its
+    # spawner started, the last step before it), to a module it loaded: only running again can pick it up.
+    code = tmp_path / "code"
+    shutil.copytree(Path(SRC) / "onward", code / "onward", ignore=shutil.ignore_patterns("__pycache__"))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "t.txt").write_text("a\n")
+    read, write = os.pipe()
+    try:
+        worker = subprocess.Popen(
+            onward_argv("run", "--db", "s.db", "--tasks", "t.txt", "--", "touch", "ran"), cwd=work,
+            env={**os.environ, "PYTHONPATH": str(code), "ONWARD_START_GATE": f"{read},{os.getpid()},sqlite",
+                 "ONWARD_SPAWN": "spawner"},
+            pass_fds=[read], stderr=subprocess.PIPE)
+    finally:
+        os.close(read)
+    try:
+        wait_for(lambda: any(b"spawner" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in
+                             Path(f"/proc/{worker.pid}/task/{worker.pid}/children").read_text().split()),
+                 20, "the worker to wait at its gate")
+        with open(code / "onward" / "commands.py", "a") as f:
+            f.write('\nimport pathlib\npathlib.Path("upgraded").write_text("the new code ran\\n")\n')
+        os.write(write, b"g")
+        _, err = worker.communicate(timeout=60)
+    finally:
+        os.close(write)
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, err.decode()
+    assert (work / "upgraded").read_text() == "the new code ran\n"
+    assert (work / "ran").exists()
+
+
+# --- woken at its gate: a PostgreSQL worker connects while the restart delay runs ---------------------------
+class Gated:
+    """``onward run RUN...`` started behind a start gate of this process's, as ``onward supervise`` starts
+    one: ``wake`` says the restart has begun, ``go`` lets it through, ``close`` shuts the gate."""
+
+    def __init__(self, cwd: Path, run: list[str]) -> None:
+        read, self._go = os.pipe()
+        wake_read, self._wake = os.pipe()
+        self.gate_fd = read
+        try:
+            self.proc = subprocess.Popen(
+                onward_argv("run", *run), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env={**os.environ, "PYTHONPATH": SRC,
+                     "ONWARD_START_GATE": f"{read},{os.getpid()},postgres,{wake_read}"},
+                pass_fds=[read, wake_read])
+        finally:
+            os.close(read)
+            os.close(wake_read)
+
+    def _send(self, end: str, byte: bytes) -> None:
+        fd = getattr(self, end)
+        if fd >= 0:
+            if byte:
+                os.write(fd, byte)
+            os.close(fd)
+            setattr(self, end, -1)
+
+    def wake(self) -> None:
+        self._send("_wake", b"w")
+
+    def go(self) -> None:
+        self._send("_go", b"g")
+
+    def close(self) -> None:
+        self._send("_wake", b"")
+        self._send("_go", b"")
+
+    def waiting_for_the_go(self) -> bool:
+        """Whether its main thread is blocked reading its gate (``read``, system call 0 on x86_64)."""
+        try:
+            call = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/syscall").read_text().split()
+        except OSError:
+            return False
+        return call[:2] == ["0", hex(self.gate_fd)]
+
+    def finish(self, timeout: float = 60) -> tuple[bytes, bytes]:
+        try:
+            return self.proc.communicate(timeout=timeout)
+        finally:
+            self.close()
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def gated_on_postgres(tmp_path: Path) -> Iterator[tuple[Callable[[list[str]], Gated], str, Any]]:
+    """A fresh PostgreSQL store holding the task "a", a way to start gated workers on it, and an autocommit
+    connection to its database (to look at its rows and sessions)."""
+    import psycopg
+
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        pytest.skip("reads a system call number of x86_64 Linux")
+    with pgutil.fresh_database() as url:
+        assert run_onward("add", "--db", url, "a").returncode == 0
+        started: list[Gated] = []
+
+        def start(run: list[str]) -> Gated:
+            started.append(Gated(tmp_path, ["--db", url, *run]))
+            return started[-1]
+
+        with psycopg.connect(url, autocommit=True) as db:
+            try:
+                yield start, url, db
+            finally:
+                for gated in started:
+                    gated.close()
+                    if gated.proc.poll() is None:
+                        gated.proc.kill()
+                        gated.proc.wait()
+
+
+def onward_sessions(db: Any) -> list[tuple[int, datetime]]:
+    """The pid and start of each session of onward's on the database (none but the gated worker's here)."""
+    return [(int(pid), start) for pid, start in db.execute(
+        "SELECT pid, backend_start FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'onward'")]
+
+
+def rows_written(db: Any) -> tuple[int, int]:
+    """How many workers and journal events the store holds."""
+    row = db.execute("SELECT (SELECT count(*) FROM onward.workers), (SELECT count(*) FROM onward.events)").fetchone()
+    return int(row[0]), int(row[1])
+
+
+def test_a_woken_worker_connects_ahead_and_without_the_go_exits_having_written_nothing(
+        gated_on_postgres: tuple[Callable[[list[str]], Gated], str, Any]) -> None:
+    start, _, db = gated_on_postgres
+    before = rows_written(db)
+    worker = start(["--", "touch", "ran"])
+    worker.wake()
+    wait_for(lambda: len(onward_sessions(db)) == 2 and worker.waiting_for_the_go(), 30,
+             "the worker to open its store and its LISTEN session, then wait for the go")
+    assert rows_written(db) == before
+    worker.close()
+    assert worker.finish() == (b"", b"")
+    assert worker.proc.returncode == 0
+    wait_for(lambda: onward_sessions(db) == [], 10, "the worker's sessions to end")
+    assert rows_written(db) == before
+
+
+def test_a_woken_worker_runs_on_the_sessions_it_opened_before_the_go(
+        gated_on_postgres: tuple[Callable[[list[str]], Gated], str, Any], tmp_path: Path) -> None:
+    start, url, db = gated_on_postgres
+    worker = start(["--", "sh", "-c", f"while [ ! -e {tmp_path / 'done'} ]; do sleep 0.02; done"])
+    worker.wake()
+    wait_for(lambda: len(onward_sessions(db)) == 2 and worker.waiting_for_the_go(), 30,
+             "the worker to open its store and its LISTEN session, then wait for the go")
+    go_at = db.execute("SELECT clock_timestamp()").fetchone()[0]
+    worker.go()
+    wait_for(lambda: rows_written(db)[0] == 1 and db.execute(
+        "SELECT count(*) FROM onward.tasks WHERE state = 'running'").fetchone()[0] == 1, 30, "the task to run")
+    sessions = onward_sessions(db)
+    assert len(sessions) == 2 and all(started < go_at for _, started in sessions), (sessions, go_at)
+    (tmp_path / "done").touch()
+    out, err = worker.finish()
+    assert worker.proc.returncode == 0, err.decode()
+    assert run_onward("status", "--db", url, "--json").stdout.count(b'"done": 1') == 1
+
+
+def test_a_session_opened_ahead_and_lost_before_the_go_is_replaced(
+        gated_on_postgres: tuple[Callable[[list[str]], Gated], str, Any], tmp_path: Path) -> None:
+    # The server ends the sessions while the worker waits (a restart of the server, an administrator): at
+    # the go the worker finds its connection closed and opens another, instead of failing its first call.
+    start, url, db = gated_on_postgres
+    worker = start(["--", "touch", str(tmp_path / "ran")])
+    worker.wake()
+    wait_for(lambda: len(onward_sessions(db)) == 2 and worker.waiting_for_the_go(), 30,
+             "the worker to open its store and its LISTEN session, then wait for the go")
+    lost = {pid for pid, _ in onward_sessions(db)}
+    db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+               " AND application_name = 'onward'")
+    wait_for(lambda: not lost & {pid for pid, _ in onward_sessions(db)}, 10, "the sessions to end")
+    worker.go()
+    out, err = worker.finish()
+    assert worker.proc.returncode == 0, err.decode()
+    assert (tmp_path / "ran").exists()
+    assert b"error" not in err and b"unavailable" not in err, err.decode()

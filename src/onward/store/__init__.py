@@ -15,6 +15,7 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .base import Store
+    from .postgres import PostgresStore
 
 DEFAULT_DB = ".onward/onward.db"
 DEFAULT_JOB = "default"
@@ -88,10 +89,50 @@ def open_store(url: str | None = None, *, create: bool = True, job: str | None =
     if is_postgres_url(url):
         from .postgres import PostgresStore
 
+        ahead = _take_ahead(url, job)
+        if ahead is not None:
+            return ahead
         return PostgresStore(url, create=create, job=job)
     from .sqlite import SqliteStore
 
     return SqliteStore(url, create=create, job=job)
+
+
+# A store opened by this process ahead of need (open_ahead): its location, its job, the store.
+_ahead: tuple[str, str, PostgresStore] | None = None
+
+
+def open_ahead(url: str | None, job: str | None) -> None:
+    """Open the store at ``url`` for ``job`` ahead of need, if it is on PostgreSQL, for the next
+    ``open_store`` of the same location and job to take: what a worker restarted by ``onward supervise``
+    does while the restart delay runs (``onward.entry``), so that connecting to the server is done by the
+    time it may start. It is opened as ``open_store(create=False)`` opens it, with its LISTEN connection:
+    nothing is created and nothing written. Raises what ``open_store`` raises."""
+    global _ahead
+    job = job_name(job)
+    url = store_url(url)
+    if not is_postgres_url(url):
+        return  # a SQLite file opens in a millisecond
+    from .postgres import PostgresStore
+
+    store = PostgresStore(url, create=False, job=job)
+    store.wakeup_fd()
+    if _ahead is not None:
+        _ahead[2].close()
+    _ahead = (url, job, store)
+
+
+def _take_ahead(url: str, job: str) -> PostgresStore | None:
+    """The store opened ahead, if it is the one asked for and its connection survived the wait (else it is
+    closed, and the caller opens one as usual)."""
+    global _ahead
+    if _ahead is None:
+        return None
+    (ahead_url, ahead_job, store), _ahead = _ahead, None
+    if (ahead_url, ahead_job) == (url, job) and store.connection_intact():
+        return store
+    store.close()
+    return None
 
 
 def load_backend(postgres: bool) -> None:

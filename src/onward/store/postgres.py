@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import select
 import socket
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -206,6 +207,18 @@ class PostgresStore(SqlStore):
         self._drop_connection()
         raise StoreUnavailable(f"store {self.url}: not connected ({self._last_error or 'connection lost'});"
                                " reconnecting")
+
+    def connection_intact(self) -> bool:
+        """Whether the connection, idle since the store was opened (ahead of need: ``onward.store.open_ahead``),
+        can still be used: open, and nothing came on it meanwhile. A server that ends a session (shutting
+        down, restarting, ``pg_terminate_backend``, an idle timeout) says so and closes it, and an idle
+        session that LISTENs to nothing is sent nothing else, so anything readable means it is lost. Never
+        waits."""
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            return False
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        return not readable
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

@@ -392,14 +392,19 @@ WITH completed AS (
                        FOR UPDATE SKIP LOCKED)
     RETURNING t.id, t.name, t.attempts, t.fence, t.max_attempts, t.job_id
 ), counted AS (
+    -- The net change per state: a task completed and one claimed leave running as it was, so the usual
+    -- commit adds two delta rows (done +1, pending -1), not four.
     INSERT INTO onward.counts (job_id, state, n)
-    SELECT job_id, 'done', count(*) FROM completed GROUP BY job_id
-    UNION ALL
-    SELECT job_id, 'running', -count(*) FROM completed GROUP BY job_id
-    UNION ALL
-    SELECT job_id, 'running', count(*) FROM changed GROUP BY job_id
-    UNION ALL
-    SELECT job_id, 'pending', -count(*) FROM changed GROUP BY job_id
+    SELECT job_id, state, sum(n) FROM (
+        SELECT job_id, 'done' AS state, 1 AS n FROM completed
+        UNION ALL
+        SELECT job_id, 'running', -1 FROM completed
+        UNION ALL
+        SELECT job_id, 'running', 1 FROM changed
+        UNION ALL
+        SELECT job_id, 'pending', -1 FROM changed) AS d
+     GROUP BY job_id, state
+    HAVING sum(n) <> 0
 ), journaled AS (
     INSERT INTO onward.events (job_id, kind, pid, host, worker_id, task_id, attempt, detail)
     SELECT %(job)s, e.kind, %(pid)s, %(host)s, %(worker_id)s::bigint, e.task_id, e.attempt, e.detail

@@ -168,6 +168,7 @@ class Proc:
     stdout: str
     stderr: str
     started_at: float  # time.time() just before the fork
+    cpu: float = 0.0  # user + system seconds of the process and every child it waited for (wait4's rusage)
 
 
 def run_process(argv: list[str], scratch: Path) -> Proc:
@@ -189,7 +190,8 @@ def run_process(argv: list[str], scratch: Path) -> Proc:
     stdout, stderr = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
     out_path.unlink()
     err_path.unlink()
-    return Proc(argv, seconds, code, usage.ru_maxrss * 1024 / 1e6, stdout, stderr, started_at)
+    return Proc(argv, seconds, code, usage.ru_maxrss * 1024 / 1e6, stdout, stderr, started_at,
+                usage.ru_utime + usage.ru_stime)
 
 
 class PartFailed(Exception):

@@ -54,15 +54,19 @@ def onward_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "onward", *args]
 
 
-def timed_shell_free(argv: list[str], stdin_path: Path, scratch: Path) -> float:
-    """Wall seconds of one process reading ``stdin_path`` (xargs, parallel); fails loudly on a non-zero exit."""
-    with open(stdin_path, "rb") as stdin:
+def timed_shell_free(argv: list[str], stdin_path: Path, scratch: Path) -> tuple[float, float]:
+    """Wall seconds of one process reading ``stdin_path`` (xargs, parallel), and the CPU seconds of it and its
+    children (wait4's rusage); fails loudly on a non-zero exit."""
+    with open(stdin_path, "rb") as stdin, open(scratch / "stderr", "wb") as err:
         started = time.perf_counter()
-        proc = subprocess.run(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=scratch)
+        proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=err, cwd=scratch)
+        _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"`{shlex.join(argv)}` exited {proc.returncode}: {proc.stderr.decode()[-500:]}")
-    return seconds
+    code = os.waitstatus_to_exitcode(status)
+    proc.returncode = code
+    if code != 0:
+        raise SystemExit(f"`{shlex.join(argv)}` exited {code}: {(scratch / 'stderr').read_text()[-500:]}")
+    return seconds, usage.ru_utime + usage.ru_stime
 
 
 # --- commands -------------------------------------------------------------------------------------------
@@ -80,13 +84,13 @@ def cli_systems(tasks: Path) -> dict[str, Any]:
     return systems
 
 
-def onward_run(tasks: Path, scratch: Path, concurrency: int) -> float:
+def onward_run(tasks: Path, scratch: Path, concurrency: int) -> tuple[float, float]:
     db = scratch / "run.db"
     proc = run_process(onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", str(concurrency),
                                    "-q", "--", "true", "{task}"), scratch)
     if proc.code != 0:
         raise SystemExit(f"onward run exited {proc.code}: {proc.stderr[-500:]}")
-    return proc.seconds
+    return proc.seconds, proc.cpu
 
 
 def part_cli(quick: bool, root: Path) -> list[str]:
@@ -98,16 +102,19 @@ def part_cli(quick: bool, root: Path) -> list[str]:
         write_tasks(tasks, (task_name(i) for i in range(n)))
         systems = cli_systems(tasks)
         rates: dict[str, list[float]] = {name: [] for name in systems}
+        cpu: dict[str, list[float]] = {name: [] for name in systems}  # CPU ms per task, process and children
         for r in range(rounds):
             for name, run in systems.items():
                 scratch = Path(tempfile.mkdtemp(prefix="cli-", dir=root))
-                seconds = run(scratch)
+                seconds, cpu_seconds = run(scratch)
                 shutil.rmtree(scratch)
                 rates[name].append(n / seconds)
+                cpu[name].append(cpu_seconds / n * 1000)
                 log(f"N={n} round {r + 1}/{rounds} {name}: {n / seconds:,.0f} tasks/s")
-        lines += [f"N = {n:,}, tasks/s, median (min–max) of {rounds} round(s):", "",
-                  "| system | tasks/s |", "|---|---:|"]
-        lines += [f"| {name} | {spread(v, ',.0f')} |" for name, v in rates.items()]
+        lines += [f"N = {n:,}, tasks/s and CPU time per task (user + system, of the process and every child it"
+                  f" waited for: the commands' `true` included), median (min–max) of {rounds} round(s):", "",
+                  "| system | tasks/s | CPU ms per task |", "|---|---:|---:|"]
+        lines += [f"| {name} | {spread(v, ',.0f')} | {spread(cpu[name], '.2f')} |" for name, v in rates.items()]
         lines.append("")
         c1 = med(rates["onward c1"])
         lines.append(f"- concurrency 1: onward / xargs -P1 = **{c1 / med(rates['xargs -P1']):.2f}×**"

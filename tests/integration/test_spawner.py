@@ -311,13 +311,56 @@ def test_a_commands_pid_is_in_the_store_before_the_command_runs(tmp_path: Path, 
             assert int(ran.read_text()) == pid
 
 
-def lease_over(db: Path) -> bool:
-    """Whether the lease on task ``a`` of the store ``db`` has run out."""
+def lease_over(db: Path, name: str = "a") -> bool:
+    """Whether the lease on task ``name`` of the store ``db`` has run out."""
     c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        return bool(c.execute("SELECT lease_until < ? FROM tasks WHERE name = 'a'", (time.time(),)).fetchone()[0])
+        return bool(c.execute("SELECT lease_until < ? FROM tasks WHERE name = ?", (time.time(), name)).fetchone()[0])
     finally:
         c.close()
+
+
+def frozen_and_taken_over(tmp_path: Path, phase: str, mode: dict[str, str], ahead: bool,
+                          elsewhere: bool = False) -> tuple[list[str], str, int]:
+    """Run task "a" (after a task "first" with ``ahead``, so that "a"'s command runs in the process made ahead
+    while "first" ran); the worker freezes itself at ``phase`` of its claim of "a", another worker takes "a"
+    over once the lease ran out, then the frozen one is thawed. ``elsewhere``: the frozen worker is made to
+    look as if it ran on another host, so the taker-over cannot kill what it noted. Returns the attempts "a"
+    ran with, the thawed worker's stderr and the number of fenced events."""
+    db, runs = tmp_path / "s.db", tmp_path / "runs.log"
+    names = ["first", "a"] if ahead else ["a"]
+    tasks = write_tasks(tmp_path / "t.txt", names)
+    script = ('[ "$1" = first ] && exec sleep 0.3; ' if ahead else "") + 'echo "$ONWARD_ATTEMPT $$" >> "$0"'
+    argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--lease", "1", "--heartbeat", "0.2", "--",
+                       "sh", "-c", script, str(runs), "{task}")
+    frozen = subprocess.Popen(argv, env=dict(os.environ, ONWARD_TEST_HOOKS="1",
+                                             ONWARD_FREEZE_AT=f"{phase}:{len(names)}", **mode),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: process_state(frozen.pid) == "T", 30, "the worker to freeze itself")
+        if elsewhere:
+            c = sqlite3.connect(str(db))
+            try:
+                with c:
+                    c.execute("UPDATE workers SET host = 'elsewhere', host_key = 'elsewhere' WHERE pid = ?",
+                              (frozen.pid,))
+            finally:
+                c.close()
+        wait_for(lambda: lease_over(db), 30, "the frozen worker's lease to run out")
+        other = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+        assert other.returncode == 0, other.stderr.decode()
+        assert b"reclaimed" in other.stderr, other.stderr.decode()
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    _, err = frozen.communicate(timeout=60)
+    assert frozen.returncode == 0, err.decode()
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        assert c.execute("SELECT state, attempts FROM tasks WHERE name = 'a'").fetchone() == ("done", 2)
+        fenced = c.execute("SELECT count(*) FROM events WHERE kind = 'fenced'").fetchone()[0]
+    finally:
+        c.close()
+    return [line.split()[0] for line in runs.read_text().splitlines()], err.decode(), fenced
 
 
 def process_state(pid: int) -> str:
@@ -334,31 +377,9 @@ def test_a_worker_frozen_while_starting_a_command_never_runs_it_once_taken_over(
     with the pid noted and the process waiting for its go) is taken over by another worker once its lease
     runs out. Thawed, it must not run that command: the task runs once, by the other worker, and the thawed
     worker journals its claim as fenced and exits 0."""
-    db, runs = tmp_path / "s.db", tmp_path / "runs.log"
-    tasks = write_tasks(tmp_path / "t.txt", ["a"])
-    argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--lease", "1", "--heartbeat", "0.2", "--",
-                       "sh", "-c", 'echo "$ONWARD_ATTEMPT $$" >> "$0"', str(runs))
-    frozen = subprocess.Popen(argv, env=dict(os.environ, ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT=f"{phase}:1", **mode),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for(lambda: process_state(frozen.pid) == "T", 30, "the worker to freeze itself")
-
-        wait_for(lambda: lease_over(db), 30, "the frozen worker's lease to run out")
-        other = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
-        assert other.returncode == 0, other.stderr.decode()
-        assert b"reclaimed" in other.stderr, other.stderr.decode()
-    finally:
-        frozen.send_signal(signal.SIGCONT)
-    _, err = frozen.communicate(timeout=60)
-    assert frozen.returncode == 0, err.decode()
-    executions = [line.split()[0] for line in runs.read_text().splitlines()]
-    assert executions == ["2"], executions  # the other worker's attempt only
-    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        assert c.execute("SELECT state, attempts FROM tasks WHERE name = 'a'").fetchone() == ("done", 2)
-        assert c.execute("SELECT count(*) FROM events WHERE kind = 'fenced'").fetchone()[0] == 1
-    finally:
-        c.close()
+    executions, err, fenced = frozen_and_taken_over(tmp_path, phase, mode, ahead=False)
+    assert executions == ["2"], (executions, err)  # the other worker's attempt only
+    assert fenced == 1, err
 
 
 def test_onward_run_of_commands_never_loads_asyncio(tmp_path: Path) -> None:
@@ -514,55 +535,6 @@ def test_a_command_run_in_a_process_made_ahead_has_its_pid_in_the_store_before_i
             os.kill(pid, 0)
 
 
-def frozen_and_taken_over(tmp_path: Path, phase: str, elsewhere: bool) -> tuple[list[str], str, int]:
-    """Run tasks "first" and "a"; the worker freezes itself at ``phase`` of its second claim (the one whose
-    command runs in the process made ahead), another worker takes "a" over once the lease ran out, then the
-    frozen one is thawed. ``elsewhere``: the frozen worker is made to look as if it ran on another host, so
-    the taker-over cannot kill what it noted, and only its check of the claim stops it. Returns the attempts
-    "a" ran with, the thawed worker's stderr and the number of fenced events."""
-    db, runs = tmp_path / "s.db", tmp_path / "runs.log"
-    tasks = write_tasks(tmp_path / "t.txt", ["first", "a"])
-    script = '[ "$1" = first ] && exec sleep 0.3; echo "$ONWARD_ATTEMPT $$" >> "$0"'
-    argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--lease", "1", "--heartbeat", "0.2", "--",
-                       "sh", "-c", script, str(runs), "{task}")
-    frozen = subprocess.Popen(argv, env=dict(os.environ, ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT=f"{phase}:2",
-                                             **CLONE),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for(lambda: process_state(frozen.pid) == "T", 30, "the worker to freeze itself")
-        if elsewhere:
-            c = sqlite3.connect(str(db))
-            try:
-                with c:
-                    c.execute("UPDATE workers SET host = 'elsewhere', host_key = 'elsewhere' WHERE pid = ?",
-                              (frozen.pid,))
-            finally:
-                c.close()
-        wait_for(lambda: lease_over_of(db, "a"), 30, "the frozen worker's lease to run out")
-        other = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
-        assert other.returncode == 0, other.stderr.decode()
-        assert b"reclaimed" in other.stderr, other.stderr.decode()
-    finally:
-        frozen.send_signal(signal.SIGCONT)
-    _, err = frozen.communicate(timeout=60)
-    assert frozen.returncode == 0, err.decode()
-    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        assert c.execute("SELECT state, attempts FROM tasks WHERE name = 'a'").fetchone() == ("done", 2)
-        fenced = c.execute("SELECT count(*) FROM events WHERE kind = 'fenced'").fetchone()[0]
-    finally:
-        c.close()
-    return [line.split()[0] for line in runs.read_text().splitlines()], err.decode(), fenced
-
-
-def lease_over_of(db: Path, name: str) -> bool:
-    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return bool(c.execute("SELECT lease_until < ? FROM tasks WHERE name = ?", (time.time(), name)).fetchone()[0])
-    finally:
-        c.close()
-
-
 # Not among the cases: frozen just before the go (child_noted) and seen from another host. The taker-over
 # cannot kill the process then, and nothing the frozen worker does before its go can see a takeover that
 # happens after it looked: the README's caveat for a whole machine frozen ("Never overlapping").
@@ -576,6 +548,6 @@ def test_a_frozen_worker_never_runs_a_command_in_its_process_made_ahead_once_tak
     and the thawed worker journals its claim as fenced. On the same host the taker-over kills the noted
     process (the go then finds it gone, and the note of a fresh process is refused); seen from another host
     it cannot, and the thawed worker's check of its claim before the go is what stops it."""
-    executions, err, fenced = frozen_and_taken_over(tmp_path, phase, elsewhere)
+    executions, err, fenced = frozen_and_taken_over(tmp_path, phase, CLONE, ahead=True, elsewhere=elsewhere)
     assert executions == ["2"], (executions, err)
     assert fenced == 1, err

@@ -13,11 +13,14 @@ before that sync returned.
 A turn may also be taken on a task's own thread (``settle_here``): when the attempt that just finished was
 the only one running, there is nothing to group its commit with, and handing it to the loop's thread and the
 next task back to a task thread would cost two thread hand-overs per task. Its thread then settles it,
-claims and starts the next task and runs it itself. One lock (``_turn``) makes every turn, on either thread,
-the only one: the loop holds it except while it waits, so the runner's state and the store connection are
-only ever touched by one turn at a time. The loop keeps what must not depend on tasks' threads: ticks
-(leases, reclaims, cancels), deadlines, signals and the watchdog; a task's thread gives way to it (hands its
-outcome over the usual way) whenever the loop is waiting for the lock.
+claims and starts the next task and runs it itself. That is done where a commit is durable when it returns
+(PostgreSQL). Where a crash-safe commit still owes an fsync (SQLite), it is not: the loop's thread makes
+that fsync while the next task already runs on another thread, and on one thread the two would take turns
+(measured: no faster for a no-op task, slower for one that computes for 0.1 ms or more). One lock
+(``_turn``) makes every turn, on either thread, the only one: the loop holds it except while it waits, so
+the runner's state and the store connection are only ever touched by one turn at a time. The loop keeps
+what must not depend on tasks' threads: ticks (leases, reclaims, cancels), deadlines, signals and the
+watchdog; a task's thread gives way to it (hands its outcome over the usual way) once a tick is due.
 """
 
 from __future__ import annotations
@@ -117,10 +120,10 @@ class Runner:
         self._marker_held = False  # this worker made the keep-awake marker exist
         self._waits_seen = False  # the job had waiting tasks at the last heartbeat, or one parked here since
         self._wake_due_at = 0.0  # monotonic time before which waits' deadlines are not looked at again
-        # Held by whichever thread takes a turn (see the module's docstring); the loop asks for it back by
-        # setting _loop_waiting, and a task's thread that sees it hands its outcome over instead.
+        # Held by whichever thread takes a turn (see the module's docstring). Once a tick is due
+        # (_tick_due_at), a task's thread hands its outcome to the loop instead of taking the turn itself.
         self._turn = threading.Lock()
-        self._loop_waiting = False
+        self._tick_due_at = 0.0  # monotonic time of the loop's next tick
         self._waiting_until = 0.0  # monotonic time the loop's current wait ends at the latest
         self._closed = False  # run() returned: a task's thread settles nothing more
         self._lane_error: BaseException | None = None  # a turn on a task's thread failed: the loop raises it
@@ -132,8 +135,8 @@ class Runner:
 
     def settle_here(self, attempt: Attempt, outcome: Outcome) -> bool:
         """From an attempt's own thread, once it has its outcome: settle it on this thread, now, in a turn of
-        its own (commit it with the next claims, start them, sync, report), if it is the only attempt
-        running and the loop is not waiting for a turn; True then. Otherwise hand it to the loop (``post``)
+        its own (commit it with the next claims, start them, report), if it is the only attempt running, no
+        tick is due and the commit owes no fsync of its own (see the module's docstring); True then. Otherwise hand it to the loop (``post``)
         and return False. The handler may give this thread the next attempt to run (PythonHandler does)."""
         with self._turn:
             if self._closed:
@@ -161,9 +164,11 @@ class Runner:
 
     def _lane_open(self, attempt: Attempt) -> bool:
         """Whether a task's thread may take a turn for ``attempt`` (``settle_here``): it is the only attempt
-        running (nothing to group its commit with), the loop is not waiting for its own turn (a tick may be
-        due), the worker is not stopping, and no failed commit is waiting for its backoff."""
-        return (not self._loop_waiting and not self.stopping and not self._unsettled
+        running (nothing to group its commit with), the store's commits need no fsync of their own (or are
+        made durable at once, after a failed one), no tick is due (the loop takes that turn itself), the
+        worker is not stopping, and no failed commit is waiting for its backoff."""
+        return (time.monotonic() < self._tick_due_at and not self.stopping and not self._unsettled
+                and (not self.store.separate_sync or self._durable_now)
                 and len(self.attempts) == 1 and self.attempts.get(attempt.claim.task_id) is attempt
                 and time.monotonic() >= self._store_retry_at)
 
@@ -173,7 +178,7 @@ class Runner:
         transaction of its own (nothing to share the fsync with); otherwise on the loop's thread, inside its
         next group commit, so that steps of many tasks share one fsync."""
         with self._turn:
-            if len(self.attempts) == 1 and not self._loop_waiting and not self._closed \
+            if len(self.attempts) == 1 and time.monotonic() < self._tick_due_at and not self._closed \
                     and time.monotonic() >= self._store_retry_at and not self.inbox.has_calls():
                 try:
                     with self.store.batch(durable=True):
@@ -304,7 +309,7 @@ class Runner:
     def _loop(self) -> None:
         cfg = self.config
         idle_wait = 0.01
-        next_tick = time.monotonic() + cfg.heartbeat
+        next_tick = self._tick_due_at = time.monotonic() + cfg.heartbeat
         last_turn = time.monotonic()
         while True:
             now = time.monotonic()
@@ -321,11 +326,11 @@ class Runner:
                     self.store.log_event("resumed", worker_id=self.worker_id, detail=f"after {gap:.1f} s pause")
                 except StoreError as e:
                     self.log.warning(f"could not journal the pause: {e}")
-                next_tick = now
+                next_tick = self._tick_due_at = now
             last_turn = now
             if now >= next_tick:
                 self._tick()
-                next_tick = now + self._tick_period()
+                next_tick = self._tick_due_at = now + self._tick_period()
             self._enforce_deadlines(now)
             if self._stop_deadline is not None and now >= self._stop_deadline + STOP_COMMIT_SECONDS:
                 return  # stopping, and the store kept failing: leave what is not committed (see the constant)
@@ -384,9 +389,7 @@ class Runner:
         try:
             ready = self.selector.select(timeout)
         finally:
-            self._loop_waiting = True  # a task's thread that gets the lock first hands its outcome over
             self._turn.acquire()
-            self._loop_waiting = False
         for key, _ in ready:
             key.data()  # the inbox's wake-up, new work in the store, or a child's pipe or exit
 

@@ -1,16 +1,23 @@
-"""Turns taken on a task's own thread (``Runner.settle_here``): at concurrency 1 the thread of a Python task
-that finished settles it and runs the next task itself, while the worker loop sleeps. What the loop does for
-every attempt must still be done for those: their timeouts, and the heartbeats that renew their leases."""
+"""Turns taken on a task's own thread (``Runner.settle_here``): at concurrency 1 on PostgreSQL the thread of a
+Python task that finished settles it and runs the next task itself, while the worker loop sleeps. What the
+loop does for every attempt must still be done for those: their timeouts and the heartbeats that renew their
+leases. And on SQLite, where the loop's thread commits and syncs while the next task runs, no completion is
+told before a sync that covers it."""
 
 from __future__ import annotations
 
-import sqlite3
+import io
+import os
+import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from onward import Job, TaskContext
-from onward.log import QUIET
+from onward.log import NORMAL, QUIET, Log
 
 
 def test_a_task_started_by_the_thread_of_the_one_before_still_times_out(store_url: str) -> None:
@@ -37,11 +44,13 @@ def test_a_task_started_by_the_thread_of_the_one_before_still_times_out(store_ur
     job.close()
 
 
-def test_the_worker_heartbeats_while_tasks_settle_on_their_own_threads(tmp_path: Path) -> None:
-    # Thousands of short tasks, each settled by its own thread: the loop must still get the turn every
-    # heartbeat (0.1 s) to renew leases. Read from outside, the worker's heartbeat keeps moving.
-    db = str(tmp_path / "s.db")
-    job = Job(db, log_level=QUIET, heartbeat=0.1)
+def test_the_worker_heartbeats_while_tasks_settle_on_their_own_threads(store_url: str) -> None:
+    # Thousands of short tasks, each settled by its own thread (on PostgreSQL; on SQLite by the loop): the
+    # loop must still get its turn every heartbeat (0.1 s) to renew leases. Read from outside, through a
+    # second handle, the worker's heartbeat keeps moving.
+    from onward.store import open_store
+
+    job = Job(store_url, log_level=QUIET, heartbeat=0.1)
 
     @job.task
     def handle(task: str, ctx: TaskContext) -> str:
@@ -53,12 +62,10 @@ def test_the_worker_heartbeats_while_tasks_settle_on_their_own_threads(tmp_path:
     done = threading.Event()
 
     def watch() -> None:
-        reader = sqlite3.connect(db)
+        reader = open_store(store_url)
         while not done.is_set():
-            try:
-                heartbeats.update(r[0] for r in reader.execute("SELECT heartbeat_at FROM workers"))
-            except sqlite3.OperationalError:
-                pass  # busy for a moment: look again
+            now = reader.now()
+            heartbeats.update(round(now - w.heartbeat_age, 2) for w in reader.workers())
             time.sleep(0.02)
         reader.close()
 
@@ -74,4 +81,63 @@ def test_the_worker_heartbeats_while_tasks_settle_on_their_own_threads(tmp_path:
     assert summary.done == 3000
     # One heartbeat every 0.1 s over the run; at least a third of them seen by a reader polling every 20 ms.
     assert len(heartbeats) >= max(3, int(elapsed / 0.1 / 3)), (len(heartbeats), elapsed)
+    job.close()
+
+
+class _Stamped(io.StringIO):
+    """A log stream that notes when each ``done task=NAME`` line was written (time.monotonic)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reported: dict[str, float] = {}
+
+    def write(self, text: str) -> int:
+        now = time.monotonic()
+        match = re.search(r' done task="([^"]+)"', text)
+        if match:
+            self.reported[match[1]] = now
+        return super().write(text)
+
+
+def test_no_completion_is_reported_before_a_sync_begun_after_its_commit(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At concurrency 1 the loop commits a task's outcome crash-safe with the next claim, starts that task,
+    then syncs, while the task runs. Each `done` line is written after an fdatasync of the log that began
+    after that task's commit returned, and had returned itself: the rule that makes a reported completion
+    survive a power cut (tests/crash/test_power_cut.py checks the same from the outside)."""
+    db = str(tmp_path / "s.db")
+    syncs: list[tuple[float, float]] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: Any) -> None:  # os.fdatasync's own type
+        began = time.monotonic()
+        real_fdatasync(fd)
+        syncs.append((began, time.monotonic()))
+
+    stream = _Stamped()
+    job = Job(db, log_level=NORMAL)
+    job.log = Log(NORMAL, stream)
+    committed: dict[str, float] = {}
+    store = job.store
+    real_complete_and_claim = store.complete_and_claim
+
+    def complete_and_claim(done: Any, *args: Any, **kwargs: Any) -> Any:
+        value = real_complete_and_claim(done, *args, **kwargs)
+        committed[done.name] = time.monotonic()
+        return value
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        return task
+
+    job.add(f"t{i:04d}" for i in range(2000))
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(store, "complete_and_claim", complete_and_claim)
+    summary = job.run()
+    assert summary.done == 2000
+    assert len(stream.reported) == 2000 and set(committed) <= set(stream.reported)
+    for name, at in committed.items():
+        reported = stream.reported[name]
+        assert any(at <= began and ended <= reported for began, ended in syncs), \
+            f"{name}: committed at {at}, reported at {reported}, with no sync in between"
     job.close()

@@ -1,8 +1,7 @@
-"""Turns taken on a task's own thread (``Runner.settle_here``): at concurrency 1 on PostgreSQL the thread of a
-Python task that finished settles it and runs the next task itself, while the worker loop sleeps. What the
-loop does for every attempt must still be done for those: their timeouts and the heartbeats that renew their
-leases. And on SQLite, where the loop's thread commits and syncs while the next task runs, no completion is
-told before a sync that covers it."""
+"""Turns taken on a task's own thread (``Runner.settle_here``): at concurrency 1 the thread of a Python task
+that finished settles it and runs the next task itself, while the worker loop sleeps. What the loop does for
+every attempt must still be done for those: their timeouts and the heartbeats that renew their leases. And on
+SQLite, whichever thread commits, no completion is told before a sync that covers it."""
 
 from __future__ import annotations
 
@@ -45,7 +44,7 @@ def test_a_task_started_by_the_thread_of_the_one_before_still_times_out(store_ur
 
 
 def test_the_worker_heartbeats_while_tasks_settle_on_their_own_threads(store_url: str) -> None:
-    # Thousands of short tasks, each settled by its own thread (on PostgreSQL; on SQLite by the loop): the
+    # Thousands of short tasks, each settled by its own thread: the
     # loop must still get its turn every heartbeat (0.1 s) to renew leases. Read from outside, through a
     # second handle, the worker's heartbeat keeps moving.
     from onward.store import open_store
@@ -99,10 +98,39 @@ class _Stamped(io.StringIO):
         return super().write(text)
 
 
+def test_at_concurrency_1_a_task_commits_its_own_outcome_on_its_own_thread(store_url: str) -> None:
+    # The point of the lane: no hand-over to the loop's thread (here the thread calling job.run) and back
+    # between two tasks. With the heartbeat far away, each completion is committed (with the next claim) by
+    # the thread that ran the task, not by the loop's.
+    job = Job(store_url, log_level=QUIET, heartbeat=30)
+    task_threads: dict[str, int] = {}
+    commit_threads: dict[str, int] = {}
+    store = job.store
+    real_complete_and_claim = store.complete_and_claim
+
+    def complete_and_claim(done: Any, *args: Any, **kwargs: Any) -> Any:
+        commit_threads[done.name] = threading.get_ident()
+        return real_complete_and_claim(done, *args, **kwargs)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        task_threads[task] = threading.get_ident()
+        return task
+
+    job.add(f"t{i:04d}" for i in range(300))
+    store.complete_and_claim = complete_and_claim  # type: ignore[method-assign]
+    assert job.run().done == 300
+    loop_thread = threading.get_ident()
+    assert len(commit_threads) >= 290  # one call per completion (the last may be settled another way)
+    own = sum(1 for name, ident in commit_threads.items() if ident == task_threads[name] != loop_thread)
+    assert own >= 290, f"only {own} of 300 completions were committed by the task's own thread"
+    job.close()
+
+
 def test_no_completion_is_reported_before_a_sync_begun_after_its_commit(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """At concurrency 1 the loop commits a task's outcome crash-safe with the next claim, starts that task,
-    then syncs, while the task runs. Each `done` line is written after an fdatasync of the log that began
+    """At concurrency 1 a task's thread commits its outcome crash-safe with the next claim, starts that task,
+    then syncs (the loop does the same, syncing while the next task runs, when a tick is due). Each `done` line is written after an fdatasync of the log that began
     after that task's commit returned, and had returned itself: the rule that makes a reported completion
     survive a power cut (tests/crash/test_power_cut.py checks the same from the outside)."""
     db = str(tmp_path / "s.db")

@@ -232,10 +232,6 @@ class Connection(Protocol):
         everything back. Claims inside a batch take effect with it. Nests: only the outermost batch commits,
         and only its ``durable`` counts."""
 
-    # Whether a crash-safe commit (``batch(durable=False)``) owes a ``sync`` of its own: True where the
-    # commit reaches stable storage only with that (SQLite), False where every commit does (PostgreSQL).
-    separate_sync: bool
-
     def sync(self) -> None:
         """Make every write this handle committed so far durable; returns once it is on stable storage.
 

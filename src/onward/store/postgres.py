@@ -113,8 +113,6 @@ class PostgresStore(SqlStore):
     """``Store`` on a PostgreSQL database, in its schema ``onward``. One instance is one connection (plus
     its LISTEN connection once ``wakeup_fd`` is asked for): use it from one thread."""
 
-    separate_sync = False  # every commit is synchronous (see _batch_transaction)
-
     _stall_ceiling_ms = STALL_CEILING_MS
 
     def __init__(self, url: str, *, create: bool = True, job: str = "default") -> None:

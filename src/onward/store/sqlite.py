@@ -114,8 +114,6 @@ def _translate(e: BaseException, path: str) -> StoreError:
 class SqliteStore(SqlStore):
     """``Store`` on one SQLite file. One instance is one connection: use it from one thread."""
 
-    separate_sync = True
-
     def __init__(self, url: str, *, create: bool = True, upgrade: bool = False, job: str = "default") -> None:
         self.path = path_from_url(url)
         self.url = self.path

@@ -176,4 +176,9 @@ class Handler(Protocol):
         worker notes it with its next claim (``Store.claim``'s ``child``), and ``start`` of the claim that
         says so (``Claim.child_pid``) runs that attempt in it. None for a handler without such processes."""
 
+    def discard_spare(self) -> None:
+        """End the process ``spare_child`` gave, unstarted: a commit that noted it failed, and may yet have
+        been committed (a connection lost during COMMIT), so the store may name it under a claim this
+        worker does not know it holds, which whoever reclaims that claim will kill."""
+
 

@@ -208,6 +208,9 @@ class PythonHandler:
     def spare_child(self) -> None:
         return None  # a Python task runs in a thread
 
+    def discard_spare(self) -> None:
+        pass
+
     def close(self) -> None:
         if self._event_loop is not None:
             self._event_loop.close()

@@ -281,6 +281,9 @@ class CommandHandler:
     def spare_child(self) -> tuple[int, int] | None:
         return self._starter.spare_child()
 
+    def discard_spare(self) -> None:
+        self._starter.discard_spare()
+
     def start(self, claim: Claim, loop: Loop) -> Attempt:
         argv = [arg.replace("{task}", claim.name) for arg in self.argv]
         # Not created here (a file per task would cost a create and a delete each): the command creates

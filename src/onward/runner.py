@@ -421,8 +421,13 @@ class Runner:
             else:
                 claims = self._settle_and_claim_in_batch(calls, finished, want, started, after_commit, child)
         except StoreError as e:
-            # Nothing was committed: keep the outcomes and try again after a backoff; the tasks that
-            # asked for writes are told, since they wait on them.
+            # Taken as not committed: keep the outcomes and try again after a backoff; the tasks that
+            # asked for writes are told, since they wait on them. A COMMIT whose answer was lost may still
+            # have been carried out (the server held it while paused): its claims are then reclaimed once
+            # their leases run out, harmlessly, for nothing ran for them; but a process made ahead and noted
+            # there would be killed by that reclaim, whatever command it runs by then. It is not used.
+            if child is not None:
+                self.handler.discard_spare()
             self._back_off(e)
             self._unsettled = finished
             for _, future in calls:

@@ -551,3 +551,51 @@ def test_a_frozen_worker_never_runs_a_command_in_its_process_made_ahead_once_tak
     executions, err, fenced = frozen_and_taken_over(tmp_path, phase, CLONE, ahead=True, elsewhere=elsewhere)
     assert executions == ["2"], (executions, err)
     assert fenced == 1, err
+
+
+def test_a_process_made_ahead_is_not_used_once_a_commit_that_noted_it_lost_its_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit whose answer is lost (a PostgreSQL server paused during COMMIT, then resumed) may have been
+    carried out all the same: the store then holds a claim this worker does not know of, naming its process
+    made ahead, and whoever reclaims that claim once its lease ran out kills the process it names. So the
+    worker must not run the next command in that process. Here one commit that completes a task, claims the
+    next and notes the process made ahead is carried out, and its caller is told it failed, as that lost
+    answer would tell it (in this process: the store's own class, wrapped). Every task then runs exactly
+    once, none killed: with the process reused, the reclaim of the unknown claim killed the command running
+    in it, and that task ran twice (found by make torture, test_postgres_faults' paused server)."""
+    from onward import clonespawn
+    if not clonespawn.available():
+        pytest.skip("the clone path is not available here (test_the_clone_path_is_built_here says why)")
+    import inspect
+
+    from onward.commands import run_command
+    from onward.config import RunConfig
+    from onward.errors import StoreUnavailable
+    from onward.log import QUIET, Log
+    from onward.store.sqlite import SqliteStore
+
+    db, starts, tasks = tmp_path / "s.db", tmp_path / "starts", tmp_path / "tasks.txt"
+    names = [f"t{i}" for i in range(6)]
+    tasks.write_text("".join(f"{name}\n" for name in names))
+    real = SqliteStore.complete_and_claim
+    lost: list[str] = []
+
+    def complete_and_claim(self: SqliteStore, *args: object, **kwargs: object) -> object:
+        value = real(self, *args, **kwargs)  # type: ignore[arg-type]
+        child = inspect.signature(real).bind(self, *args, **kwargs).arguments.get("child")
+        if not lost and child is not None and value[1]:
+            lost.append(value[1][0].name)
+            raise StoreUnavailable("the server's answer was lost (test)")
+        return value
+
+    monkeypatch.setattr(SqliteStore, "complete_and_claim", complete_and_claim)
+    config = RunConfig(heartbeat=0.2, lease=1.0, install_signal_handlers=False)
+    code = run_command(config, Log(QUIET), db=str(db), tasks_file=str(tasks),
+                       command=["sh", "-c", 'echo "$ONWARD_TASK" >> "$0"; exec sleep 1.5', str(starts)])
+    assert lost, "no commit noted a process made ahead"
+    ran = starts.read_text().split()
+    assert sorted(ran) == names, f"each task should run once; ran: {ran} (the unknown claim was {lost[0]})"
+    assert code == 0
+    c = sqlite3.connect(db)
+    assert c.execute("SELECT count(*) FROM tasks WHERE state = 'done'").fetchone()[0] == len(names)
+    c.close()

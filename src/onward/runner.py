@@ -16,11 +16,11 @@ next task back to a task thread would cost two thread hand-overs per task. Its t
 (commit with the next claim, start it, sync, report) and runs the next task itself. On SQLite the sync is
 then made before the next task runs instead of while it runs; measured against the loop's turn, same code,
 concurrency 1: no-op tasks 1.2-1.8x the throughput at 100,000 tasks, tasks computing 0.1 ms 1.5x (medians;
-the saved hand-overs outweigh the lost overlap). One lock
-(``_turn``) makes every turn, on either thread, the only one: the loop holds it except while it waits, so
-the runner's state and the store connection are only ever touched by one turn at a time. The loop keeps
-what must not depend on tasks' threads: ticks (leases, reclaims, cancels), deadlines, signals and the
-watchdog; a task's thread gives way to it (hands its outcome over the usual way) once a tick is due.
+the saved hand-overs outweigh the lost overlap). One lock (``_turn``) makes every turn, on either thread, the
+only one: the loop holds it except while it waits, so the runner's state and the store connection are only
+ever touched by one turn at a time. The loop keeps what must not depend on tasks' threads: ticks (leases,
+reclaims, cancels), deadlines, signals and the watchdog; a task's thread gives way to it (hands its outcome
+over the usual way) once a tick is due.
 """
 
 from __future__ import annotations

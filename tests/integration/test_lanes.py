@@ -44,9 +44,9 @@ def test_a_task_started_by_the_thread_of_the_one_before_still_times_out(store_ur
 
 
 def test_the_worker_heartbeats_while_tasks_settle_on_their_own_threads(store_url: str) -> None:
-    # Thousands of short tasks, each settled by its own thread: the
-    # loop must still get its turn every heartbeat (0.1 s) to renew leases. Read from outside, through a
-    # second handle, the worker's heartbeat keeps moving.
+    # Thousands of short tasks, each settled by its own thread: the loop must still get its turn every
+    # heartbeat (0.1 s) to renew leases. Read from outside, through a second handle, the worker's heartbeat
+    # keeps moving.
     from onward.store import open_store
 
     job = Job(store_url, log_level=QUIET, heartbeat=0.1)
@@ -130,9 +130,10 @@ def test_at_concurrency_1_a_task_commits_its_own_outcome_on_its_own_thread(store
 def test_no_completion_is_reported_before_a_sync_begun_after_its_commit(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """At concurrency 1 a task's thread commits its outcome crash-safe with the next claim, starts that task,
-    then syncs (the loop does the same, syncing while the next task runs, when a tick is due). Each `done` line is written after an fdatasync of the log that began
-    after that task's commit returned, and had returned itself: the rule that makes a reported completion
-    survive a power cut (tests/crash/test_power_cut.py checks the same from the outside)."""
+    then syncs (the loop does the same, syncing while the next task runs, when a tick is due). Each `done`
+    line is written after an fdatasync of the log that began after that task's commit returned, and had
+    returned itself: the rule that makes a reported completion survive a power cut
+    (tests/crash/test_power_cut.py checks the same from the outside)."""
     db = str(tmp_path / "s.db")
     syncs: list[tuple[float, float]] = []
     real_fdatasync = os.fdatasync

@@ -31,6 +31,7 @@ class LoopInbox:
         self._calls: deque[StoreCall] = deque()
         self._taken_calls: list[StoreCall] = []  # taken by the loop, not yet run in a commit
         self._refusing = False
+        self._closed = False
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # The loop's own thread posts too (a command's exit is seen there): it looks at the inbox before it
         # waits again (``has_finished``), so it needs no wake-up through the pipe, a write and a read per task.
@@ -38,11 +39,14 @@ class LoopInbox:
 
     # --- from any thread -----------------------------------------------------------------------------
     def post(self, attempt: Attempt, outcome: Outcome) -> None:
-        """Hand a finished attempt to the loop."""
+        """Hand a finished attempt to the loop; once the loop has closed the inbox, drop it (the worker gave
+        back what was still running on its way out)."""
         with self._lock:
+            if self._closed:
+                return
             self._finished.append((attempt, outcome))
-        if threading.get_ident() != self.loop_thread:
-            self.wake()
+            if threading.get_ident() != self.loop_thread:
+                self.wake()  # under the lock: close() cannot close the pipe between the look and the write
 
     def has_finished(self) -> bool:
         """Whether an attempt was posted and not taken yet (the loop asks before it waits)."""
@@ -57,10 +61,10 @@ class LoopInbox:
         and return the value (or raise what ``fn`` or the commit raised)."""
         future: Future[T] = Future()
         with self._lock:
-            if self._refusing:
+            if self._refusing or self._closed:
                 raise Fenced("the worker has stopped; nothing more can be recorded for this attempt")
             self._calls.append((fn, future))
-        self.wake()
+            self.wake()
         return future.result()
 
     def wake(self) -> None:
@@ -102,5 +106,7 @@ class LoopInbox:
             self._taken_calls = []
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         os.close(self.wake_r)
         os.close(self.wake_w)

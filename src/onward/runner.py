@@ -138,6 +138,14 @@ class Runner:
         its own (commit it with the next claims, start them, sync, report), if it is the only attempt running
         and no tick is due (see the module's docstring); True then. Otherwise hand it to the loop (``post``) and
         return False. The handler may give this thread the next attempt to run (PythonHandler does)."""
+        if len(self.attempts) != 1:
+            # Others run beside it: the loop commits its outcome with theirs. Looked at before taking the turn
+            # (a read without the lock; when it says one, the lock's look below decides), so that a task's
+            # thread does not wait for the loop's turn only to hand its outcome over: at concurrency 4 that
+            # wait cost each task two more context switches (no-op tasks, 20,000: 83,000 voluntary switches
+            # against 28,000, 3.4 s against 2.85 s).
+            self.inbox.post(attempt, outcome)
+            return False
         with self._turn:
             if self._closed:
                 return False  # the worker left; the attempt was given back on the way out
@@ -162,29 +170,34 @@ class Runner:
                 self.wake()
             return True
 
+    def _alone(self) -> bool:
+        """With the turn held: whether a task's thread may commit on its own now. One attempt is running
+        (nothing to group its commit with), no tick is due (the loop takes that turn itself) and no failed
+        commit is waiting for its backoff."""
+        now = time.monotonic()
+        return len(self.attempts) == 1 and self._store_retry_at <= now < self._tick_due_at
+
     def _lane_open(self, attempt: Attempt) -> bool:
-        """Whether a task's thread may take a turn for ``attempt`` (``settle_here``): it is the only attempt
-        running (nothing to group its commit with), no tick is due (the loop takes that turn itself), the
-        worker is not stopping, and no failed commit is waiting for its backoff."""
-        return (time.monotonic() < self._tick_due_at and not self.stopping and not self._unsettled
-                and len(self.attempts) == 1 and self.attempts.get(attempt.claim.task_id) is attempt
-                and time.monotonic() >= self._store_retry_at)
+        """Whether a task's thread may take a turn for ``attempt`` (``settle_here``): it is alone (``_alone``)
+        and that one attempt, the worker is not stopping, and no outcome waits to be committed again."""
+        return (self._alone() and self.attempts.get(attempt.claim.task_id) is attempt and not self.stopping
+                and not self._unsettled)
 
     def store_call(self, fn: Callable[[Store], T]) -> T:
         """From a task's thread: run ``fn(store)`` and return its value once its commit is durable. This is
         how a task records steps. While the task is the only one running, on its own thread in a durable
         transaction of its own (nothing to share the fsync with); otherwise on the loop's thread, inside its
         next group commit, so that steps of many tasks share one fsync."""
-        with self._turn:
-            if len(self.attempts) == 1 and time.monotonic() < self._tick_due_at and not self._closed \
-                    and time.monotonic() >= self._store_retry_at and not self.inbox.has_calls():
-                try:
-                    with self.store.batch(durable=True):
-                        return fn(self.store)
-                except StoreError as e:
-                    self._back_off(e)
-                    self.wake()
-                    raise
+        if len(self.attempts) == 1:  # a look without the lock, as in settle_here: others run, no turn to wait for
+            with self._turn:
+                if not self._closed and self._alone() and not self.inbox.has_calls():
+                    try:
+                        with self.store.batch(durable=True):
+                            return fn(self.store)
+                    except StoreError as e:
+                        self._back_off(e)
+                        self.wake()
+                        raise
         return self.inbox.store_call(fn)
 
     def note_child(self, claim: Claim, pid: int, start: int) -> None:

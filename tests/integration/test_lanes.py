@@ -170,3 +170,45 @@ def test_no_completion_is_reported_before_a_sync_begun_after_its_commit(tmp_path
         assert any(at <= began and ended <= reported for began, ended in syncs), \
             f"{name}: committed at {at}, reported at {reported}, with no sync in between"
     job.close()
+
+
+def test_a_task_finishing_beside_another_hands_its_outcome_over_without_waiting_for_the_loops_turn(
+        store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With another task running, a finished task's outcome is the loop's to commit (with the others', in one
+    # commit): its thread has nothing to do but hand it over, and must not first wait for the loop's turn to
+    # end (at concurrency 4 that wait cost each task two more context switches). The loop is held here in the
+    # middle of a turn, the heartbeat's lease renewal, until "quick", told to finish then, has handed over.
+    from onward.inbox import LoopInbox
+
+    handed_over = threading.Event()
+    real_post = LoopInbox.post
+
+    def post(self: LoopInbox, attempt: Any, outcome: Any) -> None:
+        real_post(self, attempt, outcome)
+        if attempt.claim.name == "quick":
+            handed_over.set()
+
+    monkeypatch.setattr(LoopInbox, "post", post)
+    finish_quick, finish_slow = threading.Event(), threading.Event()
+    seen_during_turn: list[bool] = []
+    job = Job(store_url, log_level=QUIET, concurrency=2, heartbeat=0.2)
+    store = job.store
+    real_renew = store.renew
+
+    def renew(worker_id: int, leases: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(leases) == 2 and not seen_during_turn:  # both tasks run: hold this turn until quick has handed over
+            finish_quick.set()
+            seen_during_turn.append(handed_over.wait(10))
+            finish_slow.set()
+        return real_renew(worker_id, leases, *args, **kwargs)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        assert (finish_quick if task == "quick" else finish_slow).wait(60)
+        return task
+
+    job.add(["quick", "slow"])
+    monkeypatch.setattr(store, "renew", renew)
+    assert job.run().done == 2
+    assert seen_during_turn == [True], "quick's thread waited for the loop's turn to hand its outcome over"
+    job.close()

@@ -10,6 +10,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,18 @@ import pytest
 
 from onward import Job, TaskContext
 from onward.log import NORMAL, QUIET, Log
+
+
+def _noting_each_commit(store: Any, note: Callable[[str], None]) -> Callable[..., Any]:
+    """A stand-in for ``store.complete_and_claim`` that calls ``note`` with the completed task's name once the
+    real call returned (on the thread that made it)."""
+    real_complete_and_claim = store.complete_and_claim
+
+    def complete_and_claim(done: Any, *args: Any, **kwargs: Any) -> Any:
+        value = real_complete_and_claim(done, *args, **kwargs)
+        note(done.name)
+        return value
+    return complete_and_claim
 
 
 def test_a_task_started_by_the_thread_of_the_one_before_still_times_out(store_url: str) -> None:
@@ -106,11 +119,7 @@ def test_at_concurrency_1_a_task_commits_its_own_outcome_on_its_own_thread(store
     task_threads: dict[str, int] = {}
     commit_threads: dict[str, int] = {}
     store = job.store
-    real_complete_and_claim = store.complete_and_claim
-
-    def complete_and_claim(done: Any, *args: Any, **kwargs: Any) -> Any:
-        commit_threads[done.name] = threading.get_ident()
-        return real_complete_and_claim(done, *args, **kwargs)
+    complete_and_claim = _noting_each_commit(store, lambda name: commit_threads.update({name: threading.get_ident()}))
 
     @job.task
     def handle(task: str, ctx: TaskContext) -> str:
@@ -148,12 +157,7 @@ def test_no_completion_is_reported_before_a_sync_begun_after_its_commit(tmp_path
     job.log = Log(NORMAL, stream)
     committed: dict[str, float] = {}
     store = job.store
-    real_complete_and_claim = store.complete_and_claim
-
-    def complete_and_claim(done: Any, *args: Any, **kwargs: Any) -> Any:
-        value = real_complete_and_claim(done, *args, **kwargs)
-        committed[done.name] = time.monotonic()
-        return value
+    complete_and_claim = _noting_each_commit(store, lambda name: committed.update({name: time.monotonic()}))
 
     @job.task
     def handle(task: str, ctx: TaskContext) -> str:

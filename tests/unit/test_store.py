@@ -410,6 +410,25 @@ def test_journal_and_stats(store: Store) -> None:
     assert store.stats().workers == []
 
 
+def test_a_batch_journals_every_event_in_order_however_many(store: Store) -> None:
+    """A batch keeps its events in memory and writes them just before its commit, in chunks of at most
+    ``EVENTS_PER_INSERT`` rows: more than two chunks' worth, with their times, come back in order; a batch
+    that fails writes none of its events."""
+    store.add(["a"])
+    w = worker(store)
+    before = store.now()
+    with store.batch():
+        for i in range(2_345):
+            store.log_event("note", worker_id=w, detail=str(i))
+    notes = [e for e in store.events(limit=5_000) if e.kind == "note"]
+    assert [e.detail for e in notes] == [str(i) for i in range(2_345)]
+    assert all(before - 1 <= e.at <= store.now() + 1 for e in notes)
+    with pytest.raises(RuntimeError), store.batch():
+        store.log_event("lost", worker_id=w)
+        raise RuntimeError("the batch fails")
+    assert not [e for e in store.events(limit=5_000) if e.kind == "lost"]
+
+
 def test_source_marks(store: Store) -> None:
     assert store.get_source("/x") is None
     mark = SourceMark("1:2", 10, 3, 123, "h", "t")

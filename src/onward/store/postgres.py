@@ -60,7 +60,7 @@ from .pgconn import (
 )
 from .rows import event_of
 from .sql import load_queries, migration
-from .sqlbase import SCHEMA_VERSION, SqlStore, added_message, check_schema_version, translating
+from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version, translating
 
 if TYPE_CHECKING:
     import psycopg
@@ -128,7 +128,6 @@ class PostgresStore(SqlStore):
         self._closing = threading.Event()
         self._last_error = ""
         self._listener: Listener | None = None
-        self._events: list[tuple[Any, ...]] = []  # journal rows buffered by the open batch
         self._stall_ms = STALL_CEILING_MS  # the bound wanted on how long a call may wait
         self._tuned_ms: int | None = None  # the bound the current connection applies (None: defaults)
         self._stall_watch: StallWatch | None = None  # started once the runner names a lease
@@ -320,15 +319,9 @@ class PostgresStore(SqlStore):
         # waits on the round trip here, not on the server's flush, and PostgreSQL offers no cheap way to
         # wait later for an asynchronous commit's flush.
         # (Not in pipeline mode: it would save two round trips of five, but costs psycopg more CPU than that
-        # on a busy machine; measured slower here.) The journal rows buffered by the batch go in last.
-        self._events = []
+        # on a busy machine; measured slower here.)
         with self._transaction(durable=True):
-            try:
-                yield
-                if self._events:
-                    _insert_events(self._in_tx or self._live(), self._events, self._job_id)
-            finally:
-                self._events = []
+            yield
 
     def _on_its_own(self, name: str, params: dict[str, Any]) -> list[Any]:
         return self._exec(name, params).fetchall()  # autocommit: the statement is its own transaction
@@ -339,16 +332,8 @@ class PostgresStore(SqlStore):
     def _work_ready(self) -> None:
         self._exec("notify", {"channel": CHANNEL})
 
-    def _journal(self, kind: str, *, task_id: int | None = None, worker_id: int | None = None,
-                 attempt: int | None = None, detail: str | None = None, pid: int | None = None,
-                 host: str | None = None) -> None:
-        """Inside a batch the event waits in memory, and all of the batch's events are written by one
-        statement just before its commit (the journal costs a batch one round trip, not one per event)."""
-        row = (kind, pid or os.getpid(), host or hostname(), worker_id, task_id, attempt, detail)
-        if self._batch_depth:
-            self._events.append(row)
-        else:
-            _insert_events(self._in_tx or self._live(), [row], self._job_id)
+    def _insert_events(self, events: Sequence[JournalRow]) -> None:
+        _insert_events(self._in_tx or self._live(), events, self._job_id)
 
     # --- the schema ----------------------------------------------------------------------------------
     def _ensure_schema(self, create: bool) -> None:
@@ -575,19 +560,19 @@ def _one(cur: psycopg.Cursor[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-def _insert_events(conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]], job_id: int) -> None:
-    """Journal rows (kind, pid, host, worker_id, task_id, attempt, detail) of one job, in order: one statement
-    per run of rows from the same process (in practice, one for the whole batch)."""
+def _insert_events(conn: psycopg.Connection[Any], rows: Sequence[JournalRow], job_id: int) -> None:
+    """Journal rows of one job, in order: one statement per run of rows from the same process (in practice,
+    one for the whole batch). The server stamps each row's time."""
     start = 0
     while start < len(rows):
-        pid, host = rows[start][1:3]
+        pid, host = rows[start].pid, rows[start].host
         end = start + 1
-        while end < len(rows) and end - start < EVENTS_PER_INSERT and rows[end][1:3] == (pid, host):
+        while end < len(rows) and end - start < EVENTS_PER_INSERT and (rows[end].pid, rows[end].host) == (pid, host):
             end += 1
         values: dict[str, Any] = {"pid": pid, "host": host, "job": job_id}
-        for i, (kind, _, _, worker_id, task_id, attempt, detail) in enumerate(rows[start:end]):
-            values.update({f"kind_{i}": kind, f"worker_id_{i}": worker_id, f"task_id_{i}": task_id,
-                           f"attempt_{i}": attempt, f"detail_{i}": detail})
+        for i, row in enumerate(rows[start:end]):
+            values.update({f"kind_{i}": row.kind, f"worker_id_{i}": row.worker_id, f"task_id_{i}": row.task_id,
+                           f"attempt_{i}": row.attempt, f"detail_{i}": row.detail})
         conn.execute(_events_sql(end - start), values)
         start = end
 

@@ -342,12 +342,13 @@ SELECT count(*) FROM changed;
 -- SKIP LOCKED: workers claiming at the same moment each lock different rows instead of queueing on the
 -- same ones; the locked row's state is re-checked under the lock, so no two workers ever hold one task.
 -- A paused job claims nothing: checked here, once per statement, rather than by a read of its own.
+-- child_pid/child_start: as in complete_and_claim.
 WITH changed AS (
     UPDATE onward.tasks AS t
        SET state = 'running', attempts = t.attempts + 1, fence = t.fence + 1, max_attempts = %(max_attempts)s,
            worker_id = %(worker_id)s, lease_until = onward.epoch() + %(lease)s, heartbeat_at = onward.epoch(),
-           progress_at = onward.epoch(), note = NULL, started_at = onward.epoch(), child_pid = NULL,
-           child_start = NULL, cancel_requested = false
+           progress_at = onward.epoch(), note = NULL, started_at = onward.epoch(), child_pid = %(child_pid)s,
+           child_start = %(child_start)s, cancel_requested = false
      WHERE t.id IN (SELECT id FROM onward.tasks
                      WHERE job_id = %(job)s AND state = 'pending' AND ready_at <= onward.epoch()
                        AND NOT (SELECT paused FROM onward.jobs WHERE id = %(job)s)

@@ -13,7 +13,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ..errors import SchemaTooNew, SchemaTooOld, StoreError, StoreMissing
 from ..proc import hostname
@@ -59,6 +59,20 @@ FEW_PENDING = 50_000
 ACTIVITY_SETTLE = 300.0
 M = TypeVar("M", bound=Callable[..., Any])
 _IN_THE_BATCH = nullcontext()  # a write inside a batch: the batch's commit covers it
+
+
+class JournalRow(NamedTuple):
+    """One event for the journal, as ``_journal`` was given it (``at``: the time of that call on SQLite;
+    None on PostgreSQL, where the server stamps the row)."""
+
+    kind: str
+    pid: int
+    host: str
+    worker_id: int | None
+    task_id: int | None
+    attempt: int | None
+    detail: str | None
+    at: float | None
 
 
 def stall_ms(lease_seconds: float, ceiling_ms: int | None = None) -> int:
@@ -128,6 +142,7 @@ class SqlStore:
     # activity(): per bucket size, the time up to which buckets are closed, and their completions
     _activity_kept: dict[int, tuple[float, dict[float, int]]]
     _batch_depth = 0
+    _events: list[JournalRow]  # the journal rows of the open batch, written just before its commit
     _sync_owed = False  # a batch was committed crash-safe (durable=False) since the last sync
     _stall_ms: int | None = None  # the bound on one call's wait, once the runner named a lease
     _stall_ceiling_ms: int | None = None  # the longest that bound may be, whatever the lease
@@ -191,9 +206,19 @@ class SqlStore:
     def _journal(self, kind: str, *, task_id: int | None = None, worker_id: int | None = None,
                  attempt: int | None = None, detail: str | None = None, pid: int | None = None,
                  host: str | None = None) -> None:
-        """Append one event to the journal in the open transaction."""
-        self._exec("log_event", {**self._clock(), "kind": kind, "pid": pid or os.getpid(), "host": host or hostname(),
-                                 "worker_id": worker_id, "task_id": task_id, "attempt": attempt, "detail": detail})
+        """Append one event to the journal in the open transaction. Inside a batch the event waits in memory,
+        and the batch writes all of its events with one statement just before its commit: the journal costs
+        a completion and its next claim one statement, not one per event."""
+        event = JournalRow(kind, pid or os.getpid(), host or hostname(), worker_id, task_id, attempt, detail,
+                           self._clock().get("now"))
+        if self._batch_depth:
+            self._events.append(event)
+        else:
+            self._insert_events([event])
+
+    def _insert_events(self, events: Sequence[JournalRow]) -> None:
+        """Write journal rows, in the order given, in the open transaction."""
+        raise NotImplementedError
 
     # --- errors and transactions ---------------------------------------------------------------------
     @contextmanager
@@ -219,10 +244,14 @@ class SqlStore:
             return
         with self._translated(), self._batch_transaction(durable):
             self._batch_depth = 1
+            self._events = []
             try:
                 yield
+                if self._events:
+                    self._insert_events(self._events)
             finally:
                 self._batch_depth = 0
+                self._events = []
         self._sync_owed = not durable  # a durable commit covers the crash-safe ones before it: the log is sequential
 
     def _batch_transaction(self, durable: bool) -> AbstractContextManager[None]:
@@ -316,9 +345,12 @@ class SqlStore:
     def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int,
               child: tuple[int, int] | None = None) -> list[Claim]:
         self._set_lease(lease_seconds)
+        # A process made ahead for one claim is noted by the claim itself; for more, on the first task after.
+        one = child if limit == 1 else None
         params = {**self._clock(), "worker_id": worker_id, "lease": lease_seconds, "limit": limit,
-                  "max_attempts": max_attempts}
-        if child is None:
+                  "max_attempts": max_attempts, "child_pid": one[0] if one else None,
+                  "child_start": one[1] if one else None}
+        if child is None or one is not None:
             rows = self._on_its_own("claim", params)
         else:
             with self._write():

@@ -22,6 +22,7 @@ Why these settings:
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import stat
@@ -43,12 +44,13 @@ from ..log import one_line
 from .base import Event, Lease, Stats, StepRecord
 from .rows import event_of
 from .sql import migration
-from .sqlbase import SCHEMA_VERSION, SqlStore, added_message, check_schema_version
+from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version
 from .sqlite_peek import SQLITE_MAGIC, Q  # one parse of sqlite.sql, one header check, for both readers
 
 # How long a call waits for the write lock before the runner names a lease (then: a quarter of it, see
 # sqlbase.STALL_FLOOR_MS). Commands such as ``onward add`` have no lease to outlive and may wait longer.
 BUSY_TIMEOUT_MS = 30_000
+EVENTS_PER_INSERT = 1000  # journal rows per INSERT (9 parameters each; SQLite takes 32,766)
 # The most completions one rate reading counts: a job done faster than that a minute is measured over its latest
 # RATE_SAMPLE completions (a few seconds at such rates), which keeps a status refresh a few milliseconds.
 RATE_SAMPLE = 100_000
@@ -314,6 +316,13 @@ class SqliteStore(SqlStore):
         with self._write():
             return self._exec(name, params).fetchall()
 
+    def _insert_events(self, events: Sequence[JournalRow]) -> None:
+        for start in range(0, len(events), EVENTS_PER_INSERT):
+            chunk = events[start:start + EVENTS_PER_INSERT]
+            self._db.execute(_events_sql(len(chunk)), [
+                value for e in chunk
+                for value in (self._job_id, e.at, e.kind, e.pid, e.host, e.worker_id, e.task_id, e.attempt, e.detail)])
+
     def _apply_stall_bound(self) -> None:
         # SQLite's one lock wait: for the write lock, held by another connection's transaction.
         self._db.execute(f"PRAGMA busy_timeout = {self._stall_ms}")
@@ -465,6 +474,12 @@ def _split_statements(script: str) -> list[str]:
             statements.append(text)
             current = []
     return statements
+
+
+@functools.lru_cache(maxsize=64)
+def _events_sql(n: int) -> str:
+    """The journal insert for ``n`` events, its values in the order of ``_insert_events``."""
+    return Q["log_events"].replace("{rows}", ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n))
 
 
 __all__ = ["SqliteStore", "SCHEMA_VERSION", "upgrade", "exists", "path_from_url"]

@@ -285,11 +285,12 @@ UPDATE counts SET n = n + :added WHERE job_id = :job AND state = 'pending';
 -- name: claim
 -- A paused job claims nothing: checked here, once per statement, rather than by a read of its own. The order
 -- names the time and id only: with the rank (fixed here) in it too, SQLite would sort instead of walking the
--- index.
+-- index. child_pid/child_start: the process made ready to run the claimed task's command (NULL: none),
+-- noted with the claim (the caller passes one only when it claims one task).
 UPDATE tasks
    SET state = 'running', attempts = attempts + 1, fence = fence + 1, max_attempts = :max_attempts,
        worker_id = :worker_id, lease_until = :now + :lease, heartbeat_at = :now, progress_at = :now,
-       note = NULL, started_at = :now, child_pid = NULL, child_start = NULL, cancel_requested = 0
+       note = NULL, started_at = :now, child_pid = :child_pid, child_start = :child_start, cancel_requested = 0
  WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_flow
                WHERE job_id = :job AND state IN ('pending', 'running', 'done')
                  AND (state = 'running') + 2 * (state = 'pending') = 2
@@ -527,9 +528,12 @@ RETURNING id;
 -- name: worker_stopped
 UPDATE workers SET stopped_at = :now, stop_reason = :reason WHERE id = :worker_id AND stopped_at IS NULL;
 
--- name: log_event
+-- name: log_events
+-- Appends events in the order given; the braces stand for one row of eight placeholders per event (at,
+-- kind, pid, host, worker_id, task_id, attempt, detail). A batch buffers its events and writes them all
+-- with this one statement just before its commit.
 INSERT INTO events (job_id, at, kind, pid, host, worker_id, task_id, attempt, detail)
-VALUES (:job, :now, :kind, :pid, :host, :worker_id, :task_id, :attempt, :detail);
+VALUES {rows};
 
 -- name: events_after
 SELECT e.id, e.at, e.kind, e.pid, e.host, t.name, e.attempt, e.detail

@@ -47,7 +47,8 @@ WORKER_COUNTS = (1, 2, 4, 8)
 # What runs in each worker process: the floor loop, or onward with this many tasks at once.
 SYSTEMS = {"floor": None, "onward": 1, "onward-c4": 4}
 TASKS = {False: 3000, True: 400}  # tasks per run
-RUNS = {False: 3, True: 1}  # runs per worker count and system (medians are over these)
+RUNS = {False: 5, True: 1}  # runs per worker count and system (medians are over these; 3 were too few:
+# one run's rate here swings by a third from one minute to the next, with the disk's fsync time)
 LATENCY_SAMPLES = {False: 25, True: 20}
 TARGET_RATIO = 0.70  # of the floor, at every worker count
 TARGET_LATENCY_MS = 50.0
@@ -278,6 +279,13 @@ def render(server: Server, rates: dict[tuple[str, int], list[float]], latencies:
             else:
                 cells.append("-")
         w.append("| " + " | ".join(cells) + " |")
+    w.append("")
+    w.append("Ratios run by run (each onward run to the floor run of its round, the three taking turns in each"
+             " round, so that they share the minute's disk and load): "
+             + "; ".join(f"{kind} ×{n}: " + ", ".join(f"{o / f:.0%}" for o, f in zip(rates[(kind, n)],
+                                                                                      rates[("floor", n)], strict=True))
+                         for n in WORKER_COUNTS for kind in ("onward", "onward-c4")
+                         if len(rates.get((kind, n), [])) == len(rates.get(("floor", n), [])) > 0) + ".")
     w.append("")
     w.append("The runs behind the medians (completions/s): "
              + "; ".join(f"{kind} ×{n}: " + ", ".join(f"{r:,.0f}" for r in rates.get((kind, n), []))

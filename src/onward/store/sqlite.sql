@@ -529,9 +529,9 @@ RETURNING id;
 UPDATE workers SET stopped_at = :now, stop_reason = :reason WHERE id = :worker_id AND stopped_at IS NULL;
 
 -- name: log_events
--- Appends events in the order given; the braces stand for one row of eight placeholders per event (at,
--- kind, pid, host, worker_id, task_id, attempt, detail). A batch buffers its events and writes them all
--- with this one statement just before its commit.
+-- Appends events in the order given; the braces stand for one row of nine placeholders per event (job,
+-- at, kind, pid, host, worker_id, task_id, attempt, detail). A batch buffers its events and writes them
+-- all with this one statement just before its commit.
 INSERT INTO events (job_id, at, kind, pid, host, worker_id, task_id, attempt, detail)
 VALUES {rows};
 

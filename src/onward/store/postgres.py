@@ -41,7 +41,7 @@ import select
 import socket
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -313,15 +313,13 @@ class PostgresStore(SqlStore):
             finally:
                 self._in_tx = None
 
-    @contextmanager
-    def _batch_transaction(self, durable: bool) -> Iterator[None]:
+    def _batch_transaction(self, durable: bool) -> AbstractContextManager[None]:
         # Always a synchronous commit, whatever ``durable`` says, so ``sync`` has nothing to do: a worker
         # waits on the round trip here, not on the server's flush, and PostgreSQL offers no cheap way to
         # wait later for an asynchronous commit's flush.
         # (Not in pipeline mode: it would save two round trips of five, but costs psycopg more CPU than that
         # on a busy machine; measured slower here.)
-        with self._transaction(durable=True):
-            yield
+        return self._transaction(durable=True)
 
     def _on_its_own(self, name: str, params: dict[str, Any]) -> list[Any]:
         return self._exec(name, params).fetchall()  # autocommit: the statement is its own transaction

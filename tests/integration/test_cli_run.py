@@ -68,6 +68,27 @@ def test_run_substitutes_without_a_shell_and_records_results(tmp_path: Path) -> 
     assert all("pid=" in line for line in logs)
 
 
+def test_each_command_gets_its_own_attempt_variables_over_the_workers(tmp_path: Path) -> None:
+    """The worker's own environment may hold the variables an attempt sets (an `onward run` started from a
+    task of another): every command sees its attempt's values, each name once, and the rest of the
+    environment as the worker has it, however many commands were started before it."""
+    db = str(tmp_path / "s.db")
+    names = [f"t{i}" for i in range(5)]
+    tasks = write_tasks(tmp_path / "tasks.txt", names)
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--out", str(tmp_path / "out"), "--",
+                   sys.executable, "-c",
+                   "import os,sys; e=os.environb; names=[l.split(b'=',1)[0] for l in open('/proc/self/environ','rb')"
+                   ".read().split(b'\\0') if l]; print(sys.argv[1], e[b'ONWARD_TASK'].decode(), e[b'ONWARD_ATTEMPT']"
+                   ".decode(), e[b'KEPT'].decode(), names.count(b'ONWARD_TASK'), names.count(b'ONWARD_ATTEMPT'),"
+                   " names.count(b'ONWARD_HEARTBEAT_FILE'), end='')",
+                   "{task}", cwd=tmp_path,
+                   env={"ONWARD_TASK": "stale", "ONWARD_ATTEMPT": "99", "ONWARD_HEARTBEAT_FILE": "/nowhere",
+                        "KEPT": "a=b c"})
+    assert r.returncode == 0, r.stderr
+    for name in names:
+        assert (tmp_path / "out" / f"{name}.txt").read_text() == f"{name} {name} 1 a=b c 1 1 1"
+
+
 def test_failed_task_never_blocks_others_and_exit_3(tmp_path: Path) -> None:
     db = str(tmp_path / "s.db")
     tasks = write_tasks(tmp_path / "tasks.txt", ["ok1", "bad", "ok2"])

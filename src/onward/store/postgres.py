@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 CHANNEL = "onward_work"  # LISTEN/NOTIFY channel announcing work that may be ready
 ADD_CHUNK = 5000  # names per INSERT when adding tasks
-EVENTS_PER_INSERT = 1000  # journal rows per INSERT (7 parameters each; a statement takes at most 65535)
+EVENTS_PER_INSERT = 1000  # journal rows per INSERT (5 parameters each, and 3 all share; a statement takes at most 65535)
 COMPACT_COUNTS_AFTER = 500  # delta rows in onward.counts before counts() folds them
 Q = load_queries("postgres.sql")
 # The queries that name the job (%(job)s): they get the handle's job id with their other parameters. Only

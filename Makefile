@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test torture bench check clean
 
-$(STAMP): pyproject.toml src/onward/_clonespawn.c
+$(STAMP): pyproject.toml src/onward/_clonespawn.c src/onward/store/_syncthread.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,dev]'

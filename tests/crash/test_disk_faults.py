@@ -6,6 +6,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,3 +108,47 @@ def test_failing_fsync_never_reports_a_completion_that_is_not_durable(tmp_path: 
     c = sqlite3.connect(db)
     assert c.execute("SELECT count(*) FROM tasks WHERE state = 'done'").fetchone()[0] == 30
     c.close()
+
+
+_API_WORKER = """
+import sys
+from onward import Job
+from onward.log import NORMAL
+job = Job(sys.argv[1], log_level=NORMAL, max_attempts=10)
+
+@job.task
+def handle(task, ctx):
+    return task
+
+job.add(f"t{i}" for i in range(int(sys.argv[2])))
+summary = job.run()
+print(summary.done)
+"""
+
+
+def test_failing_fsync_beside_the_next_python_task_never_reports_what_it_did_not_sync(tmp_path: Path) -> None:
+    """The Python API at concurrency 1 syncs each commit on the store's sync thread while the next task runs
+    (SqliteStore.sync_ahead). Its fdatasync fails with EIO (strace, every thread): the failure reaches the
+    worker, which tells none of what that sync was to vouch for, carries on with durable commits, and
+    reports only completions the store holds."""
+    strace = require_tool("strace")
+    db = tmp_path / "s.db"
+    trace = tmp_path / "trace.txt"
+    faulty = subprocess.run(
+        [strace, "-f", "-qq", "-y", "-o", str(trace), "-e", "trace=fdatasync", "-e",
+         "inject=fdatasync:error=EIO:when=20+7", sys.executable, "-c", _API_WORKER, str(db), "200"],
+        env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    err = faulty.stderr.decode()
+    assert faulty.returncode == 0, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert "store error, will retry" in err, "the injected fsync failures did not reach the worker"
+    assert "-wal>) = -1 EIO" in trace.read_text(), "no sync of the log failed"
+    reported = [line.split('task="')[1].split('"')[0] for line in err.splitlines() if ' done task="' in line]
+    assert len(reported) == len(set(reported)) == int(faulty.stdout.split()[-1])  # the tally counts what was told
+    assert len(reported) < 200  # the completions the failed syncs were to vouch for were never told
+    c = sqlite3.connect(db)
+    assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    durable = {n for (n,) in c.execute("SELECT name FROM tasks WHERE state = 'done'")}
+    assert c.execute("SELECT count(*) FROM tasks WHERE state <> 'done'").fetchone()[0] == 0  # and it went on
+    c.close()
+    assert set(reported) <= durable

@@ -6,8 +6,11 @@ SQLite, whichever thread commits, no completion is told before a sync that cover
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +21,9 @@ import pytest
 
 from onward import Job, TaskContext
 from onward.log import NORMAL, QUIET, Log
+from tests.conftest import require_tool
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def _noting_each_commit(store: Any, note: Callable[[str], None]) -> Callable[..., Any]:
@@ -96,21 +102,6 @@ def test_the_worker_heartbeats_while_tasks_settle_on_their_own_threads(store_url
     job.close()
 
 
-class _Stamped(io.StringIO):
-    """A log stream that notes when each ``done task=NAME`` line was written (time.monotonic)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reported: dict[str, float] = {}
-
-    def write(self, text: str) -> int:
-        now = time.monotonic()
-        match = re.search(r' done task="([^"]+)"', text)
-        if match:
-            self.reported[match[1]] = now
-        return super().write(text)
-
-
 def test_at_concurrency_1_a_task_commits_its_own_outcome_on_its_own_thread(store_url: str) -> None:
     # The point of the lane: no hand-over to the loop's thread (here the thread calling job.run) and back
     # between two tasks. With the heartbeat far away, each completion is committed (with the next claim) by
@@ -136,44 +127,93 @@ def test_at_concurrency_1_a_task_commits_its_own_outcome_on_its_own_thread(store
     job.close()
 
 
-def test_no_completion_is_reported_before_a_sync_begun_after_its_commit(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+# The worker of the test below: no-op tasks at concurrency 1 through the Python API, printing (as JSON) when
+# each completion's commit returned and when its `done` line was written, on the clock strace stamps with.
+_SYNC_ORDER_WORKER = """
+import io, json, re, sys, time
+from onward import Job
+from onward.log import NORMAL, Log
+
+class Stamped(io.StringIO):
+    reported = {}
+    def write(self, text):
+        now = time.time()
+        match = re.search(r' done task="([^"]+)"', text)
+        if match:
+            self.reported[match[1]] = now
+        return super().write(text)
+
+db, n = sys.argv[1], int(sys.argv[2])
+job = Job(db, log_level=NORMAL)
+job.log = Log(NORMAL, Stamped())
+committed = {}
+store = job.store
+real_complete_and_claim = store.complete_and_claim
+def complete_and_claim(done, *args, **kwargs):
+    value = real_complete_and_claim(done, *args, **kwargs)
+    committed[done.name] = time.time()
+    return value
+store.complete_and_claim = complete_and_claim
+
+@job.task
+def handle(task, ctx):
+    return task
+
+job.add(f"t{i:04d}" for i in range(n))
+done = job.run().done
+print(json.dumps({"done": done, "committed": committed, "reported": Stamped.reported}))
+job.close()
+"""
+
+
+def _log_syncs(trace: str) -> list[tuple[float, float]]:
+    """When each successful fsync/fdatasync of a `-wal` file began and ended, from `strace -f -ttt -T -y`:
+    "1234 1733270000.123456 fdatasync(5</x/s.db-wal>) = 0 <0.000213>", or, when another thread's traced
+    call came in between, split into "... fdatasync(5</x/s.db-wal> <unfinished ...>" and, later,
+    "1234 1733270000.123700 <... fdatasync resumed>) = 0 <0.000213>" (the duration counts from the start)."""
+    began: dict[str, tuple[float, bool]] = {}  # thread -> its sync under way: start, on the log or not
+    syncs = []
+    for line in trace.splitlines():
+        thread, at, call = line.split(" ", 2)
+        if call.startswith("<... "):
+            start, on_log = began.pop(thread)
+        elif re.match(r"f(?:data)?sync\(", call):
+            start, on_log = float(at), bool(re.match(r"f(?:data)?sync\(\d+<[^>]*-wal>", call))
+            if call.endswith("<unfinished ...>"):
+                began[thread] = (start, on_log)
+                continue
+        else:
+            continue
+        outcome = re.search(r"= 0 <([\d.]+)>$", call)
+        if on_log and outcome:
+            syncs.append((start, start + float(outcome[1])))
+    return sorted(syncs)
+
+
+def test_no_completion_is_reported_before_a_sync_begun_after_its_commit(tmp_path: Path) -> None:
     """At concurrency 1 a task's thread commits its outcome crash-safe with the next claim, starts that task,
-    then syncs (the loop does the same, syncing while the next task runs, when a tick is due). Each `done`
-    line is written after an fdatasync of the log that began after that task's commit returned, and had
-    returned itself: the rule that makes a reported completion survive a power cut
-    (tests/crash/test_power_cut.py checks the same from the outside)."""
-    db = str(tmp_path / "s.db")
-    syncs: list[tuple[float, float]] = []
-    real_fdatasync = os.fdatasync
-
-    def fdatasync(fd: Any) -> None:  # os.fdatasync's own type
-        began = time.monotonic()
-        real_fdatasync(fd)
-        syncs.append((began, time.monotonic()))
-
-    stream = _Stamped()
-    job = Job(db, log_level=NORMAL)
-    job.log = Log(NORMAL, stream)
-    committed: dict[str, float] = {}
-    store = job.store
-    complete_and_claim = _noting_each_commit(store, lambda name: committed.update({name: time.monotonic()}))
-
-    @job.task
-    def handle(task: str, ctx: TaskContext) -> str:
-        return task
-
-    job.add(f"t{i:04d}" for i in range(2000))
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
-    monkeypatch.setattr(store, "complete_and_claim", complete_and_claim)
-    summary = job.run()
-    assert summary.done == 2000
-    assert len(stream.reported) == 2000 and set(committed) <= set(stream.reported)
+    and has the log synced beside it (a thread of the store's own; the loop syncs while the next task runs,
+    when a tick is due). Each `done` line is written after an fdatasync of the log that began after that
+    task's commit returned, and had returned itself: the rule that makes a reported completion survive a
+    power cut (tests/crash/test_power_cut.py checks the same from the outside). The syncs are the process's
+    real system calls on the `-wal` file, whichever thread made them, as strace saw them."""
+    strace = require_tool("strace")
+    db = tmp_path / "s.db"
+    trace = tmp_path / "trace.txt"
+    proc = subprocess.run(
+        [strace, "-f", "-qq", "-ttt", "-T", "-y", "-e", "trace=fdatasync,fsync", "-o", str(trace),
+         sys.executable, "-c", _SYNC_ORDER_WORKER, str(db), "2000"],
+        env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["done"] == 2000
+    committed, reported = found["committed"], found["reported"]
+    assert len(reported) == 2000 and set(committed) <= set(reported) and len(committed) >= 1990
+    syncs = _log_syncs(trace.read_text())
+    assert len(syncs) >= 1990, f"{len(syncs)} syncs of the log for 2000 tasks"
     for name, at in committed.items():
-        reported = stream.reported[name]
-        assert any(at <= began and ended <= reported for began, ended in syncs), \
-            f"{name}: committed at {at}, reported at {reported}, with no sync in between"
-    job.close()
+        assert any(at <= began and ended <= reported[name] for began, ended in syncs), \
+            f"{name}: committed at {at}, reported at {reported[name]}, with no sync in between"
 
 
 def test_a_task_finishing_beside_another_hands_its_outcome_over_without_waiting_for_the_loops_turn(
@@ -215,4 +255,47 @@ def test_a_task_finishing_beside_another_hands_its_outcome_over_without_waiting_
     monkeypatch.setattr(store, "renew", renew)
     assert job.run().done == 2
     assert seen_during_turn == [True], "quick's thread waited for the loop's turn to hand its outcome over"
+    job.close()
+
+
+def test_a_completion_is_told_while_the_next_task_still_runs(tmp_path: Path) -> None:
+    """a's thread commits a's outcome with the claim of b, leaves the log's sync running and runs b. Nothing
+    comes back to that thread while b runs, and the loop sleeps until its next heartbeat (30 s away): the
+    store's descriptor wakes it once the sync finished unclaimed, and it tells a's completion meanwhile."""
+    told = threading.Event()
+
+    class Watching(io.StringIO):
+        def write(self, text: str) -> int:
+            if ' done task="a"' in text:
+                told.set()
+            return super().write(text)
+
+    job = Job(str(tmp_path / "s.db"), log_level=NORMAL, heartbeat=30, max_attempts=1)
+    job.log = Log(NORMAL, Watching())
+    waited: list[float] = []
+    left_running = []  # the syncs left running beside a task (the loop's first turn settles x0 in place)
+    real_sync_ahead = job.store.sync_ahead
+
+    def sync_ahead() -> Any:
+        wait = real_sync_ahead()
+        left_running.append(wait is not None)
+        return wait
+    job.store.sync_ahead = sync_ahead  # type: ignore[method-assign]
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        if task == "b":
+            started = time.monotonic()
+            if not told.wait(10):
+                raise AssertionError("a's completion was not told while b ran")
+            waited.append(time.monotonic() - started)
+        return task
+
+    if job.store.sync_ahead_fd() is None:
+        pytest.skip("onward.store._syncthread was not built (no C compiler): every sync is made in place")
+    job.add(["x0", "x1", "x2", "a", "b"])
+    summary = job.run()
+    assert (summary.done, summary.failed) == (5, 0)
+    assert left_running[-1], left_running  # a's sync ran beside b (b's, the last task's, is made in place)
+    print(f"a told {waited[0] * 1000:.1f} ms after b started")
     job.close()

@@ -238,3 +238,61 @@ def test_a_store_opened_while_another_process_creates_it_waits_instead_of_failin
         finally:
             _, err = creator.communicate(timeout=60)
         assert creator.returncode == 0, err.decode()[-1500:]
+
+
+# --- the log synced beside the next task (SqliteStore.sync_ahead, onward.store._syncthread) -------------
+def _readable(fd: int) -> bool:
+    import select
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def test_sync_ahead_makes_the_commit_durable_on_a_thread_and_wakes_its_owner_only_when_left_unclaimed(
+        tmp_path: Path) -> None:
+    from tests.conftest import wait_for
+    store = SqliteStore(str(tmp_path / "s.db"))
+    fd = store.sync_ahead_fd()
+    if fd is None:
+        pytest.skip("onward.store._syncthread was not built (no C compiler): sync_ahead syncs in place")
+    assert store.sync_ahead() is None  # nothing committed crash-safe yet: nothing owed
+    store.add(["a", "b"])
+    with store.batch(durable=False):
+        store.claim(1, 1, 30.0, 3)
+    wait = store.sync_ahead()
+    assert wait is not None and store.sync_ahead() is None  # owed once: the request covers it
+    # Left unclaimed, the finished sync makes the descriptor readable (after SYNC_AHEAD_LINGER, 20 ms)...
+    wait_for(lambda: _readable(fd), 5, "the sync-ahead descriptor to wake an owner that did not wait")
+    wait()
+    assert not _readable(fd)  # ...and waiting for it takes that back
+    with store.batch(durable=False):
+        store.claim(1, 1, 30.0, 3)
+    wait = store.sync_ahead()
+    assert wait is not None
+    wait()  # claimed at once: no wake-up
+    assert not _readable(fd)
+    store.close()
+    store.close()
+
+
+def test_without_the_sync_thread_sync_ahead_syncs_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An install built without a C compiler: no descriptor, the worker syncs before the next task instead.
+    import onward.store.sqlite as sqlite_backend
+    from onward import Job
+    from onward.log import QUIET
+    monkeypatch.setattr(sqlite_backend, "SyncThread", None)
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(fd)
+        real_fdatasync(fd)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET)
+    assert job.store.sync_ahead_fd() is None
+
+    @job.task
+    def handle(task: str, ctx: object) -> str:
+        return task
+    job.add(f"t{i}" for i in range(50))
+    assert job.run().done == 50
+    assert len(synced) >= 49  # one sync per completion, each in place (os.fdatasync, on the task's thread)
+    job.close()

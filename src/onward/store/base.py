@@ -15,7 +15,7 @@ only ever talk to this protocol. Words used here mean one thing each (see the RE
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -241,6 +241,17 @@ class Connection(Protocol):
         before this returns. Nothing to do where every commit is durable already (PostgreSQL). Raises
         ``StoreUnavailable`` when the storage fails to sync: what was committed since the last sync may not
         be on disk, and must never be reported."""
+
+    def sync_ahead(self) -> Callable[[], None] | None:
+        """Start ``sync`` and return without waiting for it: the call returned waits for it (and raises as
+        ``sync`` would). None when every commit so far is durable on return already: nothing was owed, or
+        the backend cannot sync in the background and synced here. Meanwhile this handle may go on
+        committing; a commit made after this call is not covered by it."""
+
+    def sync_ahead_fd(self) -> int | None:
+        """A file descriptor readable while a sync started by ``sync_ahead`` has finished and gone a moment
+        (about 20 ms) without its wait being called: then its owner should call it. Calling the wait makes
+        it unreadable again. None where ``sync_ahead`` syncs in place. Never waits."""
 
     def check_still_there(self) -> None:
         """Raise ``StoreGone`` if the store this connection writes to is no longer the one at its location

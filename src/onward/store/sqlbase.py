@@ -266,6 +266,13 @@ class SqlStore:
         """Bring every commit so far to stable storage (``sync``, when a crash-safe batch is not yet)."""
         raise NotImplementedError
 
+    def sync_ahead(self) -> Callable[[], None] | None:
+        self.sync()  # no background sync here: in place (a backend that has one overrides both)
+        return None
+
+    def sync_ahead_fd(self) -> int | None:
+        return None
+
     def _set_lease(self, lease_seconds: float) -> None:
         """Tie how long one call may wait to the lease the runner works with (see STALL_FLOOR_MS)."""
         bound = stall_ms(lease_seconds, self._stall_ceiling_ms)

@@ -27,7 +27,7 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,6 +47,11 @@ from .sql import migration
 from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version
 from .sqlite_peek import SQLITE_MAGIC, Q  # one parse of sqlite.sql, one header check, for both readers
 
+try:
+    from ._syncthread import SyncThread
+except ImportError:  # built without a C compiler: sync_ahead syncs in place
+    SyncThread = None
+
 # How long a call waits for the write lock before the runner names a lease (then: a quarter of it, see
 # sqlbase.STALL_FLOOR_MS). Commands such as ``onward add`` have no lease to outlive and may wait longer.
 BUSY_TIMEOUT_MS = 30_000
@@ -54,6 +59,9 @@ EVENTS_PER_INSERT = 1000  # journal rows per INSERT (9 parameters each; SQLite t
 # The most completions one rate reading counts: a job done faster than that a minute is measured over its latest
 # RATE_SAMPLE completions (a few seconds at such rates), which keeps a status refresh a few milliseconds.
 RATE_SAMPLE = 100_000
+# How long a sync started by sync_ahead may finish unclaimed before its descriptor wakes the worker's loop:
+# the worker's reports of a task wait at most about that long (plus the fsync) while the next task runs.
+SYNC_AHEAD_LINGER = 0.02
 
 
 def path_from_url(url: str) -> str:
@@ -223,6 +231,9 @@ class SqliteStore(SqlStore):
         return int(rows["schema_version"])
 
     def close(self) -> None:
+        if self._sync_thread is not None:
+            self._sync_thread.close()  # first: it may be syncing the log's descriptor closed below
+            self._sync_thread = None
         if self._wal_fd >= 0:
             os.close(self._wal_fd)
             self._wal_fd = -1
@@ -232,22 +243,57 @@ class SqliteStore(SqlStore):
             self._db = None  # type: ignore[assignment]
 
     _wal_fd = -1  # the write-ahead log, opened at the first sync (it exists once anything was committed)
+    _sync_thread: Any = None  # a SyncThread, made when a worker asks for sync_ahead_fd
 
     def _sync(self) -> None:
+        try:
+            os.fdatasync(self._wal())
+        except OSError as e:
+            raise self._sync_error(e) from None
+
+    def _wal(self) -> int:
         # The log SQLite appended the crash-safe commit to: while this connection is open the file is never
         # removed or replaced (SQLite deletes it only when its last connection closes), so one descriptor
         # serves every sync. fdatasync on any descriptor of the file flushes what SQLite wrote through its own.
-        try:
-            if self._wal_fd < 0:
+        if self._wal_fd < 0:
+            try:
                 self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
-            os.fdatasync(self._wal_fd)
-        except FileNotFoundError:
+            except OSError as e:
+                raise self._sync_error(e) from None
+        return self._wal_fd
+
+    def _sync_error(self, e: OSError) -> StoreError:
+        if isinstance(e, FileNotFoundError):
             self.check_still_there()  # the store was deleted under us: say so (StoreGone)
-            raise StoreUnavailable(f"store {self.path}: its write-ahead log {self.path}-wal is gone") from None
-        except OSError as e:
-            # A failed fsync may have dropped the pages it could not write: the commits since the last sync
-            # cannot be vouched for, so the worker stops (exit 75) without reporting them.
-            raise StoreUnavailable(f"store {self.path}: cannot make the last commit durable: {e.strerror}") from None
+            return StoreUnavailable(f"store {self.path}: its write-ahead log {self.path}-wal is gone")
+        # A failed fsync may have dropped the pages it could not write: the commits since the last sync
+        # cannot be vouched for, so the worker stops (exit 75) without reporting them.
+        return StoreUnavailable(f"store {self.path}: cannot make the last commit durable: {e.strerror}")
+
+    def sync_ahead(self) -> Callable[[], None] | None:
+        if not self._sync_owed:
+            return None
+        if self._sync_thread is None:
+            self.sync()
+            return None
+        ticket = self._sync_thread.request(self._wal())
+        self._sync_owed = False
+        return functools.partial(self._wait_for_sync, self._sync_thread, ticket)
+
+    def _wait_for_sync(self, sync_thread: Any, ticket: int) -> None:
+        try:
+            sync_thread.wait(ticket)
+        except OSError as e:  # the thread keeps its first failure: every later wait raises it too
+            raise self._sync_error(e) from None
+        except ValueError:  # closed (the store was closed meanwhile): never synced by it
+            raise StoreUnavailable(f"store {self.path} was closed before its last commit was made durable") from None
+
+    def sync_ahead_fd(self) -> int | None:
+        if SyncThread is None:
+            return None
+        if self._sync_thread is None:
+            self._sync_thread = SyncThread(SYNC_AHEAD_LINGER)
+        return int(self._sync_thread.fileno())
 
     def now(self) -> float:
         return time.time()

@@ -44,7 +44,7 @@ check: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
-	command -v parallel >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq parallel; }
+	command -v parallel >/dev/null && command -v strace >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq parallel strace; }
 	$(PY) bench/run.py
 
 clean:

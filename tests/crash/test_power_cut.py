@@ -143,7 +143,41 @@ def test_torture_fifty_power_cuts(loop_disk: LoopDisk, tmp_path: Path, seed: int
     power_cut_cycles(loop_disk, tmp_path, seed, cycles=50, n_tasks=3000)
 
 
-def power_cut_cycles(disk: LoopDisk, tmp_path: Path, seed: int, *, cycles: int, n_tasks: int) -> None:
+def test_power_cuts_under_the_python_api_lose_no_reported_completion_and_redo_no_committed_task(
+        loop_disk: LoopDisk, tmp_path: Path, seed: int) -> None:
+    # The Python API's own path: at concurrency 1 each task's thread commits and leaves the log's fsync
+    # running (the store's sync thread) while it runs the next task.
+    power_cut_cycles(loop_disk, tmp_path, seed, cycles=int(os.environ.get("ONWARD_POWER_CUTS", "5")),
+                     n_tasks=400, api=True)
+
+
+@pytest.mark.torture
+def test_torture_twenty_power_cuts_under_the_python_api(loop_disk: LoopDisk, tmp_path: Path, seed: int) -> None:
+    power_cut_cycles(loop_disk, tmp_path, seed, cycles=20, n_tasks=2000, api=True)
+
+
+# The worker of the Python API runs: `python -c API_WORKER DB TASKS OUT CONCURRENCY EXECUTIONS`. Each task
+# logs its execution outside the cut disk and returns its result (written to --out as a file, as the CLI does).
+API_WORKER = """
+import sys
+from onward import Job
+db, tasks, out, concurrency, executions = sys.argv[1:6]
+job = Job(db, out=out, concurrency=int(concurrency), heartbeat=0.5)
+
+@job.task
+def handle(task, ctx):
+    with open(executions, "a") as log:
+        log.write(task + "\\n")
+    return f"result of {task}\\n".encode() * 50
+
+with open(tasks) as names:
+    job.add(names.read().split())
+job.run()
+"""
+
+
+def power_cut_cycles(disk: LoopDisk, tmp_path: Path, seed: int, *, cycles: int, n_tasks: int,
+                     api: bool = False) -> None:
     rng = random.Random(seed)
     names = [f"t{i:05d}" for i in range(n_tasks)]
     tasks = tmp_path / "tasks.txt"
@@ -152,7 +186,8 @@ def power_cut_cycles(disk: LoopDisk, tmp_path: Path, seed: int, *, cycles: int, 
     out = disk.mount / "out"
     reported: set[str] = set()  # tasks some worker said were done
     committed_by_run: list[set[str]] = []  # done in the store after each cut
-    case = f"EXT4_IOC_SHUTDOWN NOLOGFLUSH mid-run on store and --out, {n_tasks} tasks, 1 or 4 workers"
+    case = (f"EXT4_IOC_SHUTDOWN NOLOGFLUSH mid-run on store and --out, {n_tasks} tasks, 1 or 4 workers"
+            + (", Python API" if api else ", commands"))
     # Counted over the whole run, for RELIABILITY.md: completions reported before the cuts and found after
     # them, and every kind of damage the checks below look for (each must stay 0).
     figures = {"cycles": 0, "reported_before_cuts": 0, "reported_while_cutting": 0, "found_after_cuts": 0,
@@ -174,12 +209,16 @@ def power_cut_cycles(disk: LoopDisk, tmp_path: Path, seed: int, *, cycles: int, 
         # The command logs its execution outside the cut disk, then prints its result.
         script = (f"import sys; open({str(executions)!r}, 'a').write(sys.argv[1] + '\\n'); "
                   f"sys.stdout.write(('result of ' + sys.argv[1] + '\\n') * 50)")
+        if api:
+            argv = [sys.executable, "-c", API_WORKER, str(db), str(tasks), str(out), str(concurrency),
+                    str(executions)]
+        else:
+            argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--out", str(out),
+                               "--concurrency", str(concurrency), "--heartbeat", "0.5", "--",
+                               sys.executable, "-c", script, "{task}")
         with open(log, "wb") as log_file:
-            worker = subprocess.Popen(
-                onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--out", str(out),
-                            "--concurrency", str(concurrency), "--heartbeat", "0.5", "--",
-                            sys.executable, "-c", script, "{task}"),
-                env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL, stderr=log_file)
+            worker = subprocess.Popen(argv, env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL,
+                                      stderr=log_file)
             try:
                 if final:
                     assert worker.wait(timeout=600) == 0, log.read_text(errors="replace")[-2000:]

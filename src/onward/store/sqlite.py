@@ -41,7 +41,8 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..log import one_line
-from .base import Event, Lease, Stats, StepRecord
+from ..proc import hostname
+from .base import FENCED_DETAIL, Claim, Event, Lease, Stats, StepRecord
 from .rows import event_of
 from .sql import migration
 from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version
@@ -399,6 +400,39 @@ class SqliteStore(SqlStore):
                     lost.append(lease.task_id)
             self._exec("worker_beat", {"now": now, "completed": completed, "worker_id": worker_id})
         return lost
+
+    def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                           lease_seconds: float, max_attempts: int, durable: bool = True,
+                           child: tuple[int, int] | None = None) -> tuple[bool, list[Claim]]:
+        # The hot path at concurrency 1, straight: one transaction of three statements (complete, claim, the
+        # journal's rows), without the layers of the batch's way (its nesting, its buffered journal, a method
+        # and a translation per write): no-op tasks, 20,000, about 420 -> 360 us a task. Inside a batch, or
+        # with a process made ahead for more than one claim, the batch's way (as PostgreSQL's override).
+        if self._batch_depth or (child is not None and limit != 1):
+            return super().complete_and_claim(done, result, kind, worker_id, limit, lease_seconds, max_attempts,
+                                              durable, child)
+        self._set_lease(lease_seconds)
+        now, job, db = time.time(), self._job_id, self._db
+        with self._transaction(durable):
+            completed = db.execute(Q["complete"], {
+                "now": now, "result": result, "kind": kind, "task_id": done.task_id, "fence": done.fence,
+                "job": job}).rowcount == 1
+            rows = db.execute(Q["claim"], {
+                "now": now, "worker_id": worker_id, "lease": lease_seconds, "limit": limit,
+                "max_attempts": max_attempts, "child_pid": child[0] if child else None,
+                "child_start": child[1] if child else None, "job": job}).fetchall() if limit > 0 else []
+            rows.sort()  # RETURNING gives no order guarantee; hand tasks out in the order they were added
+            pid, host = os.getpid(), hostname()
+            journal = [job, now, "done" if completed else "fenced", pid, host, worker_id, done.task_id,
+                       done.attempt, None if completed else FENCED_DETAIL]
+            for row in rows:
+                journal += [job, now, "claimed", pid, host, worker_id, row[0], row[2], None]
+            db.execute(_events_sql(1 + len(rows)), journal)
+        self._sync_owed = not durable  # as after a batch: a durable commit covers the crash-safe ones before it
+        claims = [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4]) for r in rows]
+        if child is not None and claims:
+            claims[0] = claims[0]._replace(child_pid=child[0])
+        return completed, claims
 
     def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
         with self._write():

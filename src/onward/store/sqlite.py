@@ -557,7 +557,6 @@ def _split_statements(script: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-@functools.lru_cache(maxsize=8)  # two rows at each completion: built once, not per task
 def _events_sql(n: int) -> str:
     """The journal insert for ``n`` events, its values in the order of ``_insert_events``."""
     return Q["log_events"].replace("{rows}", ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n))

@@ -174,7 +174,7 @@ def _log_syncs(trace: str) -> list[tuple[float, float]]:
     began: dict[str, tuple[float, bool]] = {}  # thread -> its sync under way: start, on the log or not
     syncs = []
     for line in trace.splitlines():
-        thread, at, call = line.split(" ", 2)
+        thread, at, call = line.split(None, 2)  # strace pads short pids: "2941  1733270000.1 ..."
         if call.startswith("<... "):
             start, on_log = began.pop(thread)
         elif re.match(r"f(?:data)?sync\(", call):

@@ -413,15 +413,11 @@ class PostgresStore(SqlStore):
         cur = self._exec("complete", {"result": result, "kind": kind, "task_id": task_id, "fence": fence})
         return cur.fetchone() is not None
 
-    def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
-                           lease_seconds: float, max_attempts: int, durable: bool = True,
-                           child: tuple[int, int] | None = None) -> tuple[bool, list[Claim]]:
+    def _complete_and_claim_alone(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                                  lease_seconds: float, max_attempts: int, durable: bool,
+                                  child: tuple[int, int] | None) -> tuple[bool, list[Claim]]:
         # One autocommitted statement, a synchronous commit whatever ``durable`` says (see _batch_transaction).
-        # The statement notes ``child`` on what it claims: right for one claim, so with more, the batch's way.
-        if self._batch_depth or (child is not None and limit != 1):
-            # The batch's own statements and journal (its events are written at its end).
-            return super().complete_and_claim(done, result, kind, worker_id, limit, lease_seconds, max_attempts,
-                                              durable, child)
+        # The statement notes ``child`` on what it claims (one claim here: see SqlStore.complete_and_claim).
         self._set_lease(lease_seconds)
         rows = self._exec("complete_and_claim", {
             "task_id": done.task_id, "fence": done.fence, "attempt": done.attempt, "result": result, "kind": kind,

@@ -375,6 +375,24 @@ class SqlStore:
     def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
                            lease_seconds: float, max_attempts: int, durable: bool = True,
                            child: tuple[int, int] | None = None) -> tuple[bool, list[Claim]]:
+        # The hot path at concurrency 1 takes the backend's straight way (_complete_and_claim_alone): outside
+        # a batch, and with a process made ahead noted on the one claim (the claim statement notes it; for
+        # more claims, on the first of them, the batch's way).
+        if not self._batch_depth and (child is None or limit == 1):
+            return self._complete_and_claim_alone(done, result, kind, worker_id, limit, lease_seconds,
+                                                  max_attempts, durable, child)
+        return self._complete_and_claim_in_batch(done, result, kind, worker_id, limit, lease_seconds, max_attempts,
+                                                 durable, child)
+
+    def _complete_and_claim_alone(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                                  lease_seconds: float, max_attempts: int, durable: bool,
+                                  child: tuple[int, int] | None) -> tuple[bool, list[Claim]]:
+        """``complete_and_claim`` in a transaction of its own, the backend's straight way (see there)."""
+        raise NotImplementedError
+
+    def _complete_and_claim_in_batch(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                                     lease_seconds: float, max_attempts: int, durable: bool,
+                                     child: tuple[int, int] | None) -> tuple[bool, list[Claim]]:
         with self.batch(durable):
             completed = self.complete(done.task_id, done.fence, result, kind)
             self._journal("done" if completed else "fenced", task_id=done.task_id, worker_id=worker_id,

@@ -401,16 +401,12 @@ class SqliteStore(SqlStore):
             self._exec("worker_beat", {"now": now, "completed": completed, "worker_id": worker_id})
         return lost
 
-    def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
-                           lease_seconds: float, max_attempts: int, durable: bool = True,
-                           child: tuple[int, int] | None = None) -> tuple[bool, list[Claim]]:
-        # The hot path at concurrency 1, straight: one transaction of three statements (complete, claim, the
-        # journal's rows), without the layers of the batch's way (its nesting, its buffered journal, a method
-        # and a translation per write): no-op tasks, 20,000, about 420 -> 360 us a task. Inside a batch, or
-        # with a process made ahead for more than one claim, the batch's way (as PostgreSQL's override).
-        if self._batch_depth or (child is not None and limit != 1):
-            return super().complete_and_claim(done, result, kind, worker_id, limit, lease_seconds, max_attempts,
-                                              durable, child)
+    def _complete_and_claim_alone(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                                  lease_seconds: float, max_attempts: int, durable: bool,
+                                  child: tuple[int, int] | None) -> tuple[bool, list[Claim]]:
+        # One transaction of three statements (complete, claim, the journal's rows), without the layers of the
+        # batch's way (its nesting, its buffered journal, a method and a translation per write): no-op tasks,
+        # 20,000, about 420 -> 360 us a task.
         self._set_lease(lease_seconds)
         now, job, db = time.time(), self._job_id, self._db
         with self._transaction(durable):

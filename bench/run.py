@@ -243,7 +243,7 @@ def report(started: datetime.datetime, machine: list[tuple[str, str]], quick: bo
     stamp = started.strftime("%Y-%m-%d %H:%M UTC")
     ran = started.strftime("%Y-%m-%dT%H:%MZ")
     lines = ["# Benchmarks", "",
-             f"Written by `bench/run.py` ({'quick smoke run, small N: not for comparison' if quick else 'full run'})"
+             f"Written by `bench/run.py` ({'quick smoke run, small N: not for comparison' if quick else 'full run' if not only else f'a run of `{only}` only'})"
              f" on {stamp}. Every figure below was measured in that run unless its section says otherwise;"
              " medians over several runs, each section says how many.", "",
              "## Machine", "", "| | |", "|---|---|"]

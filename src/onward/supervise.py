@@ -353,6 +353,12 @@ class Supervisor:
                         "restart; not restarting")
                     return exit_code(returncode)
                 self.last_status, self.progressed = None, False
+                if early is not None and exited(early.proc.pid):
+                    # Gone by the end of the delay: killed with the worker (a kill of both, the OOM killer), it
+                    # was still dying when taken. Let through, it would count as one more restart.
+                    status = describe_status(self._drop(early))
+                    log(f"standby {early.proc.pid} ended during the restart delay ({status}); starting another")
+                    early = None
                 child = self._spawn(path, first=False) if early is None else self._let_through(early)
                 self._journal(journal, cause)
             return 1

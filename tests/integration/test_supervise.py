@@ -850,12 +850,35 @@ def test_a_standby_that_ended_on_its_own_is_replaced_at_the_restart(
     job, starts = running_its_task(supervised, tmp_path, 0.1)
     standby = int(str(wait_for(lambda: job.standbys() and job.standbys()[0], 20, "the standby to be started")))
     os.kill(standby, signal.SIGKILL)
+    # Dead (a zombie the supervisor has not reaped) before the restart begins: on a loaded machine a
+    # SIGKILLed process can take a moment to die, and the restart would find it still alive (the next test).
+    wait_for(lambda: not alive(standby), 20, "the standby to die")
     os.kill(job.workers()[0], signal.SIGKILL)
     second = job.ready(2)
     assert second != standby and second == job.standbys()[1]
     assert f"standby {standby} ended before a restart needed it (signal SIGKILL); starting another" in job.log
     wait_for(lambda: len(starts.read_text().split()) == 2, 20, "the task to start again")
     assert not alive(standby)
+    assert job.stop() == 0, job.log
+
+
+def test_a_standby_that_ends_during_the_restart_delay_is_not_let_through(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    # Taken for the restart alive, it is killed while the delay runs (as when a kill of both reaches it
+    # later than the worker): at the end of the delay a fresh worker starts instead, and this is one restart,
+    # not a second one for a worker that "died after 0.0 s".
+    job, starts = running_its_task(supervised, tmp_path, 2.0)
+    standby = int(str(wait_for(lambda: job.standbys() and job.standbys()[0], 20, "the standby to be started")))
+    os.kill(job.workers()[0], signal.SIGKILL)
+    wait_for(lambda: "restarting worker" in job.log, 20, "the restart to begin")
+    os.kill(standby, signal.SIGKILL)
+    second = job.ready(2)
+    assert second != standby and second not in job.standbys()
+    assert f"standby {standby} ended during the restart delay (signal SIGKILL); starting another" in job.log
+    assert f"worker {standby} started" not in job.log
+    wait_for(lambda: len(starts.read_text().split()) == 2, 20, "the task to start again")
+    assert job.log.count("restarting worker") == 1, job.log
+    assert status_of(tmp_path)["restarts"] == 1
     assert job.stop() == 0, job.log
 
 

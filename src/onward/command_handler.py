@@ -16,7 +16,7 @@ from .attempt import ERROR_TAIL_BYTES, Attempt, Loop, Outcome, error_tail
 from .cgroups import WorkerCgroups
 from .config import DEFAULT_MAX_RESULT_BYTES
 from .errors import UsageError
-from .proc import kill_group, pid_exists, pid_start_time
+from .proc import kill_command, kill_group, pid_exists, pid_start_time
 from .spawn import RESOURCE_ERRNOS, CommandStarter
 from .store.base import Claim
 
@@ -100,7 +100,7 @@ class CommandAttempt(Attempt):
 
     def _discard(self, pidfd: int) -> None:
         """Undo a start that failed after the spawn: kill and reap the command, close what was opened."""
-        kill_group(self._proc.pid)
+        kill_command(self._proc.pid)
         self._proc.wait()
         if self._cgroups is not None and self._cgroup is not None:
             self._cgroups.finished(self._cgroup)  # kills what the command started outside its group
@@ -193,6 +193,10 @@ class CommandAttempt(Attempt):
             return Outcome.done(bytes(self._stdout), "bytes")
         if self.abandon_reason is not None:
             return Outcome.released(self.abandon_reason)
+        if not self._proc.set_up and not self._killed:
+            # Killed from outside in the moment after its clone (see onward.clonespawn): nothing of the
+            # command ran, so the attempt is given back uncounted, as when it could not be made at all.
+            return Outcome.released("the command's process was killed before it could start the command")
         if exec_error is not None:
             # The program could not be run (the spawner reports this after the fact): the same outcome, in
             # the same words, as a fork's error raised at start (``Runner._start``).
@@ -227,7 +231,7 @@ class CommandAttempt(Attempt):
     def _kill(self) -> None:
         if not self._proc_exited:
             self._killed = True
-            kill_group(self._proc.pid)
+            kill_command(self._proc.pid)
             if self._cgroup is not None:
                 self._cgroup.kill()
 

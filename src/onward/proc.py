@@ -202,3 +202,14 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
         return False
     except PermissionError:
         return False
+
+
+def kill_command(pid: int) -> None:
+    """SIGKILL a command's process, ``pid``, and its process group: the group for whatever it started,
+    the process itself for the moment before it leads a group of its own (on the clone path it calls
+    setsid only once it runs, beside the worker: onward.clonespawn). The process first: once it is dead,
+    it starts nothing more that the group would miss. Only for a pid that cannot have been reused: the
+    caller's own child not yet reaped, or one whose start time was just checked."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    kill_group(pid)

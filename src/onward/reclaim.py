@@ -5,15 +5,12 @@ so in the store, and a running task whose owner died (same host: known at once) 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import Container
 
 from . import crashpoints
 from .cgroups import sweep_dead_workers
 from .log import Log, quote
-from .proc import kill_group, owner_alive, process_alive
+from .proc import kill_command, kill_group, owner_alive, process_alive
 from .store.base import RunningTask, Store
 
 
@@ -50,11 +47,10 @@ def _end_old_attempt(task: RunningTask, alive: bool | None) -> None:
         sweep_dead_workers()
     if task.child_pid and (alive is not None or task.owner is None) and process_alive(
             task.child_pid, task.child_start):
-        kill_group(task.child_pid)
-        # And the process itself: its pid is noted as soon as it exists, a moment before it leads its own
-        # group (onward.clonespawn), so a worker frozen in that moment leaves a process the group misses.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(task.child_pid, signal.SIGKILL)
+        # The process itself as well as its group: its pid is noted as soon as it exists, a moment before
+        # it leads its own group (onward.clonespawn), so a worker frozen in that moment leaves a process
+        # the group misses.
+        kill_command(task.child_pid)
     elif task.child_pid and alive is False:
         kill_group(task.child_pid)  # the leader is gone, but its group may live on
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from .cgroups import AttemptCgroup, WorkerCgroups
 from .clonespawn import Cloned, CloneSpawner
 from .proc import die_with_parent_preexec, pid_start_time, prepare_die_with_parent
-from .spawner import Spawner, exec_error
+from .spawner import REPORT, Spawner, exec_error
 
 # "spawner" skips the clone path, "fork" both it and the spawner (a fork of the worker with a preexec_fn):
 # escape hatches, and how the tests run those paths on systems where a faster one works.
@@ -49,22 +49,32 @@ class CommandProcess:
         self.pid = pid
         self.stdout = stdout
         self.stderr = stderr
-        self._report = report  # the spawner path: the child's report pipe, past its pid
+        # The child's report pipe: on the spawner path past its pid (read before its go), on the clone path
+        # from its start (not waited for: see onward.clonespawn).
+        self._report = report
         self._popen = popen  # the fork path's Popen, which keeps the exit status it reaped
         self._memory = memory  # the clone path: the child's stack and arguments, the worker's until reaped
         self._status: int | None = None
         self._open = {stdout, stderr} | ({report} if report >= 0 else set())
+        self._pid_first = memory is not None  # the clone path's report starts with the pid
+        # Known once it has exited (exec_error): False if the process died before it set itself up (own
+        # session, PDEATHSIG), so before its go and anything of its command.
+        self.set_up = True
 
     def exec_error(self) -> OSError | None:
         """After the process exited: the error of its ``execve`` if that failed, as ``subprocess`` raises
-        it (errno, message, the program as filename); None if its program ran (or it died before trying).
-        On the fork path ``execve`` errors are raised by ``start`` itself."""
+        it (errno, message, the program as filename); None if its program ran (or it died before trying:
+        ``set_up`` tells whether it got as far as its go). On the fork path ``execve`` errors are raised by
+        ``start`` itself."""
         if self._report < 0 or self._report not in self._open:
             return None
         rest = b""
         while chunk := os.read(self._report, 64):  # all written: the process is gone, and its end with it
             rest += chunk
         self.close_pipe(self._report)
+        if self._pid_first:
+            self.set_up = len(rest) >= REPORT.size
+            rest = rest[REPORT.size:]
         failure = exec_error(rest)
         return None if failure is None else OSError(failure, os.strerror(failure))
 

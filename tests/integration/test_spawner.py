@@ -599,3 +599,113 @@ def test_a_process_made_ahead_is_not_used_once_a_commit_that_noted_it_lost_its_a
     c = sqlite3.connect(db)
     assert c.execute("SELECT count(*) FROM tasks WHERE state = 'done'").fetchone()[0] == len(names)
     c.close()
+
+
+# --- the clone path does not wait for its process to set itself up: it may be killed before it has ------------
+def frozen_cgroup(path: str) -> None:
+    """Freeze the cgroup ``path`` (made if missing): a process born in it stops before its first instruction."""
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "cgroup.freeze"), "w") as f:
+        f.write("1")
+    wait_for(lambda: "frozen 1" in Path(path, "cgroup.events").read_text(), 10, f"{path} to freeze")
+
+
+def thaw(path: str) -> None:
+    with open(os.path.join(path, "cgroup.freeze"), "w") as f:
+        f.write("0")
+
+
+@needs_cgroup2
+def test_a_process_killed_before_it_set_itself_up_is_killed_by_its_pid_and_runs_nothing(tmp_path: Path) -> None:
+    """The clone path lets a command's process go before it has called setsid: born in a frozen cgroup, it
+    is still in the worker's process group, so a kill of its own group (which does not exist yet) misses
+    it; ``kill_command`` kills it by its pid, and it says it never set itself up (nothing of the command
+    ran, even once the cgroup thaws)."""
+    from onward import clonespawn
+    from onward.proc import kill_command, kill_group
+    from onward.spawn import CommandProcess
+
+    if not clonespawn.available():
+        pytest.skip("the clone path is not available here (test_the_clone_path_is_built_here says why)")
+    assert own is not None
+    scratch = os.path.join(own, f"test-unset-{os.getpid()}")
+    frozen_cgroup(scratch)
+    ran = tmp_path / "ran"
+    spawner = clonespawn.CloneSpawner(dict(os.environ))
+    noted: list[int] = []
+    directory = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        pid, out, err, report, memory = spawner.spawn(["touch", str(ran)], {}, directory, noted.append)
+        process = CommandProcess(pid, out, err, report, memory=memory)
+        assert noted == [pid]
+        assert os.getpgid(pid) == os.getpgrp()  # not set up: still in our group, leading none of its own
+        assert not kill_group(pid)  # the group it would lead does not exist: this kill misses it
+        time.sleep(0.05)
+        assert process_state(pid) != "Z"
+        kill_command(pid)
+        assert process.wait() == -signal.SIGKILL
+        assert process.exec_error() is None and not process.set_up
+        process.close_pipes()
+    finally:
+        os.close(directory)
+        spawner.close()
+        thaw(scratch)
+        cgroups.remove(scratch)
+    assert not ran.exists()
+
+
+@needs_cgroup2
+def test_a_command_process_killed_from_outside_before_it_set_itself_up_is_given_back_uncounted(
+        tmp_path: Path) -> None:
+    """Killed by someone else before it set itself up (here: born frozen, in the worker's cgroup directory
+    frozen by the test, then SIGKILLed), a command's process ran nothing of its command: the attempt is given
+    back uncounted, saying so, and the command runs once the cgroup thaws, as its first attempt."""
+    from onward import clonespawn
+
+    if not clonespawn.available():
+        pytest.skip("the clone path is not available here (test_the_clone_path_is_built_here says why)")
+    assert own is not None
+    db, tasks, ran = tmp_path / "s.db", write_tasks(tmp_path / "t.txt", ["a"]), tmp_path / "ran"
+    p = subprocess.Popen(onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--", "sh", "-c",
+                                     'echo "$ONWARD_ATTEMPT" >> "$0"', str(ran)),
+                         env=dict(os.environ, ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT="claim_committed:1"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    worker_dir = None
+    try:
+        wait_for(lambda: process_state(p.pid) == "T", 30, "the worker to freeze itself after its claim")
+        worker_dir = next(os.path.join(own, n) for n in os.listdir(own) if n.startswith(f"onward-{p.pid}-"))
+        frozen_cgroup(worker_dir)  # what the worker starts from now on is born frozen
+        os.kill(p.pid, signal.SIGCONT)
+
+        def noted_pid() -> int | None:
+            c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                return c.execute("SELECT child_pid FROM tasks WHERE name = 'a'").fetchone()[0]
+            finally:
+                c.close()
+
+        child = wait_for(noted_pid, 30, "the command's pid to be noted")
+        assert os.getpgid(child) == os.getpgid(p.pid)  # not set up: still in the worker's group
+        os.kill(child, signal.SIGKILL)
+
+        def released() -> list[str]:
+            c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                return [r[0] for r in c.execute("SELECT detail FROM events WHERE detail LIKE '%before it could start%'")]
+            finally:
+                c.close()
+
+        details = wait_for(released, 30, "the attempt to be given back")
+        assert not ran.exists()
+        thaw(worker_dir)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if worker_dir is not None and os.path.isdir(worker_dir):
+            thaw(worker_dir)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err.decode()
+    assert "killed before it could start the command" in details[0], details
+    assert ran.read_text() == "1\n"  # ran once, and the attempt given back was not counted
+    assert run_onward("status", "--db", str(db), "--json").returncode == 0

@@ -685,6 +685,7 @@ def test_a_command_process_killed_from_outside_before_it_set_itself_up_is_given_
                 c.close()
 
         child = wait_for(noted_pid, 30, "the command's pid to be noted")
+        assert isinstance(child, int)
         assert os.getpgid(child) == os.getpgid(p.pid)  # not set up: still in the worker's group
         os.kill(child, signal.SIGKILL)
 
@@ -696,6 +697,7 @@ def test_a_command_process_killed_from_outside_before_it_set_itself_up_is_given_
                 c.close()
 
         details = wait_for(released, 30, "the attempt to be given back")
+        assert isinstance(details, list)
         assert not ran.exists()
         thaw(worker_dir)
         _, err = p.communicate(timeout=60)

@@ -677,14 +677,7 @@ def test_a_command_process_killed_from_outside_before_it_set_itself_up_is_given_
         frozen_cgroup(worker_dir)  # what the worker starts from now on is born frozen
         os.kill(p.pid, signal.SIGCONT)
 
-        def noted_pid() -> int | None:
-            c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            try:
-                return c.execute("SELECT child_pid FROM tasks WHERE name = 'a'").fetchone()[0]
-            finally:
-                c.close()
-
-        child = wait_for(noted_pid, 30, "the command's pid to be noted")
+        child = wait_for(lambda: task_row(db, "a")[1], 30, "the command's pid to be noted")
         assert isinstance(child, int)
         assert os.getpgid(child) == os.getpgid(p.pid)  # not set up: still in the worker's group
         os.kill(child, signal.SIGKILL)

@@ -16,6 +16,7 @@ At the end the job finishes: nothing lost, every result file present and right, 
 from __future__ import annotations
 
 import calendar
+import errno
 import fcntl
 import json
 import os
@@ -343,6 +344,28 @@ def check_out_files(out: Path, states: dict[str, str]) -> tuple[list[str], list[
         elif path.read_bytes() != expected_result(name):
             torn.append(path.name)
     return torn, unfinished
+
+
+def test_the_journal_probe_is_refused_by_an_ext4_whose_journal_aborted(tmp_path: Path) -> None:
+    """The check a sync of the store's log is followed by (SqliteStore._vouch): on an ext4 that met an error
+    (errors=remount-ro, trigger_fs_error) both probes raise, on a descriptor opened before; before the
+    error they pass. An fdatasync that returned 0 just before such an abort may have lost its data."""
+    import onward.store.sqlite as sqlite_backend
+    probes = {sqlite_backend.posix_journal_probe, sqlite_backend.journal_probe}
+    with loop_ext4(tmp_path, 32, "errors=remount-ro") as disk:
+        log = disk.mount / "s.db-wal"
+        fd = os.open(log, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, b"\x37\x7f\x06\x82" + bytes(4092), 0)
+            os.fdatasync(fd)
+            assert all(probe(fd) is True for probe in probes)
+            Path(f"/sys/fs/ext4/{Path(disk.device).name}/trigger_fs_error").write_text("1")
+            for probe in probes:
+                with pytest.raises(OSError) as refused:
+                    probe(fd)
+                assert refused.value.errno in (errno.EROFS, errno.EIO), refused.value
+        finally:
+            os.close(fd)
 
 
 def test_store_disk_turning_read_only_under_a_worker_stalls_it_and_loses_nothing(

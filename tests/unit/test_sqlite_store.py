@@ -296,3 +296,70 @@ def test_without_the_sync_thread_sync_ahead_syncs_in_place(tmp_path: Path, monke
     assert job.run().done == 50
     assert len(synced) >= 49  # one sync per completion, each in place (os.fdatasync, on the task's thread)
     job.close()
+
+
+# --- the journal probe after a sync (SqliteStore._vouch) ----------------------------------------------
+def _journal_probes() -> list[Callable[[int], bool]]:
+    import onward.store.sqlite as sqlite_backend
+    probes: list[Callable[[int], bool]] = [sqlite_backend.posix_journal_probe]
+    if sqlite_backend.SyncThread is not None:
+        probes.append(sqlite_backend.journal_probe)  # the C one (without a compiler, the same function)
+    return probes
+
+
+@pytest.mark.parametrize("probe", _journal_probes(), ids=lambda p: p.__module__)
+def test_the_journal_probe_is_taken_by_a_file_and_changes_nothing_in_it(tmp_path: Path,
+                                                                     probe: Callable[[int], bool]) -> None:
+    path = tmp_path / "s.db"
+    path.write_bytes(b"SQLite format 3\x00" + bytes(4080))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        before = os.fstat(fd)
+        assert probe(fd) is True
+        after = os.fstat(fd)
+        assert (after.st_size, after.st_blocks) == (before.st_size, before.st_blocks)
+        assert path.read_bytes() == b"SQLite format 3\x00" + bytes(4080)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("probe", _journal_probes(), ids=lambda p: p.__module__)
+def test_the_journal_probe_of_a_fifo_or_a_read_only_descriptor_says_it_cannot_ask(
+        tmp_path: Path, probe: Callable[[int], bool]) -> None:
+    # Hostile twins of the store's file: a FIFO in its place, a descriptor not open for writing.
+    fifo = tmp_path / "s.db"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        assert probe(fd) is False
+    finally:
+        os.close(fd)
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x" * 32)
+    fd = os.open(plain, os.O_RDONLY)
+    try:
+        assert probe(fd) is False
+    finally:
+        os.close(fd)
+
+
+def test_a_store_whose_log_cannot_be_probed_stops_probing_and_still_commits(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import onward.store.sqlite as sqlite_backend
+    asked: list[int] = []
+
+    def unsupported(fd: int) -> bool:
+        asked.append(fd)
+        return False  # as on a filesystem without fallocate
+    monkeypatch.setattr(sqlite_backend, "journal_probe", unsupported)
+    store = SqliteStore(str(tmp_path / "s.db"))
+    store.add(["a", "b", "c"])
+    with store.batch(durable=False):
+        store.claim(1, 1, 30.0, 3)
+    store.sync()
+    store.add(["d"])
+    store.close()
+    assert len(asked) == 1  # asked once, then never again
+    c = sqlite3.connect(tmp_path / "s.db")
+    assert c.execute("SELECT count(*) FROM tasks").fetchone()[0] == 4
+    c.close()

@@ -22,6 +22,7 @@ Why these settings:
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sqlite3
@@ -48,10 +49,25 @@ from .sql import migration
 from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version
 from .sqlite_peek import SQLITE_MAGIC, Q  # one parse of sqlite.sql, one header check, for both readers
 
+
+def posix_journal_probe(fd: int) -> bool:
+    """``journal_probe`` of _syncthread.c, with the call the standard library has: posix_fallocate of the
+    file's first byte, which the store's file always holds (its header), so nothing is added to it."""
+    try:
+        os.posix_fallocate(fd, 0, 1)
+    except OSError as e:
+        if e.errno in (errno.EROFS, errno.EIO, errno.EUCLEAN):
+            raise
+        return e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV, errno.ESPIPE,
+                               errno.EBADF, errno.EPERM)
+    return True
+
+
 try:
-    from ._syncthread import SyncThread
-except ImportError:  # built without a C compiler: sync_ahead syncs in place
+    from ._syncthread import SyncThread, journal_probe
+except ImportError:  # built without a C compiler: sync_ahead syncs in place, and probes with posix_fallocate
     SyncThread = None
+    journal_probe = posix_journal_probe
 
 # How long a call waits for the write lock before the runner names a lease (then: a quarter of it, see
 # sqlbase.STALL_FLOOR_MS). Commands such as ``onward add`` have no lease to outlive and may wait longer.
@@ -235,9 +251,10 @@ class SqliteStore(SqlStore):
         if self._sync_thread is not None:
             self._sync_thread.close()  # first: it may be syncing the log's descriptor closed below
             self._sync_thread = None
-        if self._wal_fd >= 0:
-            os.close(self._wal_fd)
-            self._wal_fd = -1
+        for fd in (self._wal_fd, self._probe_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._wal_fd = self._probe_fd = -1
         db = getattr(self, "_db", None)
         if db is not None:
             db.close()
@@ -246,11 +263,38 @@ class SqliteStore(SqlStore):
     _wal_fd = -1  # the write-ahead log, opened at the first sync (it exists once anything was committed)
     _sync_thread: Any = None  # a SyncThread, made when a worker asks for sync_ahead_fd
 
+    _probing = True  # False once the store's filesystem turned out to take no journal probe (_vouch)
+    _probe_fd = -1  # the database file, opened for writing at the first probe (nothing is written through it)
+
     def _sync(self) -> None:
         try:
             os.fdatasync(self._wal())
         except OSError as e:
             raise self._sync_error(e) from None
+        self._vouch()
+
+    def _vouch(self) -> None:
+        """After a sync of the log returned (ours, or SQLite's at a durable commit): check that the store's
+        filesystem still takes a journal transaction. ext4 can acknowledge an fdatasync in the moment
+        between its journal aborting and its refusing writes, and lose what the sync was to keep; a
+        transaction started now finds such an abort (see journal_probe in _syncthread.c). Asked through
+        the database file, not the log: the log and the database are in one folder, so on one filesystem."""
+        probe_fd = self._probe_target()
+        if probe_fd < 0:
+            return
+        try:
+            self._probing = journal_probe(probe_fd)
+        except OSError as e:
+            raise self._sync_error(e) from None
+
+    def _probe_target(self) -> int:
+        """The descriptor the journal probe goes through, or -1 when this filesystem takes no probe."""
+        if self._probing and self._probe_fd < 0:
+            try:
+                self._probe_fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            except OSError as e:
+                raise self._sync_error(e) from None
+        return self._probe_fd if self._probing else -1
 
     def _wal(self) -> int:
         # The log SQLite appended the crash-safe commit to: while this connection is open the file is never
@@ -277,7 +321,7 @@ class SqliteStore(SqlStore):
         if self._sync_thread is None:
             self.sync()
             return None
-        ticket = self._sync_thread.request(self._wal())
+        ticket = self._sync_thread.request(self._wal(), self._probe_target())
         self._sync_owed = False
         return functools.partial(self._wait_for_sync, self._sync_thread, ticket)
 
@@ -358,6 +402,8 @@ class SqliteStore(SqlStore):
                 self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+        if durable:
+            self._vouch()  # SQLite's own sync of the log at COMMIT (synchronous=FULL)
 
     def _on_its_own(self, name: str, params: dict[str, Any]) -> list[Any]:
         with self._write():

@@ -343,8 +343,8 @@ def test_the_journal_probe_of_a_fifo_or_a_read_only_descriptor_says_it_cannot_as
         os.close(fd)
 
 
-def test_a_store_whose_log_cannot_be_probed_stops_probing_and_still_commits(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_store_whose_filesystem_takes_no_probe_stops_asking_and_still_commits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import onward.store.sqlite as sqlite_backend
     asked: list[int] = []
 

@@ -37,6 +37,21 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+def told_done(err: str) -> list[str]:
+    """The tasks a worker's log lines report done, in order (a task told twice shows twice)."""
+    return [line.split('task="')[1].split('"')[0] for line in err.splitlines() if ' done task="' in line]
+
+
+def done_in_store(db: Path) -> set[str]:
+    """The tasks done in a SQLite store, once its integrity check passed."""
+    c = sqlite3.connect(db)
+    try:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return {n for (n,) in c.execute("SELECT name FROM tasks WHERE state = 'done'")}
+    finally:
+        c.close()
+
+
 def test_full_disk_stalls_the_job_and_it_finishes_once_there_is_room(small_disk: Path, tmp_path: Path) -> None:
     db = small_disk / "s.db"
     log = tmp_path / "executions.log"
@@ -94,13 +109,10 @@ def test_failing_fsync_never_reports_a_completion_that_is_not_durable(tmp_path: 
     err = faulty.stderr.decode()
     assert "Traceback" not in err or "StoreError" in err or "disk I/O" in err, err
     assert "store error, will retry" in err, "the injected fsync failures did not reach the worker"
-    reported = {line.split('task="')[1].split('"')[0] for line in err.splitlines() if ' done task="' in line}
+    reported = set(told_done(err))
     summary = next(line for line in err.splitlines() if "worker stopped" in line)
     assert f"done={len(reported)} " in summary, summary  # the summary counts only committed completions
-    c = sqlite3.connect(db)
-    assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    durable = {n for (n,) in c.execute("SELECT name FROM tasks WHERE state = 'done'")}
-    c.close()
+    durable = done_in_store(db)
     assert reported <= durable, f"reported done but not in the store: {reported - durable}"
     # and a clean run finishes the job
     clean = subprocess.run(run, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
@@ -143,12 +155,11 @@ def test_failing_fsync_beside_the_next_python_task_never_reports_what_it_did_not
     assert "Traceback" not in err, err[-2000:]
     assert "store error, will retry" in err, "the injected fsync failures did not reach the worker"
     assert "-wal>) = -1 EIO" in trace.read_text(), "no sync of the log failed"
-    reported = [line.split('task="')[1].split('"')[0] for line in err.splitlines() if ' done task="' in line]
+    reported = told_done(err)
     assert len(reported) == len(set(reported)) == int(faulty.stdout.split()[-1])  # the tally counts what was told
     assert len(reported) < 200  # the completions the failed syncs were to vouch for were never told
+    durable = done_in_store(db)
     c = sqlite3.connect(db)
-    assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    durable = {n for (n,) in c.execute("SELECT name FROM tasks WHERE state = 'done'")}
     assert c.execute("SELECT count(*) FROM tasks WHERE state <> 'done'").fetchone()[0] == 0  # and it went on
     c.close()
     assert set(reported) <= durable
@@ -184,16 +195,15 @@ def test_a_journal_that_refuses_the_probe_after_a_sync_never_has_that_sync_vouch
     assert "Traceback" not in err, err[-2000:]
     assert "cannot make the last commit durable: Read-only file system" in err, err[-2000:]
     assert f"{db}>, FALLOC_FL_KEEP_SIZE, 0, 1) = -1 EROFS" in trace.read_text(), "no probe was refused"
-    reported = [line.split('task="')[1].split('"')[0] for line in err.splitlines() if ' done task="' in line]
+    reported = told_done(err)
     assert len(reported) == len(set(reported))
+    durable = done_in_store(db)
     c = sqlite3.connect(db)
-    assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    durable = {n for (n,) in c.execute("SELECT name FROM tasks WHERE state = 'done'")}
     total = c.execute("SELECT count(*) FROM tasks").fetchone()[0]
     c.close()
     assert set(reported) <= durable, f"reported done but not in the store: {set(reported) - durable}"
     assert len(reported) < total  # what the refused probes were to vouch for was never told
-    # and a run without the fault finishes the job, running nothing it committed again
+    # and a run without the fault finishes the job
     clean = subprocess.run(argv, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=180)
     assert clean.returncode == 0, clean.stderr.decode()[-2000:]
     c = sqlite3.connect(db)

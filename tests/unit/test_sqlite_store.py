@@ -363,3 +363,74 @@ def test_a_store_whose_filesystem_takes_no_probe_stops_asking_and_still_commits(
     c = sqlite3.connect(tmp_path / "s.db")
     assert c.execute("SELECT count(*) FROM tasks").fetchone()[0] == 4
     c.close()
+
+
+# --- after a failed sync of the log (SqliteStore._rewrite_log) ------------------------------------------
+def _failing_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next os.fdatasync fails with EIO, as a disk that could not write; the later ones work. (The real
+    fault, a write the disk refused: tests/crash/test_power_cut.py.)"""
+    import errno
+    real_fdatasync = os.fdatasync
+    failures = [OSError(errno.EIO, os.strerror(errno.EIO))]
+
+    def fdatasync(fd: int) -> None:
+        if failures:
+            raise failures.pop()
+        real_fdatasync(fd)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+
+def test_after_a_failed_sync_the_next_one_first_writes_the_log_into_the_database(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onward.errors import StoreUnavailable
+    db = tmp_path / "s.db"
+    store = SqliteStore(str(db))
+    store.add(["a", "b", "c"])
+    with store.batch(durable=False):
+        store.claim(1, 2, 30.0, 3)
+    _failing_once(monkeypatch)
+    with pytest.raises(StoreUnavailable, match="cannot make the last commit durable"):
+        store.sync()
+    assert os.path.getsize(f"{db}-wal") > 0
+    store.sync()  # the disk works again: the log is written into the database first, then emptied
+    assert os.path.getsize(f"{db}-wal") == 0
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)  # what a reader of the database file alone finds
+    assert c.execute("SELECT count(*) FROM tasks WHERE state = 'running'").fetchone()[0] == 2
+    c.close()
+    with store.batch(durable=False):  # and from then on, syncs are plain ones again
+        store.claim(1, 1, 30.0, 3)
+    store.sync()
+    assert os.path.getsize(f"{db}-wal") > 0
+    store.close()
+
+
+def test_a_rewrite_that_a_reader_holds_up_vouches_for_nothing_and_commits_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A reader in the middle of a read (onward status, another worker) keeps the log from being emptied: the
+    # rewrite is incomplete, so the sync is not vouched for; and before a durable commit nothing is committed.
+    from onward.errors import StoreUnavailable
+    db = tmp_path / "s.db"
+    store = SqliteStore(str(db))
+    store.add(["a", "b", "c"])
+    with store.batch(durable=False):
+        store.claim(1, 1, 30.0, 3)
+    _failing_once(monkeypatch)
+    with pytest.raises(StoreUnavailable):
+        store.sync()
+    reader = sqlite3.connect(db, timeout=0.1)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM tasks WHERE state = 'running'").fetchone()[0] == 1
+    store._db.execute("PRAGMA busy_timeout = 100")  # not the worker's 30 s: the test waits on no one
+    with pytest.raises(StoreUnavailable, match="could not be written into the database"):
+        store.sync()
+    with pytest.raises(StoreUnavailable, match="could not be written into the database"):
+        with store.batch(durable=True):
+            store.claim(1, 1, 30.0, 3)
+    reader.execute("COMMIT")
+    assert reader.execute("SELECT count(*) FROM tasks WHERE state = 'running'").fetchone()[0] == 1
+    reader.close()
+    store.sync()
+    with store.batch(durable=True):
+        assert len(store.claim(1, 1, 30.0, 3)) == 1
+    assert os.path.getsize(f"{db}-wal") > 0
+    store.close()

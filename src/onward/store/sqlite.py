@@ -72,6 +72,7 @@ except ImportError:  # built without a C compiler: sync_ahead syncs in place, an
 # How long a call waits for the write lock before the runner names a lease (then: a quarter of it, see
 # sqlbase.STALL_FLOOR_MS). Commands such as ``onward add`` have no lease to outlive and may wait longer.
 BUSY_TIMEOUT_MS = 30_000
+SQLITE_IOERR = 10  # the primary result code of every "disk I/O error" (its extended codes share the low byte)
 EVENTS_PER_INSERT = 1000  # journal rows per INSERT (9 parameters each; SQLite takes 32,766)
 # The most completions one rate reading counts: a job done faster than that a minute is measured over its latest
 # RATE_SAMPLE completions (a few seconds at such rates), which keeps a status refresh a few milliseconds.
@@ -273,12 +274,19 @@ class SqliteStore(SqlStore):
             raise self._sync_error(e) from None
         self._vouch()
 
+    # A sync of the log failed (or SQLite's own, at a commit): until ``_rewrite_log`` has run, no later sync
+    # vouches for anything. See there.
+    _log_suspect = False
+
     def _vouch(self) -> None:
         """After a sync of the log returned (ours, or SQLite's at a durable commit): check that the store's
         filesystem still takes a journal transaction. ext4 can acknowledge an fdatasync in the moment
         between its journal aborting and its refusing writes, and lose what the sync was to keep; a
         transaction started now finds such an abort (see journal_probe in _syncthread.c). Asked through
-        the database file, not the log: the log and the database are in one folder, so on one filesystem."""
+        the database file, not the log: the log and the database are in one folder, so on one filesystem.
+        After a failed sync, the log is first rewritten into the database (``_rewrite_log``)."""
+        if self._log_suspect:
+            self._rewrite_log()
         probe_fd = self._probe_target()
         if probe_fd < 0:
             return
@@ -286,6 +294,38 @@ class SqliteStore(SqlStore):
             self._probing = journal_probe(probe_fd)
         except OSError as e:
             raise self._sync_error(e) from None
+
+    def _rewrite_log(self) -> None:
+        """Copy every commit in the log into the database file, sync that, and empty the log; only then may
+        a sync vouch for anything again. Why: when the disk fails to write some of the log's pages, the
+        failed sync says so once, and the kernel marks those pages clean: they are in memory (every reader
+        sees them) but not on the disk, and no later sync writes them again. Worse, ext4 leaves the blocks
+        it had allocated for them "unwritten" (dmesg: "failed to convert unwritten extents"), so even
+        writing the same bytes there again, and syncing, reads back as zeros after a power cut. SQLite's
+        recovery stops at the first frame of the log that does not check out: every commit after the hole,
+        synced or not, would be lost, reported completions with them (``tests/crash/test_power_cut.py``
+        showed 32 of 83). A checkpoint reads the frames from memory, writes them into the database file
+        and syncs it; TRUNCATE then gives the log's blocks back, the failed ones with them. The database
+        file's own pages that a checkpoint during the fault failed to write are first dropped from memory
+        (they are still in the log), so that the checkpoint's writes go through a fresh mapping of their
+        blocks, which ext4 then converts. Tried before every durable commit and at every vouch until it works:
+        while the disk still fails, the checkpoint fails too, and nothing is vouched for."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except OSError as e:
+            raise self._sync_error(e) from None
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"store {self.path}: cannot make the last commit durable: after a failed "
+                                   f"sync, its log could not be written into the database ({one_line(str(e), 200)})") from None
+        if busy:
+            raise StoreUnavailable(f"store {self.path}: cannot make the last commit durable: after a failed sync, "
+                                   "its log could not be written into the database (another connection holds it)")
+        self._log_suspect = False
 
     def _probe_target(self) -> int:
         """The descriptor the journal probe goes through, or -1 when this filesystem takes no probe."""
@@ -312,7 +352,9 @@ class SqliteStore(SqlStore):
             self.check_still_there()  # the store was deleted under us: say so (StoreGone)
             return StoreUnavailable(f"store {self.path}: its write-ahead log {self.path}-wal is gone")
         # A failed fsync may have dropped the pages it could not write: the commits since the last sync
-        # cannot be vouched for, so the worker stops (exit 75) without reporting them.
+        # cannot be vouched for (nothing of them is reported), and no later sync vouches for anything
+        # before the log was rewritten (``_rewrite_log``).
+        self._log_suspect = True
         return StoreUnavailable(f"store {self.path}: cannot make the last commit durable: {e.strerror}")
 
     def sync_ahead(self) -> Callable[[], None] | None:
@@ -332,6 +374,8 @@ class SqliteStore(SqlStore):
             raise self._sync_error(e) from None
         except ValueError:  # closed (the store was closed meanwhile): never synced by it
             raise StoreUnavailable(f"store {self.path} was closed before its last commit was made durable") from None
+        if self._log_suspect:  # SQLite's own sync failed at a commit since: the thread's cannot vouch alone
+            self._vouch()
 
     def sync_ahead_fd(self) -> int | None:
         if SyncThread is None:
@@ -391,6 +435,10 @@ class SqliteStore(SqlStore):
 
     @contextmanager
     def _transaction(self, durable: bool) -> Iterator[None]:
+        if durable and self._log_suspect:
+            # Before the commit, not at its vouch: a rewrite that fails then leaves nothing committed, and
+            # the caller's retry finds its tasks as it left them (not done by a commit it was told failed).
+            self._rewrite_log()
         if durable != self._durable:
             self._db.execute("PRAGMA synchronous = FULL" if durable else "PRAGMA synchronous = NORMAL")
             self._durable = durable
@@ -401,7 +449,12 @@ class SqliteStore(SqlStore):
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error as e:
+            if getattr(e, "sqlite_errorcode", 0) & 0xFF == SQLITE_IOERR:  # its fsync, or a write, failed
+                self._log_suspect = True
+            raise
         if durable:
             self._vouch()  # SQLite's own sync of the log at COMMIT (synchronous=FULL)
 

@@ -524,20 +524,22 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-@pytest.mark.parametrize(("api", "concurrency"), [(False, 1), (False, 4), (True, 1)],
-                         ids=["commands-1", "commands-4", "python-api-1"])
+@pytest.mark.parametrize(("api", "concurrency", "killed"), [(False, 1, False), (False, 4, False), (True, 1, False),
+                                                         (False, 1, True)],
+                         ids=["commands-1", "commands-4", "python-api-1", "commands-1-killed-in-the-fault"])
 def test_a_failed_sync_of_the_log_is_not_papered_over_by_later_ones(
-        tmp_path: Path, seed: int, api: bool, concurrency: int) -> None:
+        tmp_path: Path, seed: int, api: bool, concurrency: int, killed: bool) -> None:
     """Writes of the store's log that fail at the disk (a thin volume out of room), then work again (room
-    again): the worker's next syncs return 0, but the log's pages whose write failed were marked clean, so on the
-    disk the log has a hole, and SQLite's recovery after a power cut stops there: every commit after it,
-    synced or not, is gone. So no completion the worker reports after the fault may depend on the log
-    before the hole: after the power cut, every task reported done is done."""
+    again): the worker's next syncs return 0, but the log's pages whose write failed were marked clean, so
+    on the disk the log has a hole, and SQLite's recovery after a power cut stops there: every commit after
+    it, synced or not, is gone. So no completion reported after the fault may depend on the log before the
+    hole: after the power cut, every task reported done is done. ``killed``: the worker is killed during
+    the fault, before it could rewrite its log, and the next worker is started once there is room again."""
     rng = random.Random(seed)
     names = [f"t{i:05d}" for i in range(3000)]
     tasks = tmp_path / "tasks.txt"
     tasks.write_text("".join(n + "\n" for n in names))
-    log = tmp_path / "worker.log"
+    logs = [tmp_path / "worker.log", tmp_path / "next-worker.log"]
     env = dict(os.environ, PYTHONPATH=SRC)
     with thin_ext4(tmp_path) as (disk, backing):
         db = disk.mount / "store" / "onward.db"
@@ -547,8 +549,12 @@ def test_a_failed_sync_of_the_log_is_not_papered_over_by_later_ones(
         else:
             argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", str(concurrency),
                                "--heartbeat", "0.5", "--", "true", "{task}")
-        with open(log, "wb") as log_file:
-            worker = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
+
+        def start(log: Path) -> subprocess.Popen[bytes]:
+            with open(log, "wb") as log_file:
+                return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log_file)
+        log = logs[0]
+        worker = start(log)
         try:
             # Early, while the log still grows (its first checkpoint is at 1,000 pages, some 200 tasks).
             before = rng.randrange(5, 60)
@@ -556,7 +562,13 @@ def test_a_failed_sync_of_the_log_is_not_papered_over_by_later_ones(
             filler = fill(backing)
             wait_for(lambda: b"No space left on device" in log.read_bytes()
                      or b"I/O error" in log.read_bytes(), 60, "the worker to meet the failed write")
+            if killed:
+                worker.kill()
+                worker.wait(timeout=60)
             filler.unlink()
+            if killed:
+                log = logs[1]
+                worker = start(log)
             at_fault = done_lines(log)
             after = rng.randrange(5, 40)
             wait_for(lambda: done_lines(log) >= at_fault + after or worker.poll() is not None, 120,
@@ -569,13 +581,14 @@ def test_a_failed_sync_of_the_log_is_not_papered_over_by_later_ones(
                 worker.kill()
                 worker.wait()
         disk.remount()
-        reported = reported_done(log, before=cut_at)
+        reported = {n for path in logs if path.exists() for n in reported_done(path, before=cut_at)}
         store = read_store(db)
         lost = sorted(n for n in reported if store.states.get(n) != "done")
         print(f"seed {seed}: {before} done before the fault, {len(reported)} reported before the cut, "
               f"{len(lost)} lost")
-        record("power cut", backend="sqlite", case=f"writes of the log failing at the disk (thin volume out of "
-               f"room), room again, then a power cut; concurrency {concurrency}" + (", Python API" if api else ", commands"), seed=seed, reported_before_cut=len(reported),
-               lost=len(lost), integrity=store.integrity)
+        record("power cut", backend="sqlite", case="writes of the log failing at the disk (thin volume out of room), "
+               f"room again, then a power cut; concurrency {concurrency}" + (", Python API" if api else ", commands")
+               + (", the worker killed during the fault" if killed else ""), seed=seed,
+               reported_before_cut=len(reported), lost=len(lost), integrity=store.integrity)
         assert store.integrity == "ok"
         assert not lost, f"reported done but lost: {lost[:5]} ({len(lost)} of {len(reported)}; seed {seed})"

@@ -434,3 +434,30 @@ def test_a_rewrite_that_a_reader_holds_up_vouches_for_nothing_and_commits_nothin
         assert len(store.claim(1, 1, 30.0, 3)) == 1
     assert os.path.getsize(f"{db}-wal") > 0
     store.close()
+
+
+def test_a_failed_sync_is_left_marked_for_the_next_process_until_a_rewrite(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker killed between its failed sync and its rewrite: the next one (here a second handle, as a new
+    # process would open it) finds the mark and rewrites the log before its first durable commit.
+    from onward.errors import StoreUnavailable
+    db = tmp_path / "s.db"
+    first = SqliteStore(str(db))
+    first.add(["a", "b", "c"])
+    with first.batch(durable=False):
+        first.claim(1, 1, 30.0, 3)
+    _failing_once(monkeypatch)
+    with pytest.raises(StoreUnavailable):
+        first.sync()
+    mark = Path(f"{db}-unsynced")
+    assert mark.exists() and stat.S_IMODE(mark.stat().st_mode) == 0o600
+    monkeypatch.undo()
+    second = SqliteStore(str(db))
+    with second.batch(durable=True):
+        assert len(second.claim(2, 1, 30.0, 3)) == 1
+    assert not mark.exists()
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    assert c.execute("SELECT count(*) FROM tasks WHERE state = 'running'").fetchone()[0] == 2
+    c.close()
+    first.close()
+    second.close()

@@ -174,6 +174,7 @@ class SqliteStore(SqlStore):
         # The file just opened, to notice later that it was deleted or replaced (see check_still_there).
         self._where = os.path.abspath(self.path)
         self._identity = self._file_identity()
+        self._log_suspect = os.path.exists(self._unsynced_mark())  # left by a process that did not rewrite
 
     # --- opening -------------------------------------------------------------------------------------
     def _create_file(self) -> None:
@@ -278,6 +279,21 @@ class SqliteStore(SqlStore):
     # vouches for anything. See there.
     _log_suspect = False
 
+    def _unsynced_mark(self) -> str:
+        """A file beside the store while its log may hold pages a failed sync did not write: another process
+        (the next worker, after this one was killed before its rewrite; or one whose log descriptor was
+        opened after the failure, which the kernel then does not report to it) finds it at its open and
+        rewrites the log before it vouches for anything."""
+        return self.path + "-unsynced"
+
+    def _suspect_log(self) -> None:
+        if not self._log_suspect:
+            self._log_suspect = True
+            try:
+                os.close(os.open(self._unsynced_mark(), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            except OSError:
+                pass  # a disk that takes no new file at all: this process still rewrites before it vouches
+
     def _vouch(self) -> None:
         """After a sync of the log returned (ours, or SQLite's at a durable commit): check that the store's
         filesystem still takes a journal transaction. ext4 can acknowledge an fdatasync in the moment
@@ -326,6 +342,10 @@ class SqliteStore(SqlStore):
             raise StoreUnavailable(f"store {self.path}: cannot make the last commit durable: after a failed sync, "
                                    "its log could not be written into the database (another connection holds it)")
         self._log_suspect = False
+        try:
+            os.unlink(self._unsynced_mark())
+        except OSError:
+            pass  # gone already (another worker's rewrite), or left: the next open only rewrites once more
 
     def _probe_target(self) -> int:
         """The descriptor the journal probe goes through, or -1 when this filesystem takes no probe."""
@@ -345,6 +365,8 @@ class SqliteStore(SqlStore):
                 self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
             except OSError as e:
                 raise self._sync_error(e) from None
+            # A sync that failed before this descriptor was opened is not reported through it.
+            self._log_suspect = self._log_suspect or os.path.exists(self._unsynced_mark())
         return self._wal_fd
 
     def _sync_error(self, e: OSError) -> StoreError:
@@ -354,7 +376,7 @@ class SqliteStore(SqlStore):
         # A failed fsync may have dropped the pages it could not write: the commits since the last sync
         # cannot be vouched for (nothing of them is reported), and no later sync vouches for anything
         # before the log was rewritten (``_rewrite_log``).
-        self._log_suspect = True
+        self._suspect_log()
         return StoreUnavailable(f"store {self.path}: cannot make the last commit durable: {e.strerror}")
 
     def sync_ahead(self) -> Callable[[], None] | None:
@@ -453,7 +475,7 @@ class SqliteStore(SqlStore):
             self._db.execute("COMMIT")
         except sqlite3.Error as e:
             if getattr(e, "sqlite_errorcode", 0) & 0xFF == SQLITE_IOERR:  # its fsync, or a write, failed
-                self._log_suspect = True
+                self._suspect_log()
             raise
         if durable:
             self._vouch()  # SQLite's own sync of the log at COMMIT (synchronous=FULL)

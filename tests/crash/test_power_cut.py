@@ -529,6 +529,20 @@ def fill(folder: Path) -> Path:
                          ids=["commands-1", "commands-4", "python-api-1", "commands-1-killed-in-the-fault"])
 def test_a_failed_sync_of_the_log_is_not_papered_over_by_later_ones(
         tmp_path: Path, seed: int, api: bool, concurrency: int, killed: bool) -> None:
+    failed_writes_then_power_cut(tmp_path, seed, api, concurrency, killed)
+
+
+@pytest.mark.torture
+def test_torture_forty_failed_writes_of_the_log_then_power_cuts(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    for round_ in range(40):
+        api, concurrency, killed = [(False, 1, False), (False, 4, False), (True, 1, False), (False, 1, True)][round_ % 4]
+        folder = tmp_path / f"round-{round_}"
+        folder.mkdir()
+        failed_writes_then_power_cut(folder, rng.randrange(2**30), api, concurrency, killed)
+
+
+def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurrency: int, killed: bool) -> None:
     """Writes of the store's log that fail at the disk (a thin volume out of room), then work again (room
     again): the worker's next syncs return 0, but the log's pages whose write failed were marked clean, so
     on the disk the log has a hole, and SQLite's recovery after a power cut stops there: every commit after

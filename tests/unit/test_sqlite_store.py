@@ -461,3 +461,35 @@ def test_a_failed_sync_is_left_marked_for_the_next_process_until_a_rewrite(
     c.close()
     first.close()
     second.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_a_fifo_or_a_link_in_place_of_the_mark_neither_blocks_nor_writes_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: str) -> None:
+    # Hostile twins of STORE-unsynced: opened for writing, a FIFO without a reader would block the worker for
+    # ever, and a symbolic link would have the mark created where it points (outside the store's folder).
+    from onward.errors import StoreUnavailable
+    db = tmp_path / "s.db"
+    store = SqliteStore(str(db))
+    store.add(["a", "b"])
+    with store.batch(durable=False):
+        store.claim(1, 1, 30.0, 3)
+    store.sync()  # a sync that works first: the worker's descriptor of the log is open before the planting
+    mark = Path(f"{db}-unsynced")
+    target = tmp_path / "elsewhere" / "planted"
+    target.parent.mkdir()
+    if planted == "fifo":
+        os.mkfifo(mark)
+    else:
+        mark.symlink_to(target)
+    with store.batch(durable=False):
+        store.claim(1, 1, 30.0, 3)
+    _failing_once(monkeypatch)
+    with pytest.raises(StoreUnavailable):
+        store.sync()
+    assert not target.exists()
+    store.sync()  # rewritten all the same; what was planted is removed with the mark
+    assert os.path.getsize(f"{db}-wal") == 0
+    assert not os.path.lexists(mark) and not target.exists()
+    store.close()

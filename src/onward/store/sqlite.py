@@ -174,7 +174,7 @@ class SqliteStore(SqlStore):
         # The file just opened, to notice later that it was deleted or replaced (see check_still_there).
         self._where = os.path.abspath(self.path)
         self._identity = self._file_identity()
-        self._log_suspect = os.path.exists(self._unsynced_mark())  # left by a process that did not rewrite
+        self._log_suspect = os.path.lexists(self._unsynced_mark())  # left by a process that did not rewrite
 
     # --- opening -------------------------------------------------------------------------------------
     def _create_file(self) -> None:
@@ -290,9 +290,11 @@ class SqliteStore(SqlStore):
         if not self._log_suspect:
             self._log_suspect = True
             try:
-                os.close(os.open(self._unsynced_mark(), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+                # O_EXCL: whatever is there already (the mark, or a FIFO, or a link planted in its place) is
+                # left as it is, never opened: a FIFO would block the open, a link would create its target.
+                os.close(os.open(self._unsynced_mark(), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
             except OSError:
-                pass  # a disk that takes no new file at all: this process still rewrites before it vouches
+                pass  # there already, or a disk that takes no new file at all: this process still rewrites
 
     def _vouch(self) -> None:
         """After a sync of the log returned (ours, or SQLite's at a durable commit): check that the store's
@@ -366,7 +368,7 @@ class SqliteStore(SqlStore):
             except OSError as e:
                 raise self._sync_error(e) from None
             # A sync that failed before this descriptor was opened is not reported through it.
-            self._log_suspect = self._log_suspect or os.path.exists(self._unsynced_mark())
+            self._log_suspect = self._log_suspect or os.path.lexists(self._unsynced_mark())
         return self._wal_fd
 
     def _sync_error(self, e: OSError) -> StoreError:

@@ -100,17 +100,26 @@ def loop_ext4_usable() -> str | None:
 
 
 @contextmanager
-def loop_ext4(tmp_path: Path, size_mb: int, options: str = "defaults") -> Iterator[LoopDisk]:
-    """A fresh ext4 on a loop device, mounted under ``tmp_path``; unmounted and detached afterwards."""
+def loop_ext4(tmp_path: Path, size_mb: int, options: str = "defaults", *, image_dir: Path | None = None,
+              mkfs_options: tuple[str, ...] = (), allocate: bool = False) -> Iterator[LoopDisk]:
+    """A fresh ext4 on a loop device, mounted under ``tmp_path``; unmounted and detached afterwards. Its image
+    is in ``image_dir`` (default ``tmp_path``), made by mkfs.ext4 with ``mkfs_options``, and with
+    ``allocate`` given all its storage before the loop device is set up."""
     reason = loop_ext4_usable()
     if reason:
         if os.environ.get("CI") == "true":
             pytest.fail(f"this test {reason}")
         pytest.skip(reason)
-    image = tmp_path / f"disk-{uuid.uuid4().hex[:6]}.img"
+    image = (image_dir or tmp_path) / f"disk-{uuid.uuid4().hex[:6]}.img"
     with open(image, "wb") as f:
         f.truncate(size_mb << 20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", *mkfs_options, str(image)], check=True)
+    if allocate:
+        fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            os.posix_fallocate(fd, 0, size_mb << 20)
+        finally:
+            os.close(fd)
     device = subprocess.run(["losetup", "-f", "--show", str(image)], check=True, capture_output=True,
                             text=True).stdout.strip()
     mount = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
@@ -442,9 +451,7 @@ def thin_ext4(tmp_path: Path, size_mb: int = 32) -> Iterator[tuple[LoopDisk, Pat
     ... potential data loss"). The loop driver also takes a write the tmpfs took only in part for done (a
     short write is no error to it): a sync can then return 0 for bytes it did not keep. Yields the disk
     and the tmpfs's folder."""
-    reason = loop_ext4_usable()
-    if reason is None and shutil.which("dumpe2fs") is None:
-        reason = "needs dumpe2fs"
+    reason = loop_ext4_usable() or (None if shutil.which("dumpe2fs") else "needs dumpe2fs")
     if reason:
         if os.environ.get("CI") == "true":
             pytest.fail(f"this test {reason}")
@@ -454,29 +461,15 @@ def thin_ext4(tmp_path: Path, size_mb: int = 32) -> Iterator[tuple[LoopDisk, Pat
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb + 8}m,mode=0700", "tmpfs", str(backing)],
                    check=True)
     try:
-        image = backing / "disk.img"
-        with open(image, "wb") as f:
-            f.truncate(size_mb << 20)
         # 4 KiB blocks, the tmpfs's pages (a hole is punched a whole page at a time); nodiscard and the
         # eager inits, so that what ext4 keeps outside its free blocks (journal, inode tables) is written now.
-        subprocess.run(["mkfs.ext4", "-q", "-F", "-b", "4096", "-E",
-                        "nodiscard,lazy_itable_init=0,lazy_journal_init=0", str(image)], check=True)
-        fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            os.posix_fallocate(fd, 0, size_mb << 20)
-        finally:
-            os.close(fd)
-        device = subprocess.run(["losetup", "-f", "--show", str(image)], check=True, capture_output=True,
-                                text=True).stdout.strip()
-        mount = tmp_path / "mnt-thin"
-        mount.mkdir()
-        try:
-            subprocess.run(["mount", "-t", "ext4", device, str(mount)], check=True)
-            (mount / "store").mkdir()
-            subprocess.run(["sync", "-f", str(mount)], check=True)  # the bitmaps on the disk, for dumpe2fs
+        with loop_ext4(tmp_path, size_mb, image_dir=backing, allocate=True, mkfs_options=(
+                "-b", "4096", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0")) as disk:
+            (disk.mount / "store").mkdir()
+            subprocess.run(["sync", "-f", str(disk.mount)], check=True)  # the bitmaps on the disk, for dumpe2fs
             free = re.findall(r"Free blocks: (.*)", subprocess.run(
-                ["dumpe2fs", device], check=True, capture_output=True, text=True).stdout)
-            fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+                ["dumpe2fs", disk.device], check=True, capture_output=True, text=True).stdout)
+            fd = os.open(disk.image, os.O_RDWR | os.O_CLOEXEC)
             try:
                 for ranges in free:
                     for span in filter(None, (r.strip() for r in ranges.split(","))):
@@ -485,10 +478,7 @@ def thin_ext4(tmp_path: Path, size_mb: int = 32) -> Iterator[tuple[LoopDisk, Pat
                         punch_hole(fd, start * 4096, (end - start + 1) * 4096)
             finally:
                 os.close(fd)
-            yield LoopDisk(image, device, mount), backing
-        finally:
-            subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
-            subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
+            yield disk, backing
     finally:
         subprocess.run(["umount", "-l", str(backing)], check=False, capture_output=True)
 

@@ -514,8 +514,11 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-@pytest.mark.parametrize(("api", "concurrency", "killed"), [(False, 1, False), (False, 4, False), (True, 1, False),
-                                                         (False, 1, True)],
+# (Python API, concurrency, worker killed during the fault): the runs of failed_writes_then_power_cut.
+FAILED_WRITE_VARIANTS = [(False, 1, False), (False, 4, False), (True, 1, False), (False, 1, True)]
+
+
+@pytest.mark.parametrize(("api", "concurrency", "killed"), FAILED_WRITE_VARIANTS,
                          ids=["commands-1", "commands-4", "python-api-1", "commands-1-killed-in-the-fault"])
 def test_a_failed_sync_of_the_log_is_not_papered_over_by_later_ones(
         tmp_path: Path, seed: int, api: bool, concurrency: int, killed: bool) -> None:
@@ -526,7 +529,7 @@ def test_a_failed_sync_of_the_log_is_not_papered_over_by_later_ones(
 def test_torture_forty_failed_writes_of_the_log_then_power_cuts(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     for round_ in range(40):
-        api, concurrency, killed = [(False, 1, False), (False, 4, False), (True, 1, False), (False, 1, True)][round_ % 4]
+        api, concurrency, killed = FAILED_WRITE_VARIANTS[round_ % len(FAILED_WRITE_VARIANTS)]
         folder = tmp_path / f"round-{round_}"
         folder.mkdir()
         failed_writes_then_power_cut(folder, rng.randrange(2**30), api, concurrency, killed)

@@ -380,23 +380,35 @@ def _failing_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "fdatasync", fdatasync)
 
 
-def test_after_a_failed_sync_the_next_one_first_writes_the_log_into_the_database(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _store_after_a_failed_sync(db: Path, monkeypatch: pytest.MonkeyPatch, claims: int) -> SqliteStore:
+    """A store on ``db`` with three tasks, ``claims`` of them claimed crash-safe, whose sync of that failed."""
     from onward.errors import StoreUnavailable
-    db = tmp_path / "s.db"
     store = SqliteStore(str(db))
     store.add(["a", "b", "c"])
     with store.batch(durable=False):
-        store.claim(1, 2, 30.0, 3)
+        store.claim(1, claims, 30.0, 3)
     _failing_once(monkeypatch)
     with pytest.raises(StoreUnavailable, match="cannot make the last commit durable"):
         store.sync()
+    return store
+
+
+def _running(db: Path) -> int:
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return int(c.execute("SELECT count(*) FROM tasks WHERE state = 'running'").fetchone()[0])
+    finally:
+        c.close()
+
+
+def test_after_a_failed_sync_the_next_one_first_writes_the_log_into_the_database(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "s.db"
+    store = _store_after_a_failed_sync(db, monkeypatch, claims=2)
     assert os.path.getsize(f"{db}-wal") > 0
     store.sync()  # the disk works again: the log is written into the database first, then emptied
     assert os.path.getsize(f"{db}-wal") == 0
-    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)  # what a reader of the database file alone finds
-    assert c.execute("SELECT count(*) FROM tasks WHERE state = 'running'").fetchone()[0] == 2
-    c.close()
+    assert _running(db) == 2  # what a reader of the database file alone finds
     with store.batch(durable=False):  # and from then on, syncs are plain ones again
         store.claim(1, 1, 30.0, 3)
     store.sync()
@@ -410,13 +422,7 @@ def test_a_rewrite_that_a_reader_holds_up_vouches_for_nothing_and_commits_nothin
     # rewrite is incomplete, so the sync is not vouched for; and before a durable commit nothing is committed.
     from onward.errors import StoreUnavailable
     db = tmp_path / "s.db"
-    store = SqliteStore(str(db))
-    store.add(["a", "b", "c"])
-    with store.batch(durable=False):
-        store.claim(1, 1, 30.0, 3)
-    _failing_once(monkeypatch)
-    with pytest.raises(StoreUnavailable):
-        store.sync()
+    store = _store_after_a_failed_sync(db, monkeypatch, claims=1)
     reader = sqlite3.connect(db, timeout=0.1)
     reader.execute("BEGIN")
     assert reader.execute("SELECT count(*) FROM tasks WHERE state = 'running'").fetchone()[0] == 1
@@ -440,15 +446,8 @@ def test_a_failed_sync_is_left_marked_for_the_next_process_until_a_rewrite(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A worker killed between its failed sync and its rewrite: the next one (here a second handle, as a new
     # process would open it) finds the mark and rewrites the log before its first durable commit.
-    from onward.errors import StoreUnavailable
     db = tmp_path / "s.db"
-    first = SqliteStore(str(db))
-    first.add(["a", "b", "c"])
-    with first.batch(durable=False):
-        first.claim(1, 1, 30.0, 3)
-    _failing_once(monkeypatch)
-    with pytest.raises(StoreUnavailable):
-        first.sync()
+    first = _store_after_a_failed_sync(db, monkeypatch, claims=1)
     mark = Path(f"{db}-unsynced")
     assert mark.exists() and stat.S_IMODE(mark.stat().st_mode) == 0o600
     monkeypatch.undo()
@@ -456,9 +455,7 @@ def test_a_failed_sync_is_left_marked_for_the_next_process_until_a_rewrite(
     with second.batch(durable=True):
         assert len(second.claim(2, 1, 30.0, 3)) == 1
     assert not mark.exists()
-    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    assert c.execute("SELECT count(*) FROM tasks WHERE state = 'running'").fetchone()[0] == 2
-    c.close()
+    assert _running(db) == 2
     first.close()
     second.close()
 

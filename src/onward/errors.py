@@ -35,6 +35,12 @@ class StoreUnavailable(StoreError, Unavailable):
     Nothing was changed. Exit status 75."""
 
 
+class StoreLogLost(StoreUnavailable):
+    """A SQLite store's write-ahead log lost pages in memory after a failed write (the kernel dropped pages
+    the disk had not taken): the worker stops without checkpointing it, and the next start recovers the log
+    up to them (``SqliteStore._lose_log``). Exit status 75, so that a supervisor starts it again."""
+
+
 class OutputUnavailable(Unavailable):
     """The output folder cannot be written right now (an I/O error, a full or read-only disk). Exit
     status 75."""

@@ -494,6 +494,15 @@ def punch_hole(fd: int, offset: int, length: int) -> None:
         raise OSError(code, os.strerror(code))
 
 
+def drop_from_memory(path: Path) -> None:
+    """Have the kernel drop the file's clean pages from the page cache, as memory pressure does."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def fill(folder: Path) -> Path:
     """Fill the file system of ``folder`` to the last page; returns the file to delete to make room again."""
     filler = folder / "filler"
@@ -514,39 +523,51 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-# (Python API, concurrency, worker killed during the fault): the runs of failed_writes_then_power_cut.
-FAILED_WRITE_VARIANTS = [(False, 1, False), (False, 4, False), (True, 1, False), (False, 1, True)]
+# (Python API, concurrency, worker killed during the fault, the failed pages dropped from memory): the runs
+# of failed_writes_then_power_cut.
+FAILED_WRITE_VARIANTS = [(False, 1, False, False), (False, 4, False, False), (True, 1, False, False),
+                         (False, 1, True, False), (False, 1, False, True), (False, 4, False, True)]
+FAILED_WRITE_IDS = ["commands-1", "commands-4", "python-api-1", "commands-1-killed-in-the-fault",
+                    "commands-1-pages-dropped", "commands-4-pages-dropped"]
 
 
-@pytest.mark.parametrize(("api", "concurrency", "killed"), FAILED_WRITE_VARIANTS,
-                         ids=["commands-1", "commands-4", "python-api-1", "commands-1-killed-in-the-fault"])
+@pytest.mark.parametrize(("api", "concurrency", "killed", "dropped"), FAILED_WRITE_VARIANTS, ids=FAILED_WRITE_IDS)
 def test_a_failed_sync_of_the_log_is_not_papered_over_by_later_ones(
-        tmp_path: Path, seed: int, api: bool, concurrency: int, killed: bool) -> None:
-    failed_writes_then_power_cut(tmp_path, seed, api, concurrency, killed)
+        tmp_path: Path, seed: int, api: bool, concurrency: int, killed: bool, dropped: bool) -> None:
+    failed_writes_then_power_cut(tmp_path, seed, api, concurrency, killed, dropped)
 
 
 @pytest.mark.torture
-def test_torture_forty_failed_writes_of_the_log_then_power_cuts(tmp_path: Path, seed: int) -> None:
+def test_torture_sixty_failed_writes_of_the_log_then_power_cuts(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
-    for round_ in range(40):
-        api, concurrency, killed = FAILED_WRITE_VARIANTS[round_ % len(FAILED_WRITE_VARIANTS)]
+    for round_ in range(60):
+        api, concurrency, killed, dropped = FAILED_WRITE_VARIANTS[round_ % len(FAILED_WRITE_VARIANTS)]
         folder = tmp_path / f"round-{round_}"
         folder.mkdir()
-        failed_writes_then_power_cut(folder, rng.randrange(2**30), api, concurrency, killed)
+        failed_writes_then_power_cut(folder, rng.randrange(2**30), api, concurrency, killed, dropped)
 
 
-def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurrency: int, killed: bool) -> None:
+def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurrency: int, killed: bool,
+                                 dropped: bool) -> None:
     """Writes of the store's log that fail at the disk (a thin volume out of room), then work again (room
     again): the worker's next syncs return 0, but the log's pages whose write failed were marked clean, so
     on the disk the log has a hole, and SQLite's recovery after a power cut stops there: every commit after
     it, synced or not, is gone. So no completion reported after the fault may depend on the log before the
     hole: after the power cut, every task reported done is done. ``killed``: the worker is killed during
-    the fault, before it could rewrite its log, and the next worker is started once there is room again."""
+    the fault, before it could rewrite its log, and the next worker is started once there is room again.
+    ``dropped``: during the fault, the kernel drops the log's pages from memory (``posix_fadvise``
+    DONTNEED on the log, the eviction memory pressure makes), the worker held still meanwhile; those whose
+    write failed then read back as what the disk holds there. The worker either finds its log whole (nothing of the hole was
+    dropped), rewrites it, and is killed at once; or it stops with status 75 without checkpointing it, and
+    ``onward status`` is run (a last connection's close must not checkpoint it either). Then the next
+    worker. The store must open and pass its integrity check: before the worker read its log back, its
+    rewrite copied those bytes into the database (3 of 12 runs of the two variants failed)."""
     rng = random.Random(seed)
     names = [f"t{i:05d}" for i in range(3000)]
     tasks = tmp_path / "tasks.txt"
     tasks.write_text("".join(n + "\n" for n in names))
     logs = [tmp_path / "worker.log", tmp_path / "next-worker.log"]
+    stopped = False
     env = dict(os.environ, PYTHONPATH=SRC)
     with thin_ext4(tmp_path) as (disk, backing):
         db = disk.mount / "store" / "onward.db"
@@ -572,8 +593,27 @@ def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurren
             if killed:
                 worker.kill()
                 worker.wait(timeout=60)
+            if dropped:
+                os.kill(worker.pid, signal.SIGSTOP)
+                drop_from_memory(Path(f"{db}-wal"))
             filler.unlink()
-            if killed:
+            if dropped:
+                os.kill(worker.pid, signal.SIGCONT)
+                mark = Path(f"{db}-unsynced")
+                wait_for(lambda: not mark.exists() or worker.poll() is not None, 60,
+                         "the worker to rewrite its log or to stop")
+                if worker.poll() is None:
+                    # Its log read back whole and rewritten: a kill -9 now leaves the database file as the
+                    # rewrite wrote it, with little in the log after it.
+                    worker.kill()
+                    worker.wait(timeout=60)
+                else:
+                    assert worker.returncode == 75, log.read_text()[-2000:]
+                    assert b"dropped from memory" in log.read_bytes(), log.read_text()[-2000:]
+                    stopped = True
+                    status = subprocess.run(onward_argv("status", "--db", str(db)), env=env, capture_output=True)
+                    assert status.returncode == 0, status.stderr.decode()[-2000:]
+            if killed or dropped:
                 log = logs[1]
                 worker = start(log)
             at_fault = done_lines(log)
@@ -592,10 +632,11 @@ def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurren
         store = read_store(db)
         lost = sorted(n for n in reported if store.states.get(n) != "done")
         print(f"seed {seed}: {before} done before the fault, {len(reported)} reported before the cut, "
-              f"{len(lost)} lost")
+              f"{len(lost)} lost" + (", the worker stopped on the dropped pages" if stopped else ""))
         record("power cut", backend="sqlite", case="writes of the log failing at the disk (thin volume out of room), "
                f"room again, then a power cut; concurrency {concurrency}" + (", Python API" if api else ", commands")
-               + (", the worker killed during the fault" if killed else ""), seed=seed,
+               + (", the worker killed during the fault" if killed else "")
+               + (", the failed pages dropped from memory" if dropped else ""), seed=seed, stopped=int(stopped),
                reported_before_cut=len(reported), lost=len(lost), integrity=store.integrity)
         assert store.integrity == "ok"
         assert not lost, f"reported done but lost: {lost[:5]} ({len(lost)} of {len(reported)}; seed {seed})"

@@ -490,3 +490,78 @@ def test_a_fifo_or_a_link_in_place_of_the_mark_neither_blocks_nor_writes_elsewhe
     assert os.path.getsize(f"{db}-wal") == 0
     assert not os.path.lexists(mark) and not target.exists()
     store.close()
+
+
+def _zero_frame(db: Path, frame: int) -> None:
+    """Overwrite a frame of the log with zeros: what a page the failed sync did not write reads back as
+    once the kernel dropped it from memory (the real fault: tests/crash/test_power_cut.py, pages-dropped)."""
+    with open(f"{db}-wal", "r+b") as f:
+        page_size = int.from_bytes(f.read(12)[8:12], "big")
+        f.seek(32 + (frame - 1) * (24 + page_size))
+        f.write(bytes(24 + page_size))
+
+
+def test_a_log_that_reads_back_with_a_hole_is_never_checkpointed_and_recovers_at_the_next_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onward.errors import StoreLogLost
+    from onward.store.sqlite_wal import log_damage
+    db = tmp_path / "s.db"
+    store = _store_after_a_failed_sync(db, monkeypatch, claims=1)
+    frames = (os.path.getsize(f"{db}-wal") - 32) // (24 + 4096)
+    assert log_damage(str(db)) is None
+    with store.batch(durable=False):  # a commit after the failure, to be lost with the hole
+        store.claim(1, 1, 30.0, 3)
+    total = (os.path.getsize(f"{db}-wal") - 32) // (24 + 4096)
+    _zero_frame(db, frames)  # the last frame of the failed sync's commit
+    database = db.read_bytes()
+    with pytest.raises(StoreLogLost, match=f"dropped from memory \\(frame {frames} of {total} "):
+        with store.batch(durable=True):
+            store.claim(1, 1, 30.0, 3)
+    with pytest.raises(StoreLogLost):
+        store.sync()
+    with pytest.raises(StoreLogLost):  # what stops the worker's loop: its heartbeat asks this
+        store.check_still_there()
+    store.close()  # the last connection: SQLite's checkpoint at its close is kept from running
+    assert db.read_bytes() == database and os.path.getsize(f"{db}-wal") > 0
+    assert Path(f"{db}-unsynced").exists()
+    monkeypatch.undo()
+    again = SqliteStore(str(db))  # SQLite's recovery reads the log up to the hole
+    assert again.integrity_check() == "ok"
+    assert again.counts()["running"] == 0  # the claims after the last whole commit are gone with the hole
+    with again.batch(durable=True):
+        assert len(again.claim(2, 1, 30.0, 3)) == 1
+    assert not Path(f"{db}-unsynced").exists()
+    again.close()
+    assert not os.path.exists(f"{db}-wal")  # whole again: its close checkpoints as usual
+
+
+def test_while_a_log_is_suspect_no_close_checkpoints_it_and_status_leaves_it_to_a_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The close of the last connection checkpoints the log with the index that connection holds: after the
+    # worker stopped on a hole, `onward status` opened before it stopped would copy the zeros. Every
+    # connection onward opens while the mark is there keeps that checkpoint from running.
+    from onward.store.sqlite_peek import NotPlain, QuickRead
+    db = tmp_path / "s.db"
+    first = _store_after_a_failed_sync(db, monkeypatch, claims=1)
+    monkeypatch.undo()
+    with pytest.raises(NotPlain):  # onward status's quick read: it opens the store the guarded way instead
+        QuickRead(str(db), "default")
+    second = SqliteStore(str(db))  # finds the mark
+    first.close()
+    database = db.read_bytes()
+    second.close()  # now the last one
+    assert db.read_bytes() == database and os.path.getsize(f"{db}-wal") > 0
+    status = subprocess.run([sys.executable, "-m", "onward", "status", "--db", str(db)], capture_output=True,
+                            text=True, env=dict(os.environ, PYTHONPATH=SRC))
+    assert status.returncode == 0, status.stderr
+    assert db.read_bytes() == database and os.path.getsize(f"{db}-wal") > 0
+
+
+def test_a_rewritten_log_is_checkpointed_again_as_usual(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "s.db"
+    store = _store_after_a_failed_sync(db, monkeypatch, claims=1)
+    assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    store.sync()  # rewritten
+    assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+    store.close()
+    assert not os.path.exists(f"{db}-wal")

@@ -23,10 +23,12 @@ Why these settings:
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import os
 import sqlite3
 import stat
+import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -38,6 +40,7 @@ from ..errors import (
     NotAStore,
     StoreError,
     StoreGone,
+    StoreLogLost,
     StoreMissing,
     StoreUnavailable,
 )
@@ -47,7 +50,8 @@ from .base import FENCED_DETAIL, Claim, Event, Lease, Stats, StepRecord
 from .rows import event_of
 from .sql import migration
 from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version
-from .sqlite_peek import SQLITE_MAGIC, Q  # one parse of sqlite.sql, one header check, for both readers
+from .sqlite_peek import SQLITE_MAGIC, Q, unsynced_mark  # one parse, one header check, one mark's name
+from .sqlite_wal import log_damage
 
 
 def posix_journal_probe(fd: int) -> bool:
@@ -80,6 +84,11 @@ RATE_SAMPLE = 100_000
 # How long a sync started by sync_ahead may finish unclaimed before its descriptor wakes the worker's loop:
 # the worker's reports of a task wait at most about that long (plus the fsync) while the next task runs.
 SYNC_AHEAD_LINGER = 0.02
+# SQLite's default for wal_autocheckpoint, put back once a suspect log was rewritten (_guard_log).
+AUTOCHECKPOINT_PAGES = 1000
+# A read lock (struct flock: type, whence, start, length, pid; Linux's layout) on the byte range SQLite's
+# unix VFS locks for SHARED and EXCLUSIVE (SHARED_FIRST = 2^30 + 2, SHARED_SIZE = 510): see _guard_log.
+_SHARED_BYTES_READ_LOCK = struct.pack("@hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0x40000002, 510, 0)
 
 
 def path_from_url(url: str) -> str:
@@ -174,7 +183,9 @@ class SqliteStore(SqlStore):
         # The file just opened, to notice later that it was deleted or replaced (see check_still_there).
         self._where = os.path.abspath(self.path)
         self._identity = self._file_identity()
-        self._log_suspect = os.path.lexists(self._unsynced_mark())  # left by a process that did not rewrite
+        if os.path.lexists(unsynced_mark(self.path)):  # left by a process that did not rewrite
+            self._log_suspect = True
+            self._guard_log()
 
     # --- opening -------------------------------------------------------------------------------------
     def _create_file(self) -> None:
@@ -261,6 +272,9 @@ class SqliteStore(SqlStore):
         if db is not None:
             db.close()
             self._db = None  # type: ignore[assignment]
+        if self._guard_fd >= 0:  # after the connection: its close must still find the guard (_guard_log)
+            os.close(self._guard_fd)
+            self._guard_fd = -1
 
     _wal_fd = -1  # the write-ahead log, opened at the first sync (it exists once anything was committed)
     _sync_thread: Any = None  # a SyncThread, made when a worker asks for sync_ahead_fd
@@ -278,13 +292,9 @@ class SqliteStore(SqlStore):
     # A sync of the log failed (or SQLite's own, at a commit): until ``_rewrite_log`` has run, no later sync
     # vouches for anything. See there.
     _log_suspect = False
-
-    def _unsynced_mark(self) -> str:
-        """A file beside the store while its log may hold pages a failed sync did not write: another process
-        (the next worker, after this one was killed before its rewrite; or one whose log descriptor was
-        opened after the failure, which the kernel then does not report to it) finds it at its open and
-        rewrites the log before it vouches for anything."""
-        return self.path + "-unsynced"
+    # Set (to what is wrong) once the log turned out to have lost pages in memory: see ``_lose_log``.
+    _log_lost: str | None = None
+    _guard_fd = -1  # the database file, read-locked while the log is suspect (_guard_log)
 
     def _suspect_log(self) -> None:
         if not self._log_suspect:
@@ -292,9 +302,54 @@ class SqliteStore(SqlStore):
             try:
                 # O_EXCL: whatever is there already (the mark, or a FIFO, or a link planted in its place) is
                 # left as it is, never opened: a FIFO would block the open, a link would create its target.
-                os.close(os.open(self._unsynced_mark(), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+                os.close(os.open(unsynced_mark(self.path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                 0o600))
             except OSError:
                 pass  # there already, or a disk that takes no new file at all: this process still rewrites
+        self._guard_log()
+
+    def _guard_log(self) -> None:
+        """While the log is suspect, no checkpoint may copy it into the database before ``_rewrite_log``
+        has read it back whole: a page the failed sync did not write, once the kernel drops it, reads back
+        as what the disk holds there, and a checkpoint would write that over the database's page. Two
+        checkpoints run without being asked: this connection's automatic one (after a commit that grows the
+        log past 1,000 pages), turned off here; and the one SQLite makes when the last connection to the
+        store closes (any process's: the worker's own, ``onward status`` after it), which needs the
+        database file's exclusive lock. A read lock on that file's shared-lock bytes, as another reader's
+        would be, keeps it from getting it. An open-file-description lock: it conflicts with SQLite's own
+        record locks even in this process, and goes with the descriptor (this store's close, or the
+        process's end)."""
+        if self._guard_fd >= 0:
+            return
+        try:
+            self._db.execute("PRAGMA wal_autocheckpoint = 0")
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, sqlite3.Error):
+            return  # the rewrite reads the log back before its own checkpoint whatever happens here
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _SHARED_BYTES_READ_LOCK)
+        except OSError:
+            pass  # a connection holds the exclusive lock right now: closing, and checkpointing; nothing to stop
+        self._guard_fd = fd
+
+    def _unguard_log(self) -> None:
+        self._db.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
+        if self._guard_fd >= 0:
+            os.close(self._guard_fd)
+            self._guard_fd = -1
+
+    def _lose_log(self, damage: str) -> StoreLogLost:
+        """The log lost pages in memory: ``damage`` says where. Nothing of it may be checkpointed, and this
+        process cannot make SQLite forget the frames it indexed, so the worker stops (``check_still_there``
+        raises this, exit status 75): SQLite's recovery, at the next open by a process that finds no other
+        using the store, reads the log up to the first frame that does not check out. Every commit before
+        that frame is kept; none after it was reported (nothing is vouched for while the log is suspect)."""
+        self._log_lost = damage
+        return StoreLogLost(
+            f"store {self.path}: pages of its write-ahead log that a failed write did not put on the disk were "
+            f"dropped from memory ({damage}); stopping without writing the log into the database, so that the "
+            "next start recovers it up to them (no completion after them was reported). Start the worker again "
+            "once no other process has the store open")
 
     def _vouch(self) -> None:
         """After a sync of the log returned (ours, or SQLite's at a durable commit): check that the store's
@@ -327,7 +382,31 @@ class SqliteStore(SqlStore):
         file's own pages that a checkpoint during the fault failed to write are first dropped from memory
         (they are still in the log), so that the checkpoint's writes go through a fresh mapping of their
         blocks, which ext4 then converts. Tried before every durable commit and at every vouch until it works:
-        while the disk still fails, the checkpoint fails too, and nothing is vouched for."""
+        while the disk still fails, the checkpoint fails too, and nothing is vouched for.
+
+        First the log is read back, up to the last frame the wal-index counts (``sqlite_wal.log_damage``),
+        inside a read transaction, so that no other writer starts the log over meanwhile. A page the kernel
+        dropped since the failure reads back as what the disk holds: the checkpoint would copy that, so
+        the worker stops instead (``_lose_log``). A page dropped in the moment between this read and the
+        checkpoint's is not caught."""
+        if self._log_lost is not None:
+            raise self._lose_log(self._log_lost)
+        try:
+            began = not self._db.in_transaction
+            if began:
+                self._db.execute("BEGIN")
+            try:
+                self._db.execute("PRAGMA schema_version").fetchone()  # starts the read transaction
+                damage = log_damage(self.path)
+            finally:
+                if began:
+                    self._db.execute("COMMIT")
+        except OSError as e:
+            raise self._sync_error(e) from None
+        except sqlite3.Error as e:
+            raise self._translate_error(e) from None
+        if damage is not None:
+            raise self._lose_log(damage)
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -344,8 +423,9 @@ class SqliteStore(SqlStore):
             raise StoreUnavailable(f"store {self.path}: cannot make the last commit durable: after a failed sync, "
                                    "its log could not be written into the database (another connection holds it)")
         self._log_suspect = False
+        self._unguard_log()
         try:
-            os.unlink(self._unsynced_mark())
+            os.unlink(unsynced_mark(self.path))
         except OSError:
             pass  # gone already (another worker's rewrite), or left: the next open only rewrites once more
 
@@ -368,7 +448,9 @@ class SqliteStore(SqlStore):
             except OSError as e:
                 raise self._sync_error(e) from None
             # A sync that failed before this descriptor was opened is not reported through it.
-            self._log_suspect = self._log_suspect or os.path.lexists(self._unsynced_mark())
+            if not self._log_suspect and os.path.lexists(unsynced_mark(self.path)):
+                self._log_suspect = True
+                self._guard_log()
         return self._wal_fd
 
     def _sync_error(self, e: OSError) -> StoreError:
@@ -420,6 +502,8 @@ class SqliteStore(SqlStore):
         return st.st_dev, st.st_ino
 
     def check_still_there(self) -> None:
+        if self._log_lost is not None:
+            raise self._lose_log(self._log_lost)
         # SQLite goes on writing to the file it opened after that file was unlinked or renamed over: every
         # commit would succeed, into a file nobody will open again. Hence a look at the path itself.
         try:
@@ -442,7 +526,12 @@ class SqliteStore(SqlStore):
         return sqlite3.Error, UnicodeDecodeError
 
     def _translate_error(self, e: BaseException) -> StoreError:
-        return _translate(e, self.path)
+        error = _translate(e, self.path)
+        if isinstance(error, CorruptStore) and self._log_suspect:
+            # A page of the log the failed sync did not write, read back from the disk once the kernel dropped it:
+            # the file on the disk is not damaged, the log in memory is (see _lose_log).
+            return self._lose_log(f"a page read back damaged: {one_line(str(e), 200)}")
+        return error
 
     def _exec(self, name: str, params: dict[str, Any] | None = None) -> sqlite3.Cursor:
         # Every query may name the job (:job); sqlite3 ignores the names a query does not use.

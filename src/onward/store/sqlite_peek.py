@@ -27,6 +27,15 @@ Q = load_queries("sqlite.sql")
 SCHEMA_VERSION = latest_version(Q)
 
 
+def unsynced_mark(path: str) -> str:
+    """The file beside a store while its log may hold pages a failed sync did not write (made by
+    ``SqliteStore._suspect_log``): another process (the next worker, after one was killed before its
+    rewrite; one whose log descriptor was opened after the failure, which the kernel then does not tell;
+    ``onward status``) finds it at its open, keeps SQLite from checkpointing the log on its own, and a
+    worker reads the log back and rewrites it before it vouches for anything."""
+    return path + "-unsynced"
+
+
 class NotPlain(Exception):
     """The store cannot be read the quick way: open it with ``open_store``, which says why or copes."""
 
@@ -43,6 +52,8 @@ class QuickRead:
             with open(path, "rb") as f:
                 if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
                     raise NotPlain
+            if os.path.lexists(unsynced_mark(path)):
+                raise NotPlain  # its log must not be checkpointed as it is: SqliteStore guards it
             self._db = sqlite3.connect(path, isolation_level=None)
         except (OSError, ValueError, sqlite3.Error):
             raise NotPlain from None

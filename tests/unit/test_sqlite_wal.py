@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from onward.store.sqlite_wal import INDEX_HEADER, log_damage
+from onward.store.sqlite_wal import INDEX_HEADER, log_damage, read_back
 
 
 def _log(tmp_path: Path, commits: int) -> tuple[Path, sqlite3.Connection]:
@@ -71,4 +71,26 @@ def test_an_index_whose_two_headers_disagree_is_read_again_then_given_up(tmp_pat
         f.seek(INDEX_HEADER.size + 8)  # the second copy's change counter, as a writer half-way through
         f.write(b"\xff\xff\xff\xff")
     assert log_damage(str(db)) == "the log's index kept changing under the check"
+    conn.close()
+
+
+def _locked_kib(path: Path) -> int | None:
+    """What /proc/self/smaps says is locked in memory of this process's mapping of ``path``; None: no mapping."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith(" " + str(path)):
+            for detail in lines[i + 1:]:
+                if detail.startswith("Locked:"):
+                    return int(detail.split()[1])
+    return None
+
+
+def test_the_frames_read_back_stay_pinned_in_memory_until_the_block_ends(tmp_path: Path) -> None:
+    db, conn = _log(tmp_path, 300)
+    wal = Path(f"{db}-wal")
+    with read_back(str(db)) as damage:
+        assert damage is None
+        locked = _locked_kib(wal)
+        assert locked is not None and locked >= wal.stat().st_size // 1024 - 4, locked
+    assert _locked_kib(wal) is None
     conn.close()

@@ -31,7 +31,7 @@ import stat
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from ..errors import (
@@ -51,7 +51,7 @@ from .rows import event_of
 from .sql import migration
 from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version
 from .sqlite_peek import SQLITE_MAGIC, Q, unsynced_mark  # one parse, one header check, one mark's name
-from .sqlite_wal import log_damage
+from .sqlite_wal import read_back
 
 
 def posix_journal_probe(fd: int) -> bool:
@@ -384,29 +384,39 @@ class SqliteStore(SqlStore):
         blocks, which ext4 then converts. Tried before every durable commit and at every vouch until it works:
         while the disk still fails, the checkpoint fails too, and nothing is vouched for.
 
-        First the log is read back, up to the last frame the wal-index counts (``sqlite_wal.log_damage``),
+        First the log is read back, up to the last frame the wal-index counts (``sqlite_wal.read_back``),
         inside a read transaction, so that no other writer starts the log over meanwhile. A page the kernel
         dropped since the failure reads back as what the disk holds: the checkpoint would copy that, so
-        the worker stops instead (``_lose_log``). A page dropped in the moment between this read and the
-        checkpoint's is not caught."""
+        the worker stops instead (``_lose_log``). The pages read stay pinned in memory until the checkpoint
+        has read them too (where the process may lock that much: see ``sqlite_wal._pinned``)."""
         if self._log_lost is not None:
             raise self._lose_log(self._log_lost)
-        try:
-            began = not self._db.in_transaction
-            if began:
-                self._db.execute("BEGIN")
+        with ExitStack() as pinned:
             try:
-                self._db.execute("PRAGMA schema_version").fetchone()  # starts the read transaction
-                damage = log_damage(self.path)
-            finally:
+                began = not self._db.in_transaction
                 if began:
-                    self._db.execute("COMMIT")
-        except OSError as e:
-            raise self._sync_error(e) from None
-        except sqlite3.Error as e:
-            raise self._translate_error(e) from None
-        if damage is not None:
-            raise self._lose_log(damage)
+                    self._db.execute("BEGIN")
+                try:
+                    self._db.execute("PRAGMA schema_version").fetchone()  # starts the read transaction
+                    damage = pinned.enter_context(read_back(self.path))
+                finally:
+                    if began:
+                        self._db.execute("COMMIT")
+            except OSError as e:
+                raise self._sync_error(e) from None
+            except sqlite3.Error as e:
+                raise self._translate_error(e) from None
+            if damage is not None:
+                raise self._lose_log(damage)
+            self._checkpoint_log()
+        self._log_suspect = False
+        self._unguard_log()
+        try:
+            os.unlink(unsynced_mark(self.path))
+        except OSError:
+            pass  # gone already (another worker's rewrite), or left: the next open only rewrites once more
+
+    def _checkpoint_log(self) -> None:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -422,12 +432,6 @@ class SqliteStore(SqlStore):
         if busy:
             raise StoreUnavailable(f"store {self.path}: cannot make the last commit durable: after a failed sync, "
                                    "its log could not be written into the database (another connection holds it)")
-        self._log_suspect = False
-        self._unguard_log()
-        try:
-            os.unlink(unsynced_mark(self.path))
-        except OSError:
-            pass  # gone already (another worker's rewrite), or left: the next open only rewrites once more
 
     def _probe_target(self) -> int:
         """The descriptor the journal probe goes through, or -1 when this filesystem takes no probe."""

@@ -11,7 +11,13 @@ cache the checkpoint reads, and a frame that does not check out stops the rewrit
 
 from __future__ import annotations
 
+import functools
+import mmap
+import os
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 WAL_HEADER = 32
 FRAME_HEADER = 24
@@ -91,20 +97,86 @@ def _looks(data: bytes) -> str:
     return "zeros" if not data.strip(b"\0") else "other bytes"
 
 
-def log_damage(db_path: str) -> str | None:
-    """None when the log of the database at ``db_path`` reads back whole up to what its index counts;
-    otherwise one line on the first frame that does not. Asks the index again while a writer updates it."""
+def _index(db_path: str) -> tuple[int, int, tuple[int, int], tuple[int, int]] | str:
     for _ in range(100):
         indexed = indexed_frames(db_path + "-shm")
         if indexed is not None:
-            break
-    else:
-        return "the log's index kept changing under the check"
+            return indexed
+    return "the log's index kept changing under the check"
+
+
+@contextmanager
+def read_back(db_path: str) -> Iterator[str | None]:
+    """Read the log of the database at ``db_path`` back, up to what its index counts, and yield None when
+    it is whole, otherwise one line on the first frame that is not. Until the block ends, those frames'
+    pages are pinned in memory (``_pinned``): a checkpoint made in the block reads the bytes just read,
+    not what the disk holds should the kernel want the memory back in between."""
+    indexed = _index(db_path)
+    if isinstance(indexed, str):
+        yield indexed
+        return
     frames, page_size, salts, last_checksum = indexed
+    with _pinned(db_path + "-wal", WAL_HEADER + frames * (FRAME_HEADER + page_size) if frames else 0):
+        try:
+            damage = first_bad_frame(db_path + "-wal", frames, page_size, salts, last_checksum)
+        except FileNotFoundError:
+            damage = f"the log is gone, with {frames} frames indexed" if frames else None
+        yield damage
+
+
+def log_damage(db_path: str) -> str | None:
+    """``read_back`` without keeping anything pinned."""
+    with read_back(db_path) as damage:
+        return damage
+
+
+@contextmanager
+def _pinned(path: str, length: int) -> Iterator[bool]:
+    """Keep the first ``length`` bytes of the file at ``path`` in memory while the block runs: a shared
+    mapping of them, locked (mlock). A page the kernel dropped already is read in from the disk (and then
+    found wrong by the check); one still in memory stays there. Nothing is ever read or written through the
+    mapping (a file cut shorter meanwhile cannot fault). Yields whether they are pinned: not when the
+    process may lock that much no more (RLIMIT_MEMLOCK, 8 MiB by default for a user; a log is about 4 MiB
+    at most in normal use), nor without a C library."""
     try:
-        return first_bad_frame(db_path + "-wal", frames, page_size, salts, last_checksum)
-    except FileNotFoundError:
-        return f"the log is gone, with {frames} frames indexed" if frames else None
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        yield False
+        return
+    try:
+        length = min(length, os.fstat(fd).st_size)
+        libc = _libc()
+        address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) if length and libc else None
+        if address is None or address == MAP_FAILED:
+            yield False
+            return
+        try:
+            yield libc.mlock(address, length) == 0
+        finally:
+            libc.munmap(address, length)  # unlocks them too
+    finally:
+        os.close(fd)
 
 
-__all__ = ["log_damage", "first_bad_frame", "indexed_frames"]
+MAP_FAILED = (1 << (8 * struct.calcsize("P"))) - 1  # (void *) -1, as ctypes gives it back
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    """The C library's mmap, mlock and munmap (Python's mmap module locks nothing), loaded on first use:
+    only a worker whose sync failed gets here."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_long]
+    libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+__all__ = ["read_back", "log_damage", "first_bad_frame", "indexed_frames"]

@@ -557,11 +557,12 @@ def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurren
     the fault, before it could rewrite its log, and the next worker is started once there is room again.
     ``dropped``: during the fault, the kernel drops the log's pages from memory (``posix_fadvise``
     DONTNEED on the log, the eviction memory pressure makes), the worker held still meanwhile; those whose
-    write failed then read back as what the disk holds there. The worker either finds its log whole (nothing of the hole was
-    dropped), rewrites it, and is killed at once; or it stops with status 75 without checkpointing it, and
-    ``onward status`` is run (a last connection's close must not checkpoint it either). Then the next
-    worker. The store must open and pass its integrity check: before the worker read its log back, its
-    rewrite copied those bytes into the database (3 of 12 runs of the two variants failed)."""
+    write failed then read back as what the disk holds there. The worker either finds its log whole
+    (nothing of the hole was dropped), rewrites it, and is killed at once; or it stops with status 75
+    without checkpointing it, and ``onward status`` is run (a last connection's close must not checkpoint
+    it either). Then the next worker. The store must open and pass its integrity check: before the worker
+    read its log back, its rewrite copied those bytes into the database (3 of 12 runs of the two variants
+    failed)."""
     rng = random.Random(seed)
     names = [f"t{i:05d}" for i in range(3000)]
     tasks = tmp_path / "tasks.txt"

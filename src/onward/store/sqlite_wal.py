@@ -6,8 +6,9 @@ https://www.sqlite.org/walformat.html#the_wal_index_file_format.
 Why onward reads it at all: after a sync of the log failed, the pages the disk did not take are clean in
 memory and nowhere else. If the kernel drops them (memory pressure) before the log is written into the
 database (``SqliteStore._rewrite_log``), they read back as what the disk holds there (zeros, or older
-bytes), and a checkpoint would copy that into the database file, where no recovery undoes it. So the log is read first, through the same page
-cache the checkpoint reads, and a frame that does not check out stops the rewrite (see there)."""
+bytes), and a checkpoint would copy that into the database file, where no recovery undoes it. So the log
+is read first, through the same page cache the checkpoint reads, and a frame that does not check out stops
+the rewrite (see there)."""
 
 from __future__ import annotations
 

@@ -89,6 +89,7 @@ AUTOCHECKPOINT_PAGES = 1000
 # A read lock (struct flock: type, whence, start, length, pid; Linux's layout) on the byte range SQLite's
 # unix VFS locks for SHARED and EXCLUSIVE (SHARED_FIRST = 2^30 + 2, SHARED_SIZE = 510): see _guard_log.
 _SHARED_BYTES_READ_LOCK = struct.pack("@hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0x40000002, 510, 0)
+_F_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)  # Linux (3.15 and later) only
 
 
 def path_from_url(url: str) -> str:
@@ -327,7 +328,8 @@ class SqliteStore(SqlStore):
         except (OSError, sqlite3.Error):
             return  # the rewrite reads the log back before its own checkpoint whatever happens here
         try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _SHARED_BYTES_READ_LOCK)
+            if _F_OFD_SETLK is not None:
+                fcntl.fcntl(fd, _F_OFD_SETLK, _SHARED_BYTES_READ_LOCK)
         except OSError:
             pass  # a connection holds the exclusive lock right now: closing, and checkpointing; nothing to stop
         self._guard_fd = fd

@@ -494,6 +494,21 @@ def punch_hole(fd: int, offset: int, length: int) -> None:
         raise OSError(code, os.strerror(code))
 
 
+def stopped_on_a_lost_log(worker: subprocess.Popen[bytes], log: Path, db: Path, env: dict[str, str],
+                          api: bool) -> bool:
+    """Check that the worker that exited stopped on its log's lost pages, as it must: status 75 and its
+    line (the Python API: StoreLogLost out of job.run()); then that ``onward status`` reads the store (its
+    close must not checkpoint the log either). Returns True, for the record."""
+    text = log.read_text(errors="replace")[-3000:]
+    if api:
+        assert worker.returncode == 1 and "onward.errors.StoreLogLost" in text, text
+    else:
+        assert worker.returncode == 75 and "dropped from memory" in text, text
+    status = subprocess.run(onward_argv("status", "--db", str(db)), env=env, capture_output=True)
+    assert status.returncode == 0, status.stderr.decode()[-2000:]
+    return True
+
+
 def drop_from_memory(path: Path) -> None:
     """Have the kernel drop the file's clean pages from the page cache, as memory pressure does."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -526,9 +541,10 @@ def fill(folder: Path) -> Path:
 # (Python API, concurrency, worker killed during the fault, the failed pages dropped from memory): the runs
 # of failed_writes_then_power_cut.
 FAILED_WRITE_VARIANTS = [(False, 1, False, False), (False, 4, False, False), (True, 1, False, False),
-                         (False, 1, True, False), (False, 1, False, True), (False, 4, False, True)]
+                         (False, 1, True, False), (False, 1, False, True), (False, 4, False, True),
+                         (True, 1, False, True)]
 FAILED_WRITE_IDS = ["commands-1", "commands-4", "python-api-1", "commands-1-killed-in-the-fault",
-                    "commands-1-pages-dropped", "commands-4-pages-dropped"]
+                    "commands-1-pages-dropped", "commands-4-pages-dropped", "python-api-1-pages-dropped"]
 
 
 @pytest.mark.parametrize(("api", "concurrency", "killed", "dropped"), FAILED_WRITE_VARIANTS, ids=FAILED_WRITE_IDS)
@@ -538,9 +554,9 @@ def test_a_failed_sync_of_the_log_is_not_papered_over_by_later_ones(
 
 
 @pytest.mark.torture
-def test_torture_sixty_failed_writes_of_the_log_then_power_cuts(tmp_path: Path, seed: int) -> None:
+def test_torture_seventy_failed_writes_of_the_log_then_power_cuts(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
-    for round_ in range(60):
+    for round_ in range(70):
         api, concurrency, killed, dropped = FAILED_WRITE_VARIANTS[round_ % len(FAILED_WRITE_VARIANTS)]
         folder = tmp_path / f"round-{round_}"
         folder.mkdir()
@@ -561,8 +577,8 @@ def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurren
     (nothing of the hole was dropped), rewrites it, and is killed at once; or it stops with status 75
     without checkpointing it, and ``onward status`` is run (a last connection's close must not checkpoint
     it either). Then the next worker. The store must open and pass its integrity check: before the worker
-    read its log back, its rewrite copied those bytes into the database (3 of 12 runs of the two variants
-    failed)."""
+    read its log back, its rewrite copied those bytes into the database (3 of 12 runs of the two command
+    variants failed)."""
     rng = random.Random(seed)
     names = [f"t{i:05d}" for i in range(3000)]
     tasks = tmp_path / "tasks.txt"
@@ -588,6 +604,7 @@ def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurren
             # Early, while the log still grows (its first checkpoint is at 1,000 pages, some 200 tasks).
             before = rng.randrange(5, 60)
             wait_for(lambda: done_lines(log) >= before, 120, f"{before} completions")
+            fill_at = time.time()
             filler = fill(backing)
             wait_for(lambda: b"No space left on device" in log.read_bytes()
                      or b"I/O error" in log.read_bytes(), 60, "the worker to meet the failed write")
@@ -609,11 +626,7 @@ def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurren
                     worker.kill()
                     worker.wait(timeout=60)
                 else:
-                    assert worker.returncode == 75, log.read_text()[-2000:]
-                    assert b"dropped from memory" in log.read_bytes(), log.read_text()[-2000:]
-                    stopped = True
-                    status = subprocess.run(onward_argv("status", "--db", str(db)), env=env, capture_output=True)
-                    assert status.returncode == 0, status.stderr.decode()[-2000:]
+                    stopped = stopped_on_a_lost_log(worker, log, db, env, api)
             if killed or dropped:
                 log = logs[1]
                 worker = start(log)
@@ -621,6 +634,15 @@ def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurren
             after = rng.randrange(5, 40)
             wait_for(lambda: done_lines(log) >= at_fault + after or worker.poll() is not None, 120,
                      f"{after} completions after the fault")
+            if log == logs[0] and worker.poll() is not None:
+                # Without being made to, the kernel dropped pages of the failed write (1 round in 60 of
+                # make torture): the worker found it, as in the dropped variant. The next worker rewrites the
+                # log before the power cut, as in the other runs (see thin_ext4 on the loop driver's syncs).
+                stopped = stopped_on_a_lost_log(worker, log, db, env, api)
+                log = logs[1]
+                worker = start(log)
+                wait_for(lambda: done_lines(log) >= after or worker.poll() is not None, 120,
+                         f"{after} completions by the next worker")
             cut_at = disk.shut_down()
             worker.kill()
             worker.wait(timeout=60)
@@ -630,14 +652,22 @@ def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurren
                 worker.wait()
         disk.remount()
         reported = {n for path in logs if path.exists() for n in reported_done(path, before=cut_at)}
+        # This loop device can acknowledge a sync of bytes the full tmpfs did not take (see thin_ext4): a
+        # completion reported once the filling began rests on such a sync, and on the page cache's copy. Where
+        # that copy is gone too (the worker found its log's pages gone: the dropped variant, or the kernel's
+        # own doing), the bytes are nowhere, and no software keeps them: those are not counted as lost.
+        unvouched = reported_done(logs[0]) - reported_done(logs[0], before=fill_at) if stopped else set()
         store = read_store(db)
-        lost = sorted(n for n in reported if store.states.get(n) != "done")
+        lost = sorted(n for n in reported - unvouched if store.states.get(n) != "done")
+        gone = sorted(n for n in unvouched if store.states.get(n) != "done")
         print(f"seed {seed}: {before} done before the fault, {len(reported)} reported before the cut, "
-              f"{len(lost)} lost" + (", the worker stopped on the dropped pages" if stopped else ""))
+              f"{len(lost)} lost" + (f", the worker stopped on a lost log ({len(gone)} of {len(unvouched)} reported "
+                                     "after the disk filled gone with it)" if stopped else ""))
         record("power cut", backend="sqlite", case="writes of the log failing at the disk (thin volume out of room), "
                f"room again, then a power cut; concurrency {concurrency}" + (", Python API" if api else ", commands")
                + (", the worker killed during the fault" if killed else "")
                + (", the failed pages dropped from memory" if dropped else ""), seed=seed, stopped=int(stopped),
+               reported_on_a_lying_sync_and_gone=len(gone),
                reported_before_cut=len(reported), lost=len(lost), integrity=store.integrity)
         assert store.integrity == "ok"
         assert not lost, f"reported done but lost: {lost[:5]} ({len(lost)} of {len(reported)}; seed {seed})"

@@ -565,3 +565,25 @@ def test_a_rewritten_log_is_checkpointed_again_as_usual(tmp_path: Path, monkeypa
     assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
     store.close()
     assert not os.path.exists(f"{db}-wal")
+
+
+@pytest.mark.parametrize("last", ["store", "status"])
+def test_a_connection_opened_before_the_failed_sync_does_not_checkpoint_the_log_at_its_close_either(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, last: str) -> None:
+    # A dashboard's store, or onward status's quick read, opened while all was well, and closed last after a
+    # worker's sync failed: its close would checkpoint the log with the index it holds, unread.
+    from onward.store.sqlite_peek import QuickRead
+    db = tmp_path / "s.db"
+    early = SqliteStore(str(db))
+    early.add(["x"])
+    quick = QuickRead(str(db), "default")
+    worker = _store_after_a_failed_sync(db, monkeypatch, claims=1)
+    monkeypatch.undo()
+    worker.close()
+    if last == "store":
+        quick.close()
+    else:
+        early.close()
+    database = db.read_bytes()
+    (early if last == "store" else quick).close()
+    assert db.read_bytes() == database and os.path.getsize(f"{db}-wal") > 0

@@ -23,12 +23,10 @@ Why these settings:
 from __future__ import annotations
 
 import errno
-import fcntl
 import functools
 import os
 import sqlite3
 import stat
-import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -50,7 +48,7 @@ from .base import FENCED_DETAIL, Claim, Event, Lease, Stats, StepRecord
 from .rows import event_of
 from .sql import migration
 from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version
-from .sqlite_peek import SQLITE_MAGIC, Q, unsynced_mark  # one parse, one header check, one mark's name
+from .sqlite_peek import SQLITE_MAGIC, Q, hold_off_checkpoint_on_close, unsynced_mark
 from .sqlite_wal import read_back
 
 
@@ -86,10 +84,6 @@ RATE_SAMPLE = 100_000
 SYNC_AHEAD_LINGER = 0.02
 # SQLite's default for wal_autocheckpoint, put back once a suspect log was rewritten (_guard_log).
 AUTOCHECKPOINT_PAGES = 1000
-# A read lock (struct flock: type, whence, start, length, pid; Linux's layout) on the byte range SQLite's
-# unix VFS locks for SHARED and EXCLUSIVE (SHARED_FIRST = 2^30 + 2, SHARED_SIZE = 510): see _guard_log.
-_SHARED_BYTES_READ_LOCK = struct.pack("@hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0x40000002, 510, 0)
-_F_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)  # Linux (3.15 and later) only
 
 
 def path_from_url(url: str) -> str:
@@ -271,6 +265,9 @@ class SqliteStore(SqlStore):
         self._wal_fd = self._probe_fd = -1
         db = getattr(self, "_db", None)
         if db is not None:
+            if self._guard_fd < 0 and os.path.lexists(unsynced_mark(self.path)):
+                # Opened before another process's sync failed (a dashboard, a second worker): not guarded yet.
+                self._guard_fd = hold_off_checkpoint_on_close(self.path)
             db.close()
             self._db = None  # type: ignore[assignment]
         if self._guard_fd >= 0:  # after the connection: its close must still find the guard (_guard_log)
@@ -317,22 +314,16 @@ class SqliteStore(SqlStore):
         log past 1,000 pages), turned off here; and the one SQLite makes when the last connection to the
         store closes (any process's: the worker's own, ``onward status`` after it), which needs the
         database file's exclusive lock. A read lock on that file's shared-lock bytes, as another reader's
-        would be, keeps it from getting it. An open-file-description lock: it conflicts with SQLite's own
-        record locks even in this process, and goes with the descriptor (this store's close, or the
-        process's end)."""
+        would be, keeps it from getting it (``hold_off_checkpoint_on_close``); it goes with this store's
+        close, or the process's end. A store opened before another process's sync failed takes it at its
+        close, should the mark be there by then."""
         if self._guard_fd >= 0:
             return
         try:
             self._db.execute("PRAGMA wal_autocheckpoint = 0")
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except (OSError, sqlite3.Error):
-            return  # the rewrite reads the log back before its own checkpoint whatever happens here
-        try:
-            if _F_OFD_SETLK is not None:
-                fcntl.fcntl(fd, _F_OFD_SETLK, _SHARED_BYTES_READ_LOCK)
-        except OSError:
-            pass  # a connection holds the exclusive lock right now: closing, and checkpointing; nothing to stop
-        self._guard_fd = fd
+        except sqlite3.Error:
+            pass  # the rewrite reads the log back before its own checkpoint whatever happens here
+        self._guard_fd = hold_off_checkpoint_on_close(self.path)
 
     def _unguard_log(self) -> None:
         self._db.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")

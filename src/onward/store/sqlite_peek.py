@@ -36,6 +36,31 @@ def unsynced_mark(path: str) -> str:
     return path + "-unsynced"
 
 
+def hold_off_checkpoint_on_close(path: str) -> int:
+    """A descriptor of the database file at ``path`` holding a read lock on the bytes SQLite's unix VFS locks
+    for SHARED and EXCLUSIVE (SHARED_FIRST = 2^30 + 2, SHARED_SIZE = 510), as another reader's would: while
+    it is open, no connection's close, in any process, gets the exclusive lock SQLite's checkpoint at the
+    close of the last connection needs, so none copies the log into the database unread (see
+    ``SqliteStore._guard_log``). An open-file-description lock: it conflicts with SQLite's own record locks
+    even in this process, and goes with the descriptor. -1 when the file cannot be opened; a descriptor
+    without the lock where none can be taken (a connection closing and checkpointing right now, or a
+    system without such locks: Linux has them from 3.15)."""
+    import fcntl
+    import struct
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    ofd_setlk = getattr(fcntl, "F_OFD_SETLK", None)
+    if ofd_setlk is not None:
+        try:  # struct flock, Linux's layout: type, whence, start, length, pid
+            fcntl.fcntl(fd, ofd_setlk, struct.pack("@hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0x40000002, 510, 0))
+        except OSError:
+            pass
+    return fd
+
+
 class NotPlain(Exception):
     """The store cannot be read the quick way: open it with ``open_store``, which says why or copes."""
 
@@ -55,6 +80,7 @@ class QuickRead:
             if os.path.lexists(unsynced_mark(path)):
                 raise NotPlain  # its log must not be checkpointed as it is: SqliteStore guards it
             self._db = sqlite3.connect(path, isolation_level=None)
+            self._path = path
         except (OSError, ValueError, sqlite3.Error):
             raise NotPlain from None
         try:
@@ -82,9 +108,13 @@ class QuickRead:
             raise NotPlain from None
 
     def close(self) -> None:
-        """End the read transaction and the connection."""
+        """End the read transaction and the connection; should a worker's sync have failed meanwhile (the
+        mark is there now), without the checkpoint SQLite makes when the last connection closes."""
         try:
             self._db.execute("COMMIT")
         except sqlite3.Error:
             pass  # a read: nothing to lose
+        guard = hold_off_checkpoint_on_close(self._path) if os.path.lexists(unsynced_mark(self._path)) else -1
         self._db.close()
+        if guard >= 0:
+            os.close(guard)

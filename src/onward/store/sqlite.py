@@ -178,9 +178,7 @@ class SqliteStore(SqlStore):
         # The file just opened, to notice later that it was deleted or replaced (see check_still_there).
         self._where = os.path.abspath(self.path)
         self._identity = self._file_identity()
-        if os.path.lexists(unsynced_mark(self.path)):  # left by a process that did not rewrite
-            self._log_suspect = True
-            self._guard_log()
+        self._notice_mark()  # left by a process that did not rewrite
 
     # --- opening -------------------------------------------------------------------------------------
     def _create_file(self) -> None:
@@ -305,6 +303,12 @@ class SqliteStore(SqlStore):
             except OSError:
                 pass  # there already, or a disk that takes no new file at all: this process still rewrites
         self._guard_log()
+
+    def _notice_mark(self) -> None:
+        """Suspect the log when another process left the mark (``unsynced_mark``)."""
+        if not self._log_suspect and os.path.lexists(unsynced_mark(self.path)):
+            self._log_suspect = True
+            self._guard_log()
 
     def _guard_log(self) -> None:
         """While the log is suspect, no checkpoint may copy it into the database before ``_rewrite_log``
@@ -444,10 +448,7 @@ class SqliteStore(SqlStore):
                 self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
             except OSError as e:
                 raise self._sync_error(e) from None
-            # A sync that failed before this descriptor was opened is not reported through it.
-            if not self._log_suspect and os.path.lexists(unsynced_mark(self.path)):
-                self._log_suspect = True
-                self._guard_log()
+            self._notice_mark()  # a sync that failed before this descriptor was opened is not reported through it
         return self._wal_fd
 
     def _sync_error(self, e: OSError) -> StoreError:

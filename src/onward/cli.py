@@ -323,6 +323,7 @@ def logs(db: str | None, job: str, task: str | None, last: int | None, since: st
             if not follow:
                 break
             time.sleep(0.5)
+            store.idle()
             events = store.events(after_id=after, task=task, limit=10_000)
     except (BrokenPipeError, KeyboardInterrupt):
         quiet_broken_pipe()

@@ -74,6 +74,7 @@ def _reports(store: Store, interval: float) -> Iterator[tuple[dict[str, Any], st
         started = time.monotonic()
         trouble = None
         try:
+            store.idle()
             report = status_dict(store)
         except StoreError as e:
             if report is None:

@@ -578,7 +578,9 @@ def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurren
     without checkpointing it, and ``onward status`` is run (a last connection's close must not checkpoint
     it either). Then the next worker. The store must open and pass its integrity check: before the worker
     read its log back, its rewrite copied those bytes into the database (3 of 12 runs of the two command
-    variants failed)."""
+    variants failed). In the other variants the worker goes on after its rewrite, and ``onward status`` is
+    run once it has rewritten: its close must not find itself the last connection and delete the log under
+    the worker."""
     rng = random.Random(seed)
     names = [f"t{i:05d}" for i in range(3000)]
     tasks = tmp_path / "tasks.txt"
@@ -615,6 +617,15 @@ def failed_writes_then_power_cut(tmp_path: Path, seed: int, api: bool, concurren
                 os.kill(worker.pid, signal.SIGSTOP)
                 drop_from_memory(Path(f"{db}-wal"))
             filler.unlink()
+            if not killed and not dropped:
+                # Once the worker rewrote its log, another process opens the store and closes it while the
+                # worker goes on: it must not take itself for the last connection (the rewrite's descriptors of
+                # the store's files once dropped the worker's locks with them; see onward.store.sqlite_locks).
+                mark = Path(f"{db}-unsynced")
+                wait_for(lambda: not mark.exists() or worker.poll() is not None, 60,
+                         "the worker to rewrite its log or to stop")
+                status = subprocess.run(onward_argv("status", "--db", str(db)), env=env, capture_output=True)
+                assert status.returncode == 0, status.stderr
             if dropped:
                 os.kill(worker.pid, signal.SIGCONT)
                 mark = Path(f"{db}-unsynced")

@@ -587,3 +587,215 @@ def test_a_connection_opened_before_the_failed_sync_does_not_checkpoint_the_log_
     database = db.read_bytes()
     (early if last == "store" else quick).close()
     assert db.read_bytes() == database and os.path.getsize(f"{db}-wal") > 0
+
+
+def _lose_the_last_frame_of_a_failed_sync(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's sync of the log fails, a commit follows, the failed frames read back as zeros (dropped by the
+    kernel), and the worker stops on that (StoreLogLost) and closes: what a restarted worker then finds."""
+    from onward.errors import StoreLogLost
+    worker = _store_after_a_failed_sync(db, monkeypatch, claims=1)
+    frames = (os.path.getsize(f"{db}-wal") - 32) // (24 + 4096)
+    with worker.batch(durable=False):
+        worker.claim(1, 1, 30.0, 3)
+    _zero_frame(db, frames)
+    with pytest.raises(StoreLogLost):
+        with worker.batch(durable=True):
+            worker.claim(1, 1, 30.0, 3)
+    worker.close()
+    monkeypatch.undo()
+
+
+def _next_worker_commits(db: Path) -> bool:
+    """Whether a worker opening the store now gets a durable commit through: False when it stops on the log."""
+    from onward.errors import StoreLogLost
+    store = SqliteStore(str(db))
+    try:
+        with store.batch(durable=True):
+            store.claim(2, 1, 30.0, 3)
+        return True
+    except StoreLogLost:
+        return False
+    finally:
+        store.close()
+
+
+def test_a_reader_opened_before_the_failure_lets_go_of_the_log_index_when_idle(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # While any connection keeps SQLite's index of the log (the dashboard's, opened when all was well), the
+    # index counts the frames the kernel dropped, and every restarted worker stops on them again.
+    db = tmp_path / "s.db"
+    reader = SqliteStore(str(db))
+    reader.add(["x"])
+    _lose_the_last_frame_of_a_failed_sync(db, monkeypatch)
+    assert not _next_worker_commits(db)  # the reader's connection keeps the old index alive
+    reader.idle()  # the mark is there: closed and opened again, the only connection: SQLite rebuilds the index
+    assert reader.counts()["pending"] == 4
+    assert _next_worker_commits(db)
+    assert not Path(f"{db}-unsynced").exists()
+    connection = reader._db
+    reader.idle()  # no mark: the same connection goes on
+    assert reader._db is connection
+    assert reader.integrity_check() == "ok"
+    reader.close()
+    assert not os.path.exists(f"{db}-wal")
+
+
+def test_idle_never_opens_another_file_in_the_store_s_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onward.errors import StoreGone
+    db = tmp_path / "s.db"
+    reader = SqliteStore(str(db))
+    reader.add(["x"])
+    _lose_the_last_frame_of_a_failed_sync(db, monkeypatch)
+    os.rename(db, tmp_path / "elsewhere.db")
+    with pytest.raises(StoreGone, match="was deleted"):
+        reader.idle()
+    assert not db.exists()
+    db.write_bytes(b"")  # something else in its place: never taken for the store, never initialised
+    with pytest.raises(StoreGone, match="replaced by another file"):
+        reader.idle()
+    assert db.read_bytes() == b""
+    reader.close()
+
+
+def _descriptors_of(pid: int, path: Path) -> int:
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}") == str(path)
+        except FileNotFoundError:
+            pass
+    return count
+
+
+@pytest.mark.parametrize("reader", ["dashboard", "status --watch", "logs -f"])
+def test_a_long_lived_reader_does_not_keep_a_restarted_worker_stopping_on_a_lost_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str) -> None:
+    # The readers a user leaves running beside a job: each must let go of the log's index while the mark is
+    # there, or the next worker stops on the lost pages again (status 75), for as long as the reader runs.
+    from tests.conftest import onward_argv, wait_for
+    db = tmp_path / "s.db"
+    SqliteStore(str(db)).close()
+    argv = {"dashboard": ["dashboard", "--db", str(db), "--port", "0"],
+            "status --watch": ["status", "--db", str(db), "--watch", "--interval", "0.2"],
+            "logs -f": ["logs", "--db", str(db), "-f"]}[reader]
+    process = subprocess.Popen(onward_argv(*argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env=dict(os.environ, PYTHONPATH=SRC))
+    try:
+        wait_for(lambda: _descriptors_of(process.pid, db) == 1, 20, f"{reader} to open the store")
+        _lose_the_last_frame_of_a_failed_sync(db, monkeypatch)
+        # A restarted worker stops on the lost frames while the reader holds the old index (it may have
+        # opened again before the worker closed, too early to help); once the reader let go while no other
+        # connection was open, the index is rebuilt, and the next restart gets through. Restarts are tried
+        # as a supervisor would, until then: without the reader letting go, never.
+        wait_for(lambda: _next_worker_commits(db), 30, f"a restarted worker to get through beside {reader}",
+                 interval=0.3)
+        assert _descriptors_of(process.pid, db) == 2  # the reader opened again the guarded way: its guard too
+        assert not Path(f"{db}-unsynced").exists()
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=20)
+    assert b"Traceback" not in err, err
+    check = SqliteStore(str(db))
+    assert check.integrity_check() == "ok"
+    check.close()
+
+
+def test_idle_with_no_descriptor_left_keeps_its_connection_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+    db = tmp_path / "s.db"
+    reader = SqliteStore(str(db))
+    reader.add(["x"])
+    _lose_the_last_frame_of_a_failed_sync(db, monkeypatch)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    hogs: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+    try:
+        while True:  # the gaps below the limit too: not one descriptor left
+            try:
+                hogs.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        with pytest.raises(StoreError, match="cannot open it again: Too many open files; kept the connection open"):
+            reader.idle()
+    finally:
+        for fd in hogs:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert reader.counts()["running"] == 2  # the old connection, still there, with the old index (2 claims)
+    reader.idle()
+    assert reader.counts()["running"] == 0  # opened again: the index rebuilt, up to the hole
+    assert _next_worker_commits(db)
+    reader.close()
+
+
+def test_a_reopen_that_fails_leaves_a_handle_that_fails_as_a_store_until_the_next_idle(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from onward.errors import StoreUnavailable
+    db = tmp_path / "s.db"
+    reader = SqliteStore(str(db))
+    reader.add(["x"])
+    _lose_the_last_frame_of_a_failed_sync(db, monkeypatch)
+    real_connect = SqliteStore._connect
+
+    def refused(self: SqliteStore, location: str, create: bool, upgrade: bool) -> None:
+        raise StoreUnavailable(f"store {self.path}: disk I/O error")
+    monkeypatch.setattr(SqliteStore, "_connect", refused)  # the open's own failure (an I/O error, say)
+    with pytest.raises(StoreUnavailable, match="disk I/O error"):
+        reader.idle()
+    with pytest.raises(StoreError, match="not open again yet"):
+        reader.counts()
+    monkeypatch.setattr(SqliteStore, "_connect", real_connect)
+    reader.idle()
+    assert reader.counts()["pending"] == 4
+    assert _next_worker_commits(db)
+    reader.close()
+
+
+# --- descriptors onward opens beside SQLite's (onward.store.sqlite_locks) -------------------------------------
+OPEN_AND_CLOSE = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]);"
+                  " c.execute('SELECT count(*) FROM tasks').fetchone(); c.close()")
+
+
+def _another_process_opens_and_closes(db: Path, how: str) -> None:
+    if how == "sqlite3":
+        subprocess.run([sys.executable, "-c", OPEN_AND_CLOSE, str(db)], check=True, timeout=60)
+    else:
+        status = subprocess.run([sys.executable, "-m", "onward", "status", "--db", str(db)], capture_output=True,
+                                text=True, env=dict(os.environ, PYTHONPATH=SRC), timeout=60)
+        assert status.returncode == 0, status.stderr
+
+
+@pytest.mark.parametrize("how", ["sqlite3", "onward status"])
+def test_after_a_rewrite_the_log_is_not_deleted_under_the_worker_by_another_process_s_close(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    # The rewrite opened and closed descriptors of the database file and of its -shm while the worker's
+    # connection stayed open: the process's POSIX locks went with them, SQLite's SHARED lock among them, so
+    # another process's close took itself for the last connection and deleted the log. The worker's next
+    # durable commit then went into the deleted file.
+    db = tmp_path / "s.db"
+    store = _store_after_a_failed_sync(db, monkeypatch, claims=1)
+    store.sync()  # the rewrite
+    _another_process_opens_and_closes(db, how)
+    assert os.path.exists(f"{db}-wal")
+    with store.batch(durable=True):
+        store.claim(1, 1, 30.0, 3)
+    assert _running(db) == 2  # a new connection sees the commit
+    store.close()
+    assert _running(db) == 2
+
+
+def test_opening_a_second_handle_in_the_same_process_keeps_the_first_one_s_locks(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    first = SqliteStore(str(db))
+    first.add(["a", "b"])
+    with pytest.raises(StoreMissing):  # its header read, then refused: nothing of it stays open
+        SqliteStore(str(db), create=False, job="no such job")
+    _another_process_opens_and_closes(db, "sqlite3")
+    assert os.path.exists(f"{db}-wal")
+    with first.batch(durable=True):
+        first.claim(1, 1, 30.0, 3)
+    assert _running(db) == 1
+    first.close()

@@ -38,8 +38,9 @@ def dashboard_command(db: str | None, job: str, host: str, port: int, token: str
         raise UsageError(f"listening on {host} (not a loopback address) needs a token: give --token or"
                          " ONWARD_DASHBOARD_TOKEN")
     store = open_store(db, create=False, job=job)
+    board = Dashboard(store, token, host, loopback)
     try:
-        board = Dashboard(store, token, host, loopback)
+        threading.Thread(target=board.idle_between_requests, name="onward-dashboard-idle", daemon=True).start()
         try:
             server = make_server(board, host, port)
         except OSError as e:
@@ -61,7 +62,9 @@ def dashboard_command(db: str | None, job: str, host: str, port: int, token: str
         finally:
             server.server_close()
     finally:
-        store.close()
+        board.stopping.set()
+        with board.lock:  # not in the middle of the idle thread's turn
+            store.close()
     click.echo("onward dashboard: stopped", err=True)
 
 

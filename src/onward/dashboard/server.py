@@ -42,6 +42,7 @@ from . import api
 
 MAX_BODY = 1 << 20
 DRAIN_LIMIT = 16 << 20  # a larger refused body is not even read: the connection is closed at once
+IDLE_EVERY = 1.0  # seconds between two calls of Store.idle (Dashboard.idle_between_requests)
 EVENT_INTERVAL = 1.0  # seconds between two looks at the store for the event stream
 KEEPALIVE_INTERVAL = 15.0  # a comment line this often keeps proxies and the browser from closing the stream
 
@@ -89,6 +90,16 @@ class Dashboard:
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         with self.lock:
             return fn(self.store, *args)
+
+    def idle_between_requests(self) -> None:
+        """On a thread of its own until ``stopping``: ``Store.idle`` every second, under the lock, whether or
+        not a page is open (the dashboard's connection must not keep a suspect SQLite log's index alive)."""
+        while not self.stopping.wait(IDLE_EVERY):
+            with self.lock:
+                try:
+                    self.store.idle()
+                except StoreError:
+                    pass  # the next request is answered 503 with the error, as for any store that fails
 
 
 class Handler(BaseHTTPRequestHandler):

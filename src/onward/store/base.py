@@ -259,6 +259,15 @@ class Connection(Protocol):
         and created again). Cheap enough for every heartbeat; a store that cannot be reached right now is
         not gone (the calls that need it report that). Bounded."""
 
+    def idle(self) -> None:
+        """Called by a handle that only looks and steers (the dashboard, ``onward status --watch``,
+        ``onward logs -f``) between two looks. On SQLite, while another process's failed sync left the log
+        suspect (``STORE-unsynced``), the connection is closed and opened again: SQLite rebuilds its index of
+        the log from the file only when no connection in any process holds that index any more, and a worker
+        that found pages of the log lost can recover only from that rebuild (README, "When the kernel drops
+        those pages first"). Nothing to do otherwise, nor on PostgreSQL. ``StoreGone`` if the file at the
+        store's location is no longer the one opened (never another file opened in its place). Bounded."""
+
     def wakeup_fd(self) -> int | None:
         """A file descriptor that becomes readable when new work may be ready (PostgreSQL LISTEN/NOTIFY),
         or None when the backend cannot signal, in which case idle workers poll. Never waits."""

@@ -273,6 +273,9 @@ class SqlStore:
     def sync_ahead_fd(self) -> int | None:
         return None
 
+    def idle(self) -> None:
+        pass  # nothing held between looks (SQLite's log index: SqliteStore overrides)
+
     def _set_lease(self, lease_seconds: float) -> None:
         """Tie how long one call may wait to the lease the runner works with (see STALL_FLOOR_MS)."""
         bound = stall_ms(lease_seconds, self._stall_ceiling_ms)

@@ -48,7 +48,16 @@ from .base import FENCED_DETAIL, Claim, Event, Lease, Stats, StepRecord
 from .rows import event_of
 from .sql import migration
 from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version
-from .sqlite_peek import SQLITE_MAGIC, Q, hold_off_checkpoint_on_close, unsynced_mark
+from .sqlite_locks import (
+    close_beside,
+    connected,
+    disconnected,
+    lock_shared_bytes,
+    read_head,
+    store_key,
+    unlock,
+)
+from .sqlite_peek import SQLITE_MAGIC, Q, unsynced_mark
 from .sqlite_wal import read_back
 
 
@@ -111,8 +120,7 @@ def _check_regular_file(path: str) -> bool:
 def _check_header(path: str) -> None:
     """Refuse any existing file that is not an SQLite database, before SQLite gets to touch it."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
+        head = read_head(path, len(SQLITE_MAGIC))  # (another connection of this process may hold locks on it)
     except IsADirectoryError:
         raise NotAStore(f"not an onward store: {path} is a directory") from None
     except OSError as e:
@@ -143,6 +151,26 @@ def _translate(e: BaseException, path: str) -> StoreError:
     return StoreError(f"store {path}: {text}")
 
 
+class _NotConnected:
+    """In place of the connection after ``SqliteStore.idle`` closed it and could not open the store again
+    (descriptors exhausted, permissions changed): each use fails as a store that cannot be read, and the next
+    ``idle`` tries again."""
+
+    in_transaction = False
+    total_changes = 0
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def execute(self, *args: Any) -> Any:
+        raise sqlite3.OperationalError(f"not open again yet ({self.why})")
+
+    executemany = execute
+
+    def close(self) -> None:
+        pass
+
+
 class SqliteStore(SqlStore):
     """``Store`` on one SQLite file. One instance is one connection: use it from one thread."""
 
@@ -158,8 +186,16 @@ class SqliteStore(SqlStore):
             _check_header(self.path)
         else:
             self._create_file()
+        self._connect(self.path, create, upgrade)
+        # The file just opened, to notice later that it was deleted or replaced (see check_still_there).
+        self._where = os.path.abspath(self.path)
+        self._identity = self._file_identity()
+        self._notice_mark()  # left by a process that did not rewrite
+
+    def _connect(self, location: str, create: bool, upgrade: bool) -> None:
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db = sqlite3.connect(location, isolation_level=None, check_same_thread=False,
+                                       uri=location.startswith("file:"))
         except sqlite3.DatabaseError as e:
             raise _translate(e, self.path) from None
         try:
@@ -171,14 +207,15 @@ class SqliteStore(SqlStore):
             self._open_job(create)
         except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
             self._db.close()
+            self._db = None  # type: ignore[assignment]
             raise _translate(e, self.path) from None
         except StoreError:
             self._db.close()
+            self._db = None  # type: ignore[assignment]
             raise
-        # The file just opened, to notice later that it was deleted or replaced (see check_still_there).
-        self._where = os.path.abspath(self.path)
-        self._identity = self._file_identity()
-        self._notice_mark()  # left by a process that did not rewrite
+        # Counted, so that no descriptor onward opens on the store's files is closed under it (sqlite_locks).
+        self._file_key = store_key(self.path)
+        connected(self._file_key)
 
     # --- opening -------------------------------------------------------------------------------------
     def _create_file(self) -> None:
@@ -254,24 +291,74 @@ class SqliteStore(SqlStore):
         return int(rows["schema_version"])
 
     def close(self) -> None:
+        self._close_files()
+        db = getattr(self, "_db", None)
+        if db is not None:
+            if not self._guarded and os.path.lexists(unsynced_mark(self.path)):
+                # Opened before another process's sync failed (a dashboard, a second worker): not guarded yet.
+                self._hold_off_checkpoint_on_close()
+            db.close()
+            self._db = None  # type: ignore[assignment]
+            if not isinstance(db, _NotConnected):  # (its connection was counted out when idle closed it)
+                disconnected(self._file_key)
+        self._release_guard()  # after the connection: its close must still find the guard (_guard_log)
+        if self._database_fd >= 0:
+            close_beside(self._database_fd, self._file_key)
+            self._database_fd = -1
+
+    def _close_files(self) -> None:
+        """What the store opened beside its connection: the sync thread, the log's, the probe's and the index's
+        descriptors (not ``_database_fd``, which holds the guard's lock)."""
         if self._sync_thread is not None:
             self._sync_thread.close()  # first: it may be syncing the log's descriptor closed below
             self._sync_thread = None
-        for fd in (self._wal_fd, self._probe_fd):
+        if self._wal_fd >= 0:
+            os.close(self._wal_fd)  # the log: SQLite holds no lock on it
+        for fd in (self._probe_fd, self._index_fd):  # the database file, its -shm
             if fd >= 0:
-                os.close(fd)
-        self._wal_fd = self._probe_fd = -1
-        db = getattr(self, "_db", None)
-        if db is not None:
-            if self._guard_fd < 0 and os.path.lexists(unsynced_mark(self.path)):
-                # Opened before another process's sync failed (a dashboard, a second worker): not guarded yet.
-                self._guard_fd = hold_off_checkpoint_on_close(self.path)
-            db.close()
-            self._db = None  # type: ignore[assignment]
-        if self._guard_fd >= 0:  # after the connection: its close must still find the guard (_guard_log)
-            os.close(self._guard_fd)
-            self._guard_fd = -1
+                close_beside(fd, self._file_key)
+        self._wal_fd = self._probe_fd = self._index_fd = -1
 
+    def idle(self) -> None:
+        if not os.path.lexists(unsynced_mark(self.path)) and not isinstance(self._db, _NotConnected):
+            if self._guarded_for_mark:  # another process rewrote the log since (it removes the mark after)
+                self._log_suspect = self._guarded_for_mark = False
+                self._unguard_log()
+            return
+        # A handle opened before the failure holds SQLite's index of the log as it was then, frames the kernel
+        # may have dropped since included: the next worker would find them and stop again (status 75), for
+        # as long as this connection stays open. So let go of it, and open again: the first connection to open
+        # after every other one let go rebuilds the index from the file.
+        try:
+            found = self._file_identity()
+        except OSError:
+            return  # cannot look right now: keep this connection rather than open what may not be the store
+        if found != self._identity:
+            raise self._gone(found)
+        if not self._guarded:  # first, so that the close below cannot checkpoint (see _guard_log)
+            try:
+                self._hold_off_checkpoint_on_close()
+            except OSError as e:
+                raise StoreUnavailable(f"store {self.path}: cannot open it again: {e.strerror}; kept the"
+                                       " connection open") from None
+        from urllib.parse import quote
+
+        self._close_files()
+        db, self._db = self._db, _NotConnected("it is being opened again")  # type: ignore[assignment]
+        db.close()
+        disconnected(self._file_key)
+        self._log_lost = None  # that connection's view of the log went with it
+        try:
+            # mode=rw: should the file go in the meantime, SQLite must not create an empty one in its place.
+            self._connect("file:" + quote(self._where) + "?mode=rw", create=False, upgrade=False)
+        except StoreError as e:
+            self._db = _NotConnected(str(e))  # type: ignore[assignment]
+            raise
+        if not self._log_suspect:
+            self._log_suspect = self._guarded_for_mark = True
+        self._db.execute("PRAGMA wal_autocheckpoint = 0")
+
+    _file_key: tuple[int, int] | None = None  # the database file's device and inode (sqlite_locks)
     _wal_fd = -1  # the write-ahead log, opened at the first sync (it exists once anything was committed)
     _sync_thread: Any = None  # a SyncThread, made when a worker asks for sync_ahead_fd
 
@@ -290,9 +377,13 @@ class SqliteStore(SqlStore):
     _log_suspect = False
     # Set (to what is wrong) once the log turned out to have lost pages in memory: see ``_lose_log``.
     _log_lost: str | None = None
-    _guard_fd = -1  # the database file, read-locked while the log is suspect (_guard_log)
+    _guarded = False  # _database_fd holds the guard's lock (_guard_log)
+    _database_fd = -1  # the database file, opened once for the guard and the rewrite (never closed under SQLite)
+    _index_fd = -1  # its -shm, opened at the first read-back
+    _guarded_for_mark = False  # suspect for the mark another process left alone, no failure of our own
 
     def _suspect_log(self) -> None:
+        self._guarded_for_mark = False
         if not self._log_suspect:
             self._log_suspect = True
             try:
@@ -307,7 +398,7 @@ class SqliteStore(SqlStore):
     def _notice_mark(self) -> None:
         """Suspect the log when another process left the mark (``unsynced_mark``)."""
         if not self._log_suspect and os.path.lexists(unsynced_mark(self.path)):
-            self._log_suspect = True
+            self._log_suspect = self._guarded_for_mark = True
             self._guard_log()
 
     def _guard_log(self) -> None:
@@ -321,19 +412,45 @@ class SqliteStore(SqlStore):
         would be, keeps it from getting it (``hold_off_checkpoint_on_close``); it goes with this store's
         close, or the process's end. A store opened before another process's sync failed takes it at its
         close, should the mark be there by then."""
-        if self._guard_fd >= 0:
+        if self._guarded:
             return
         try:
             self._db.execute("PRAGMA wal_autocheckpoint = 0")
         except sqlite3.Error:
             pass  # the rewrite reads the log back before its own checkpoint whatever happens here
-        self._guard_fd = hold_off_checkpoint_on_close(self.path)
+        try:
+            self._hold_off_checkpoint_on_close()
+        except OSError:
+            pass  # descriptors exhausted: the rewrite still reads the log back before its checkpoint
+
+    def _hold_off_checkpoint_on_close(self) -> None:
+        lock_shared_bytes(self._database())
+        self._guarded = True
+
+    def _database(self) -> int:
+        """A descriptor of the database file, opened once (``OSError`` if it cannot be): closed only with the
+        store, the way ``sqlite_locks`` says."""
+        if self._database_fd < 0:
+            self._database_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        return self._database_fd
 
     def _unguard_log(self) -> None:
         self._db.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
-        if self._guard_fd >= 0:
-            os.close(self._guard_fd)
-            self._guard_fd = -1
+        self._release_guard()
+
+    def _index_descriptor(self) -> int | None:
+        """The log's index (``-shm``), opened once while this connection lasts; None when there is none."""
+        if self._index_fd < 0:
+            try:
+                self._index_fd = os.open(self.path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+        return self._index_fd
+
+    def _release_guard(self) -> None:
+        if self._guarded:
+            unlock(self._database_fd)
+            self._guarded = False
 
     def _lose_log(self, damage: str) -> StoreLogLost:
         """The log lost pages in memory: ``damage`` says where. Nothing of it may be checkpointed, and this
@@ -395,7 +512,7 @@ class SqliteStore(SqlStore):
                     self._db.execute("BEGIN")
                 try:
                     self._db.execute("PRAGMA schema_version").fetchone()  # starts the read transaction
-                    damage = pinned.enter_context(read_back(self.path))
+                    damage = pinned.enter_context(read_back(self.path, self._index_descriptor()))
                 finally:
                     if began:
                         self._db.execute("COMMIT")
@@ -406,7 +523,7 @@ class SqliteStore(SqlStore):
             if damage is not None:
                 raise self._lose_log(damage)
             self._checkpoint_log()
-        self._log_suspect = False
+        self._log_suspect = self._guarded_for_mark = False
         self._unguard_log()
         try:
             os.unlink(unsynced_mark(self.path))
@@ -415,11 +532,7 @@ class SqliteStore(SqlStore):
 
     def _checkpoint_log(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            os.posix_fadvise(self._database(), 0, 0, os.POSIX_FADV_DONTNEED)
             busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except OSError as e:
             raise self._sync_error(e) from None
@@ -509,8 +622,11 @@ class SqliteStore(SqlStore):
         except OSError:
             return  # cannot look right now (permissions, I/O): not a sign that it is gone
         if found != self._identity:
-            what = "was deleted" if found is None else "was replaced by another file"
-            raise StoreGone(f"store {self.path} {what} while this worker was using it; stopping")
+            raise self._gone(found)
+
+    def _gone(self, found: tuple[int, int] | None) -> StoreGone:
+        what = "was deleted" if found is None else "was replaced by another file"
+        return StoreGone(f"store {self.path} {what} while this worker was using it; stopping")
 
     def wakeup_fd(self) -> int | None:
         return None  # one file, no server to signal: idle workers poll (with backoff, at most 1 s)

@@ -15,6 +15,7 @@ import stat
 import time
 
 from .sql import latest_version, load_queries
+from .sqlite_locks import close_beside, connected, disconnected, lock_shared_bytes, read_head, unlock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,27 +38,13 @@ def unsynced_mark(path: str) -> str:
 
 
 def hold_off_checkpoint_on_close(path: str) -> int:
-    """A descriptor of the database file at ``path`` holding a read lock on the bytes SQLite's unix VFS locks
-    for SHARED and EXCLUSIVE (SHARED_FIRST = 2^30 + 2, SHARED_SIZE = 510), as another reader's would: while
-    it is open, no connection's close, in any process, gets the exclusive lock SQLite's checkpoint at the
-    close of the last connection needs, so none copies the log into the database unread (see
-    ``SqliteStore._guard_log``). An open-file-description lock: it conflicts with SQLite's own record locks
-    even in this process, and goes with the descriptor. -1 when the file cannot be opened; a descriptor
-    without the lock where none can be taken (a connection closing and checkpointing right now, or a
-    system without such locks: Linux has them from 3.15)."""
-    import fcntl
-    import struct
-
+    """A new descriptor of the database file at ``path`` holding ``sqlite_locks.lock_shared_bytes``: while it is
+    open, no connection's close, in any process, checkpoints the log. -1 when the file cannot be opened."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return -1
-    ofd_setlk = getattr(fcntl, "F_OFD_SETLK", None)
-    if ofd_setlk is not None:
-        try:  # struct flock, Linux's layout: type, whence, start, length, pid
-            fcntl.fcntl(fd, ofd_setlk, struct.pack("@hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0x40000002, 510, 0))
-        except OSError:
-            pass
+    lock_shared_bytes(fd)
     return fd
 
 
@@ -74,13 +61,14 @@ class QuickRead:
             st = os.stat(path)
             if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
                 raise NotPlain  # missing, empty (to be initialised), a directory, a FIFO...
-            with open(path, "rb") as f:
-                if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
-                    raise NotPlain
+            self._key = st.st_dev, st.st_ino
+            if read_head(path, len(SQLITE_MAGIC), self._key) != SQLITE_MAGIC:
+                raise NotPlain
             if os.path.lexists(unsynced_mark(path)):
                 raise NotPlain  # its log must not be checkpointed as it is: SqliteStore guards it
             self._db = sqlite3.connect(path, isolation_level=None)
             self._path = path
+            connected(self._key)
         except (OSError, ValueError, sqlite3.Error):
             raise NotPlain from None
         try:
@@ -98,6 +86,7 @@ class QuickRead:
             self._params: dict[str, object] = {"job": int(found[0]), "now": self.now}
         except (sqlite3.Error, ValueError, TypeError, NotPlain):
             self._db.close()
+            disconnected(self._key)
             raise NotPlain from None
 
     def rows(self, name: str, **params: object) -> list[Any]:
@@ -116,5 +105,7 @@ class QuickRead:
             pass  # a read: nothing to lose
         guard = hold_off_checkpoint_on_close(self._path) if os.path.lexists(unsynced_mark(self._path)) else -1
         self._db.close()
+        disconnected(self._key)
         if guard >= 0:
-            os.close(guard)
+            unlock(guard)
+            close_beside(guard, self._key)

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .sqlite_locks import close_beside, store_key
+
 WAL_HEADER = 32
 FRAME_HEADER = 24
 # The wal-index header (native byte order, two copies that agree unless a writer is half-way through):
@@ -38,14 +40,10 @@ def _checksum(data: bytes, s0: int, s1: int, big_endian: bool) -> tuple[int, int
     return s0, s1
 
 
-def indexed_frames(shm_path: str) -> tuple[int, int, tuple[int, int], tuple[int, int]] | None:
-    """From the wal-index header: (frames counted, page size, salts, checksum of the last frame counted);
-    None when the header is not there or its two copies disagree (a writer is updating it: ask again)."""
-    try:
-        with open(shm_path, "rb") as f:
-            head = f.read(2 * INDEX_HEADER.size)
-    except FileNotFoundError:
-        return 0, 0, (0, 0), (0, 0)  # no index: SQLite rebuilds it from the log at the next open
+def indexed_frames(head: bytes) -> tuple[int, int, tuple[int, int], tuple[int, int]] | None:
+    """From ``head``, the first bytes of the wal-index (``-shm``): (frames counted, page size, salts,
+    checksum of the last frame counted); None when its header's two copies disagree (a writer is updating
+    it: ask again)."""
     if len(head) < 2 * INDEX_HEADER.size:
         return 0, 0, (0, 0), (0, 0)
     if head[:INDEX_HEADER.size] != head[INDEX_HEADER.size:]:
@@ -98,21 +96,34 @@ def _looks(data: bytes) -> str:
     return "zeros" if not data.strip(b"\0") else "other bytes"
 
 
-def _index(db_path: str) -> tuple[int, int, tuple[int, int], tuple[int, int]] | str:
-    for _ in range(100):
-        indexed = indexed_frames(db_path + "-shm")
-        if indexed is not None:
-            return indexed
+def _index(db_path: str, index_fd: int | None) -> tuple[int, int, tuple[int, int], tuple[int, int]] | str:
+    # The -shm file holds SQLite's locks of this process's connections: a descriptor of it opened here is
+    # closed the way sqlite_locks says, or those locks would go with it.
+    fd = index_fd
+    if fd is None:
+        try:
+            fd = os.open(db_path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return 0, 0, (0, 0), (0, 0)  # no index: SQLite rebuilds it from the log at the next open
+    try:
+        for _ in range(100):
+            indexed = indexed_frames(os.pread(fd, 2 * INDEX_HEADER.size, 0))
+            if indexed is not None:
+                return indexed
+    finally:
+        if index_fd is None:
+            close_beside(fd, store_key(db_path))
     return "the log's index kept changing under the check"
 
 
 @contextmanager
-def read_back(db_path: str) -> Iterator[str | None]:
+def read_back(db_path: str, index_fd: int | None = None) -> Iterator[str | None]:
     """Read the log of the database at ``db_path`` back, up to what its index counts, and yield None when
     it is whole, otherwise one line on the first frame that is not. Until the block ends, those frames'
     pages are pinned in memory (``_pinned``): a checkpoint made in the block reads the bytes just read,
-    not what the disk holds should the kernel want the memory back in between."""
-    indexed = _index(db_path)
+    not what the disk holds should the kernel want the memory back in between. ``index_fd``: a descriptor of
+    its ``-shm`` the caller keeps open (None: opened here)."""
+    indexed = _index(db_path, index_fd)
     if isinstance(indexed, str):
         yield indexed
         return

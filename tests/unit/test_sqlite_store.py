@@ -7,7 +7,8 @@ import sqlite3
 import stat
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -619,14 +620,21 @@ def _next_worker_commits(db: Path) -> bool:
         store.close()
 
 
-def test_a_reader_opened_before_the_failure_lets_go_of_the_log_index_when_idle(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # While any connection keeps SQLite's index of the log (the dashboard's, opened when all was well), the
-    # index counts the frames the kernel dropped, and every restarted worker stops on them again.
+def _reader_beside_a_lost_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, SqliteStore]:
+    """A store opened while all was well (as a dashboard's), then a worker that lost its log's pages and
+    stopped (``_lose_the_last_frame_of_a_failed_sync``): the store's path and that reader."""
     db = tmp_path / "s.db"
     reader = SqliteStore(str(db))
     reader.add(["x"])
     _lose_the_last_frame_of_a_failed_sync(db, monkeypatch)
+    return db, reader
+
+
+def test_a_reader_opened_before_the_failure_lets_go_of_the_log_index_when_idle(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # While any connection keeps SQLite's index of the log (the dashboard's, opened when all was well), the
+    # index counts the frames the kernel dropped, and every restarted worker stops on them again.
+    db, reader = _reader_beside_a_lost_log(tmp_path, monkeypatch)
     assert not _next_worker_commits(db)  # the reader's connection keeps the old index alive
     reader.idle()  # the mark is there: closed and opened again, the only connection: SQLite rebuilds the index
     assert reader.counts()["pending"] == 4
@@ -642,10 +650,7 @@ def test_a_reader_opened_before_the_failure_lets_go_of_the_log_index_when_idle(
 
 def test_idle_never_opens_another_file_in_the_store_s_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from onward.errors import StoreGone
-    db = tmp_path / "s.db"
-    reader = SqliteStore(str(db))
-    reader.add(["x"])
-    _lose_the_last_frame_of_a_failed_sync(db, monkeypatch)
+    db, reader = _reader_beside_a_lost_log(tmp_path, monkeypatch)
     os.rename(db, tmp_path / "elsewhere.db")
     with pytest.raises(StoreGone, match="was deleted"):
         reader.idle()
@@ -681,7 +686,8 @@ def test_a_long_lived_reader_does_not_keep_a_restarted_worker_stopping_on_a_lost
     process = subprocess.Popen(onward_argv(*argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env=dict(os.environ, PYTHONPATH=SRC))
     try:
-        wait_for(lambda: _descriptors_of(process.pid, db) == 1, 20, f"{reader} to open the store")
+        # Open: SQLite's descriptor of the database file, and the store's own (the guard's, see _guard_log).
+        wait_for(lambda: _descriptors_of(process.pid, db) == 2, 20, f"{reader} to open the store")
         _lose_the_last_frame_of_a_failed_sync(db, monkeypatch)
         # A restarted worker stops on the lost frames while the reader holds the old index (it may have
         # opened again before the worker closed, too early to help); once the reader let go while no other
@@ -689,7 +695,6 @@ def test_a_long_lived_reader_does_not_keep_a_restarted_worker_stopping_on_a_lost
         # as a supervisor would, until then: without the reader letting go, never.
         wait_for(lambda: _next_worker_commits(db), 30, f"a restarted worker to get through beside {reader}",
                  interval=0.3)
-        assert _descriptors_of(process.pid, db) == 2  # the reader opened again the guarded way: its guard too
         assert not Path(f"{db}-unsynced").exists()
         assert process.poll() is None, process.stderr.read() if process.stderr else ""
     finally:
@@ -701,32 +706,38 @@ def test_a_long_lived_reader_does_not_keep_a_restarted_worker_stopping_on_a_lost
     check.close()
 
 
-def test_idle_with_no_descriptor_left_keeps_its_connection_and_says_so(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@contextmanager
+def _no_descriptor_left(spare: int = 0) -> Iterator[None]:
+    """While the block runs, this process may open no more descriptors than ``spare`` (a real ``ulimit -n``
+    reached: RLIMIT_NOFILE lowered to what is open, every gap below it taken)."""
     import resource
-    db = tmp_path / "s.db"
-    reader = SqliteStore(str(db))
-    reader.add(["x"])
-    _lose_the_last_frame_of_a_failed_sync(db, monkeypatch)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
     hogs: list[int] = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1 + spare, hard))
     try:
-        while True:  # the gaps below the limit too: not one descriptor left
+        while True:
             try:
                 hogs.append(os.open(os.devnull, os.O_RDONLY))
             except OSError:
                 break
-        with pytest.raises(StoreError, match="cannot open it again: Too many open files; kept the connection open"):
-            reader.idle()
+        for _ in range(spare):
+            os.close(hogs.pop())
+        yield
     finally:
         for fd in hogs:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert reader.counts()["running"] == 2  # the old connection, still there, with the old index (2 claims)
-    reader.idle()
-    assert reader.counts()["running"] == 0  # opened again: the index rebuilt, up to the hole
+
+
+def test_idle_with_no_descriptor_left_still_lets_go_and_opens_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The guard's descriptor was opened with the store, and the new connection takes the ones the old let go.
+    db, reader = _reader_beside_a_lost_log(tmp_path, monkeypatch)
+    with _no_descriptor_left():
+        assert reader.counts()["running"] == 2  # the old index (2 claims)
+        reader.idle()
+        assert reader.counts()["running"] == 0  # opened again: the index rebuilt, up to the hole
     assert _next_worker_commits(db)
     reader.close()
 
@@ -734,10 +745,7 @@ def test_idle_with_no_descriptor_left_keeps_its_connection_and_says_so(
 def test_a_reopen_that_fails_leaves_a_handle_that_fails_as_a_store_until_the_next_idle(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from onward.errors import StoreUnavailable
-    db = tmp_path / "s.db"
-    reader = SqliteStore(str(db))
-    reader.add(["x"])
-    _lose_the_last_frame_of_a_failed_sync(db, monkeypatch)
+    db, reader = _reader_beside_a_lost_log(tmp_path, monkeypatch)
     real_connect = SqliteStore._connect
 
     def refused(self: SqliteStore, location: str, create: bool, upgrade: bool) -> None:
@@ -799,3 +807,36 @@ def test_opening_a_second_handle_in_the_same_process_keeps_the_first_one_s_locks
         first.claim(1, 1, 30.0, 3)
     assert _running(db) == 1
     first.close()
+
+
+def test_a_sync_that_fails_with_no_descriptor_left_still_keeps_the_log_from_being_checkpointed_unread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The guard's lock is taken on a descriptor opened with the store: at the failure, when the process may
+    # have none left to open (nor can it make the mark), the close of the last connection still cannot copy
+    # the log into the database unread.
+    db = tmp_path / "s.db"
+    store = SqliteStore(str(db))
+    store.add(["a", "b", "c"])
+    with store.batch(durable=False):
+        store.claim(1, 1, 30.0, 3)
+    store.sync()  # its descriptors of the log and for the journal probe are open from then on
+    with store.batch(durable=False):
+        store.claim(1, 1, 30.0, 3)
+    database = db.read_bytes()
+    with _no_descriptor_left():
+        _failing_once(monkeypatch)
+        with pytest.raises(StoreError, match="cannot make the last commit durable: Input/output error"):
+            store.sync()
+        monkeypatch.undo()
+        assert not Path(f"{db}-unsynced").exists()  # no descriptor for it either
+        store.close()  # the last connection
+    assert db.read_bytes() == database and os.path.getsize(f"{db}-wal") > 0
+
+
+def test_a_store_that_cannot_get_its_descriptor_at_open_says_so_in_one_error(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    SqliteStore(str(db)).close()
+    with _no_descriptor_left(spare=3):  # SQLite's three (database, log, index), none for the store's own
+        with pytest.raises(StoreError, match="Too many open files"):
+            SqliteStore(str(db))
+    SqliteStore(str(db)).close()

@@ -187,6 +187,11 @@ class SqliteStore(SqlStore):
         else:
             self._create_file()
         self._connect(self.path, create, upgrade)
+        try:
+            self._database()  # now, not at a failed sync: the guard then needs no new descriptor (_guard_log)
+        except OSError as e:
+            self.close()
+            raise _os_error(f"cannot open store {self.path}", e) from None
         # The file just opened, to notice later that it was deleted or replaced (see check_still_there).
         self._where = os.path.abspath(self.path)
         self._identity = self._file_identity()
@@ -296,7 +301,10 @@ class SqliteStore(SqlStore):
         if db is not None:
             if not self._guarded and os.path.lexists(unsynced_mark(self.path)):
                 # Opened before another process's sync failed (a dashboard, a second worker): not guarded yet.
-                self._hold_off_checkpoint_on_close()
+                try:
+                    self._hold_off_checkpoint_on_close()
+                except OSError:
+                    pass  # only when the store's own open failed for want of that descriptor
             db.close()
             self._db = None  # type: ignore[assignment]
             if not isinstance(db, _NotConnected):  # (its connection was counted out when idle closed it)
@@ -378,7 +386,7 @@ class SqliteStore(SqlStore):
     # Set (to what is wrong) once the log turned out to have lost pages in memory: see ``_lose_log``.
     _log_lost: str | None = None
     _guarded = False  # _database_fd holds the guard's lock (_guard_log)
-    _database_fd = -1  # the database file, opened once for the guard and the rewrite (never closed under SQLite)
+    _database_fd = -1  # the database file, opened with the store, for the guard and the rewrite (see _database)
     _index_fd = -1  # its -shm, opened at the first read-back
     _guarded_for_mark = False  # suspect for the mark another process left alone, no failure of our own
 
@@ -418,18 +426,15 @@ class SqliteStore(SqlStore):
             self._db.execute("PRAGMA wal_autocheckpoint = 0")
         except sqlite3.Error:
             pass  # the rewrite reads the log back before its own checkpoint whatever happens here
-        try:
-            self._hold_off_checkpoint_on_close()
-        except OSError:
-            pass  # descriptors exhausted: the rewrite still reads the log back before its checkpoint
+        self._hold_off_checkpoint_on_close()  # on the descriptor opened with the store: nothing to open now
 
     def _hold_off_checkpoint_on_close(self) -> None:
         lock_shared_bytes(self._database())
         self._guarded = True
 
     def _database(self) -> int:
-        """A descriptor of the database file, opened once (``OSError`` if it cannot be): closed only with the
-        store, the way ``sqlite_locks`` says."""
+        """A descriptor of the database file, opened with the store (``OSError`` if it cannot be): closed only
+        with the store, the way ``sqlite_locks`` says."""
         if self._database_fd < 0:
             self._database_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         return self._database_fd

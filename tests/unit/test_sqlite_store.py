@@ -795,18 +795,29 @@ def test_after_a_rewrite_the_log_is_not_deleted_under_the_worker_by_another_proc
     assert _running(db) == 2
 
 
-def test_opening_a_second_handle_in_the_same_process_keeps_the_first_one_s_locks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("second", ["opened", "refused"])
+def test_opening_a_second_handle_in_the_same_process_keeps_the_first_one_s_locks(tmp_path: Path,
+                                                                                  second: str) -> None:
+    # Two Job objects on one store (two jobs of it, say), no fault at all: the second open's header check
+    # closed its descriptor, and the process's SHARED lock went with it (SQLite, which counts its own
+    # connections, does not take it again for the second one).
     db = tmp_path / "s.db"
     first = SqliteStore(str(db))
     first.add(["a", "b"])
-    with pytest.raises(StoreMissing):  # its header read, then refused: nothing of it stays open
-        SqliteStore(str(db), create=False, job="no such job")
+    if second == "opened":
+        other = SqliteStore(str(db), job="another")
+    else:
+        with pytest.raises(StoreMissing):  # its header read, then refused: nothing of it stays open
+            SqliteStore(str(db), create=False, job="no such job")
     _another_process_opens_and_closes(db, "sqlite3")
     assert os.path.exists(f"{db}-wal")
     with first.batch(durable=True):
         first.claim(1, 1, 30.0, 3)
     assert _running(db) == 1
     first.close()
+    if second == "opened":
+        other.close()
+    assert _running(db) == 1
 
 
 def test_a_sync_that_fails_with_no_descriptor_left_still_keeps_the_log_from_being_checkpointed_unread(

@@ -54,7 +54,6 @@ from .sqlite_locks import (
     disconnected,
     lock_shared_bytes,
     read_head,
-    store_key,
     unlock,
 )
 from .sqlite_peek import SQLITE_MAGIC, Q, unsynced_mark
@@ -186,15 +185,16 @@ class SqliteStore(SqlStore):
             _check_header(self.path)
         else:
             self._create_file()
+        # The file about to be opened, to notice later that it was deleted or replaced (see check_still_there);
+        # also the key its connections are counted by (sqlite_locks).
+        self._where = os.path.abspath(self.path)
+        self._identity = self._file_identity()
         self._connect(self.path, create, upgrade)
         try:
             self._database()  # now, not at a failed sync: the guard then needs no new descriptor (_guard_log)
         except OSError as e:
             self.close()
             raise _os_error(f"cannot open store {self.path}", e) from None
-        # The file just opened, to notice later that it was deleted or replaced (see check_still_there).
-        self._where = os.path.abspath(self.path)
-        self._identity = self._file_identity()
         self._notice_mark()  # left by a process that did not rewrite
 
     def _connect(self, location: str, create: bool, upgrade: bool) -> None:
@@ -218,9 +218,7 @@ class SqliteStore(SqlStore):
             self._db.close()
             self._db = None  # type: ignore[assignment]
             raise
-        # Counted, so that no descriptor onward opens on the store's files is closed under it (sqlite_locks).
-        self._file_key = store_key(self.path)
-        connected(self._file_key)
+        connected(self._identity)  # so that no descriptor onward opens on the store's files is closed under it
 
     # --- opening -------------------------------------------------------------------------------------
     def _create_file(self) -> None:
@@ -308,10 +306,10 @@ class SqliteStore(SqlStore):
             db.close()
             self._db = None  # type: ignore[assignment]
             if not isinstance(db, _NotConnected):  # (its connection was counted out when idle closed it)
-                disconnected(self._file_key)
+                disconnected(self._identity)
         self._release_guard()  # after the connection: its close must still find the guard (_guard_log)
         if self._database_fd >= 0:
-            close_beside(self._database_fd, self._file_key)
+            close_beside(self._database_fd, self._identity)
             self._database_fd = -1
 
     def _close_files(self) -> None:
@@ -324,7 +322,7 @@ class SqliteStore(SqlStore):
             os.close(self._wal_fd)  # the log: SQLite holds no lock on it
         for fd in (self._probe_fd, self._index_fd):  # the database file, its -shm
             if fd >= 0:
-                close_beside(fd, self._file_key)
+                close_beside(fd, self._identity)
         self._wal_fd = self._probe_fd = self._index_fd = -1
 
     def idle(self) -> None:
@@ -344,17 +342,13 @@ class SqliteStore(SqlStore):
         if found != self._identity:
             raise self._gone(found)
         if not self._guarded:  # first, so that the close below cannot checkpoint (see _guard_log)
-            try:
-                self._hold_off_checkpoint_on_close()
-            except OSError as e:
-                raise StoreUnavailable(f"store {self.path}: cannot open it again: {e.strerror}; kept the"
-                                       " connection open") from None
+            self._hold_off_checkpoint_on_close()  # on the descriptor opened with the store: nothing to open now
         from urllib.parse import quote
 
         self._close_files()
         db, self._db = self._db, _NotConnected("it is being opened again")  # type: ignore[assignment]
         db.close()
-        disconnected(self._file_key)
+        disconnected(self._identity)
         self._log_lost = None  # that connection's view of the log went with it
         try:
             # mode=rw: should the file go in the meantime, SQLite must not create an empty one in its place.
@@ -366,7 +360,7 @@ class SqliteStore(SqlStore):
             self._log_suspect = self._guarded_for_mark = True
         self._db.execute("PRAGMA wal_autocheckpoint = 0")
 
-    _file_key: tuple[int, int] | None = None  # the database file's device and inode (sqlite_locks)
+    _identity: tuple[int, int] | None = None  # the database file's device and inode (check_still_there, sqlite_locks)
     _wal_fd = -1  # the write-ahead log, opened at the first sync (it exists once anything was committed)
     _sync_thread: Any = None  # a SyncThread, made when a worker asks for sync_ahead_fd
 
@@ -542,11 +536,12 @@ class SqliteStore(SqlStore):
         except OSError as e:
             raise self._sync_error(e) from None
         except sqlite3.Error as e:
-            raise StoreUnavailable(f"store {self.path}: cannot make the last commit durable: after a failed "
-                                   f"sync, its log could not be written into the database ({one_line(str(e), 200)})") from None
+            busy, why = True, one_line(str(e), 200)
+        else:
+            why = "another connection holds it"
         if busy:
             raise StoreUnavailable(f"store {self.path}: cannot make the last commit durable: after a failed sync, "
-                                   "its log could not be written into the database (another connection holds it)")
+                                   f"its log could not be written into the database ({why})")
 
     def _probe_target(self) -> int:
         """The descriptor the journal probe goes through, or -1 when this filesystem takes no probe."""

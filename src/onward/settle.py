@@ -82,10 +82,23 @@ class Settler:
         return (self._report_done(claim, outcome, seconds) if completed else self._report_fenced(claim)), claims
 
     def _done(self, claim: Claim, outcome: Outcome, seconds: float) -> Report:
-        if not self.store.complete(claim.task_id, claim.fence, outcome.result, outcome.result_kind):
+        completed = self.store.complete(claim.task_id, claim.fence, outcome.result, outcome.result_kind)
+        state, first = self._settled(DONE if completed else None, claim)
+        if state is None:
             return self._fenced(claim)
-        self.store.log_event("done", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt)
+        if first:
+            self.store.log_event("done", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt)
         return self._report_done(claim, outcome, seconds)
+
+    def _settled(self, state: str | None, claim: Claim) -> tuple[str | None, bool]:
+        """The state an outcome's write left (``state``, None when it was refused), and whether this write
+        did it. A refused write may be a try again after a store error whose commit landed all the same
+        (``Store.settled_under``): that commit settled the same outcome and journaled it, so the outcome is
+        told as usual, once the commit now made is durable (the earlier one with it), and journaled no
+        more. (None, False): fenced out for real."""
+        if state is not None:
+            return state, True
+        return self.store.settled_under(claim.task_id, claim.fence), False
 
     def _report_done(self, claim: Claim, outcome: Outcome, seconds: float) -> Report:
         def report_done() -> None:
@@ -99,19 +112,21 @@ class Settler:
         return report_done
 
     def _released(self, claim: Claim, outcome: Outcome) -> Report:
-        state = self.store.release(claim.task_id, claim.fence, outcome.error)
+        state, first = self._settled(self.store.release(claim.task_id, claim.fence, outcome.error), claim)
         if state is None:
             return self._fenced(claim)
         if state == CANCELLED:  # given back while a cancel was pending: it ends there
-            self.store.log_event("cancelled", task_id=claim.task_id, worker_id=self.worker_id,
-                                 attempt=claim.attempt, detail=f"given back ({outcome.error}) after a cancel")
+            if first:
+                self.store.log_event("cancelled", task_id=claim.task_id, worker_id=self.worker_id,
+                                     attempt=claim.attempt, detail=f"given back ({outcome.error}) after a cancel")
 
             def report_cancelled() -> None:
                 self.summary.cancelled += 1
                 self.log.info(f"cancelled task={quote(claim.name)} attempt={claim.attempt}: given back, not retried")
             return report_cancelled
-        self.store.log_event("released", task_id=claim.task_id, worker_id=self.worker_id,
-                             attempt=claim.attempt, detail=outcome.error)
+        if first:
+            self.store.log_event("released", task_id=claim.task_id, worker_id=self.worker_id,
+                                 attempt=claim.attempt, detail=outcome.error)
 
         def report_released() -> None:
             self.summary.released += 1
@@ -121,12 +136,13 @@ class Settler:
     def _parked(self, claim: Claim, outcome: Outcome) -> Report:
         """A task waits for a value (``ctx.wait``): its claim is given back uncounted and it parks."""
         key, until = outcome.wait_key, outcome.wait_until
-        state = self.store.park(claim.task_id, claim.fence, key, until)
+        state, first = self._settled(self.store.park(claim.task_id, claim.fence, key, until), claim)
         if state is None:
             return self._fenced(claim)
         if state == CANCELLED:
-            self.store.log_event("cancelled", task_id=claim.task_id, worker_id=self.worker_id,
-                                 attempt=claim.attempt, detail=f"cancelled while it began to wait for {key!r}")
+            if first:
+                self.store.log_event("cancelled", task_id=claim.task_id, worker_id=self.worker_id,
+                                     attempt=claim.attempt, detail=f"cancelled while it began to wait for {key!r}")
 
             def report_cancelled() -> None:
                 self.summary.cancelled += 1
@@ -135,8 +151,9 @@ class Settler:
         deadline = "" if until is None else f" (until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(until))})"
         detail = (f"waiting for {key!r}{deadline}" if state == WAITING
                   else f"waiting for {key!r}: the value is there, runnable again")
-        self.store.log_event("waiting", task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
-                             detail=detail)
+        if first:
+            self.store.log_event("waiting", task_id=claim.task_id, worker_id=self.worker_id,
+                                 attempt=claim.attempt, detail=detail)
 
         def report_parked() -> None:
             self.summary.parked += 1
@@ -145,12 +162,13 @@ class Settler:
 
     def _failed(self, claim: Claim, outcome: Outcome) -> Report:
         delay = min(self.retry_delay * 2 ** (claim.attempt - 1), self.max_retry_delay)
-        state = self.store.fail(claim.task_id, claim.fence, outcome.error, delay)
+        state, first = self._settled(self.store.fail(claim.task_id, claim.fence, outcome.error, delay), claim)
         if state is None:
             return self._fenced(claim)
-        kind = {PENDING: "retrying", CANCELLED: "cancelled"}.get(state, "failed")
-        self.store.log_event(kind, task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
-                             detail=outcome.error)
+        if first:
+            kind = {PENDING: "retrying", CANCELLED: "cancelled"}.get(state, "failed")
+            self.store.log_event(kind, task_id=claim.task_id, worker_id=self.worker_id, attempt=claim.attempt,
+                                 detail=outcome.error)
         if state == CANCELLED:
             def report_cancelled() -> None:
                 self.summary.cancelled += 1

@@ -335,6 +335,96 @@ def test_a_worker_that_cannot_renew_its_lease_stops_its_tasks_and_commits_nothin
     assert sorted((line[1], line[2]) for line in ends) == [("slow-a", "2"), ("slow-b", "2")]
 
 
+# --- a commit whose answer is lost ---------------------------------------------------------------------
+class AnswerCutter:
+    """A TCP relay between the worker and the server (127.0.0.1) that, once, lets a message through and
+    loses its answer: when the client's bytes contain ``marker``, they reach the server, and the next bytes
+    the server sends on that connection are dropped and both ends closed. So the statement carrying the
+    marker is carried out, committed (autocommit: the server answers only after the commit), and the
+    client sees a lost connection: what a network cut or a server's host dying in that moment does."""
+
+    def __init__(self, marker: bytes) -> None:
+        self.marker = marker
+        self.cuts = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._stopping = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stopping:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection((pgutil.PG_HOST, pgutil.PG_PORT))
+            threading.Thread(target=self._relay, args=(client, server), daemon=True).start()
+
+    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+        seen, cutting = b"", False
+        try:
+            while True:
+                readable, _, _ = select.select([client, server], [], [])
+                for end in readable:
+                    data = end.recv(65536)
+                    if not data:
+                        return
+                    if end is client:
+                        seen = (seen + data)[-(len(self.marker) + len(data)):]
+                        if self.cuts == 0 and self.marker in seen:
+                            cutting = True
+                        server.sendall(data)
+                    elif cutting:
+                        self.cuts += 1  # the answer is dropped: the commit happened, the client never hears
+                        return
+                    else:
+                        client.sendall(data)
+        except OSError:
+            return
+        finally:
+            client.close()
+            server.close()
+
+    def close(self) -> None:
+        self._stopping = True
+        self._listener.close()
+
+
+def test_a_completion_whose_commit_answer_was_lost_is_reported_done_once_not_fenced(
+        pg_url: str, tmp_path: Path) -> None:
+    """The connection is cut after the server committed a task's completion (and the next claim) but before
+    the worker heard. The worker takes it for not committed and tries the completion again on a new
+    connection: the task is done already, under the very fence of its attempt, so it is reported done
+    (log line, --out file, tally), journaled once, and nothing says it was taken over. The task claimed in
+    the lost commit runs once its lease has run out; the job finishes."""
+    names = [f"t{i:02d}" for i in range(12)]
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(n + "\n" for n in names))
+    cutter = AnswerCutter(b"result of t05")
+    url = pg_url.replace(f":{pgutil.PG_PORT}/", f":{cutter.port}/", 1) + "?sslmode=disable"
+    log, out = tmp_path / "worker.log", tmp_path / "out"
+    try:
+        worker = spawn("run", "--db", url, "--tasks", str(tasks), "--out", str(out), "--heartbeat", "0.5",
+                       "--", "echo", "result of", "{task}", log=log)
+        assert wait_exit(worker, 60, log) == 0, log.read_text()[-3000:]
+    finally:
+        cutter.close()
+    text = log.read_text()
+    assert cutter.cuts == 1, text[-3000:]
+    assert "store error, will retry" in text  # the worker did see the cut
+    assert "fenced" not in text and "taken over" not in text, text[-3000:]
+    assert text.count('done task="t05"') == 1
+    assert done_events_by_task(pg_url) == Counter(names)  # journaled once each
+    store = open_store(pg_url, create=False)
+    try:
+        assert not [e for e in store.events(limit=10_000) if e.kind == "fenced"]
+        assert store.counts()[DONE] == len(names)
+        assert result_bytes(store, "t05") == b"result of t05\n"
+    finally:
+        store.close()
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{n}.txt" for n in names)
+
+
 # --- a late completion ---------------------------------------------------------------------------------
 def test_a_late_completion_is_rejected(pg_url: str) -> None:
     """The first owner comes back after its task was reclaimed and claimed again elsewhere: every write it

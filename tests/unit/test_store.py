@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -10,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from onward.attempt import Attempt, Outcome
 from onward.errors import StoreUnavailable
+from onward.log import Log
 from onward.proc import current_owner
+from onward.settle import Settler
 from onward.store import open_store
 from onward.store.base import (
     CANCELLED,
@@ -69,6 +73,85 @@ def test_complete_and_claim_is_complete_then_claim_with_their_journal(store: Sto
                                                  w, 0, 30, 3)
     assert completed and claims == []  # nothing asked for: a completion alone
     assert store.counts()[DONE] == 2 and store.claim(w, 5, 30, 3) == []
+
+@pytest.mark.parametrize("way", ["alone", "in a batch", "complete"])
+def test_a_completion_tried_again_after_its_commit_landed_is_done_not_fenced(store: Store, way: str) -> None:
+    """What a worker does when a commit's answer was lost (a connection cut after the server committed; a
+    sync check failing after SQLite's commit): it commits the same completion again. The task is done
+    under that attempt's fence, so the second try says done (``settled_under``), changes nothing, and
+    journals nothing more: one "done", no "fenced". A claim that moved the fence on still fences it out."""
+    store.add(["a", "b", "c"])
+    w = worker(store)
+    (a,) = store.claim(w, 1, 30, 3)
+    assert store.settled_under(a.task_id, a.fence) is None  # running: not settled under any fence yet
+
+    settler = Settler(store, Log(stream=io.StringIO()), None, 1, 1)
+    settler.worker_id = w
+
+    def complete_again(claim: Claim, result: bytes) -> bool:
+        if way == "complete":  # the worker's way with several outcomes in one commit: the settler's
+            with store.batch():
+                report = settler.settle(Attempt(claim), Outcome.done(result, "str"))
+            done, fenced = settler.summary.done, settler.summary.fenced
+            report()
+            assert settler.summary.done + settler.summary.fenced == done + fenced + 1
+            return settler.summary.done > done
+        if way == "in a batch":
+            with store.batch():
+                completed, claims = store.complete_and_claim(claim, result, "str", w, 0, 30, 3)
+        else:
+            completed, claims = store.complete_and_claim(claim, result, "str", w, 0, 30, 3)
+        assert claims == []
+        return completed
+
+    assert complete_again(a, b"first")
+    events = len(store.events())
+    assert store.settled_under(a.task_id, a.fence) == DONE
+    assert complete_again(a, b"second")  # the retry: done already, under this very fence
+    result = store.result("a")
+    assert result is not None and result.data == b"first"  # nothing written by the retry
+    assert store.counts() == {PENDING: 2, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0, WAITING: 0}
+    assert len(store.events()) == events
+    assert [e.kind for e in store.events() if e.task == "a"] == ["done"]
+    # Another fence: refused, as ever.
+    assert store.settled_under(a.task_id, a.fence + 1) is None
+    (b,) = store.claim(w, 1, 30, 3)
+    store.reclaim(b.task_id, b.fence, "lease expired")  # the fence moves on; b pending again
+    (b2,) = store.claim(w, 1, 30, 3)
+    assert b2.name == "b" and b2.fence == b.fence + 2
+    assert complete_again(b2, b"by the new owner")
+    assert not complete_again(b, b"late")
+    assert store.settled_under(b.task_id, b.fence) is None
+    result = store.result("b")
+    assert result is not None and result.data == b"by the new owner"
+    assert [e.kind for e in store.events() if e.task == "b"][-2:] == ["done", "fenced"]
+
+
+@pytest.mark.parametrize("outcome", [Outcome.failure("exit status 1"), Outcome.released("worker stopping"),
+                                     Outcome.parked("approval", None)], ids=["failed", "released", "parked"])
+def test_any_outcome_written_again_after_its_commit_landed_is_told_not_fenced(store: Store,
+                                                                              outcome: Outcome) -> None:
+    """The same for a failed attempt, one given back, and one that began to wait: the second write of
+    the outcome is refused (the task no longer runs), ``settled_under`` gives the state the first left,
+    and the settler tells that outcome as usual, with no journal row more and nothing "fenced"."""
+    store.add(["a"])
+    w = worker(store)
+    (a,) = store.claim(w, 1, 30, 3)
+    settler = Settler(store, Log(stream=io.StringIO()), None, 1, 1)
+    settler.worker_id = w
+    journaled = []
+    for _ in range(2):  # the try whose answer was lost, then the try again
+        with store.batch():
+            report = settler.settle(Attempt(a), outcome)
+        report()
+        journaled.append([e.kind for e in store.events() if e.task == "a"])
+    assert journaled[0] == journaled[1] and "fenced" not in journaled[1]
+    assert settler.summary.fenced == 0
+    state = {"failed": PENDING, "released": PENDING, "parked": WAITING}[outcome.kind]
+    assert store.task("a").state == state and store.settled_under(a.task_id, a.fence) == state  # type: ignore[union-attr]
+    if outcome.kind == "failed":
+        assert store.task("a").attempts == 1  # type: ignore[union-attr]  # counted once
+
 
 def test_a_crash_safe_settle_is_seen_at_once_and_made_durable_by_sync(store_url: str) -> None:
     """``complete_and_claim(durable=False)`` and ``batch(durable=False)``: every reader sees the commit at

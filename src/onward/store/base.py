@@ -312,8 +312,17 @@ class WorkQueue(Protocol):
         Bounded."""
 
     def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
-        """Mark the task done with its result, atomically. False (and nothing written) if fenced out.
-        Bounded."""
+        """Mark the task done with its result, atomically. False (and nothing written) if fenced out, or if
+        it is done already (see ``settled_under``). Bounded."""
+
+    def settled_under(self, task_id: int, fence: int) -> str | None:
+        """The task's state if it is no longer running under ``fence`` but still carries it: the outcome of
+        the attempt holding that claim was committed (only that attempt can settle the task under its
+        fence; a takeover moves the fence on), and the state is what it left, or what a command made of it
+        since (``retry``, ``cancel``). None while it runs under that fence, and once the fence moved on. A
+        worker asks when an outcome it writes again after a store error is refused: the commit whose error
+        it got may have landed all the same (a connection cut after the server committed, a sync check that
+        failed after SQLite's commit), and then nothing was taken over. A read, nothing written. Bounded."""
 
     def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
                            lease_seconds: float, max_attempts: int, durable: bool = True,
@@ -322,7 +331,9 @@ class WorkQueue(Protocol):
         "fenced" with FENCED_DETAIL when fenced out, and "claimed" for each claim), in one transaction, durable
         unless ``durable=False`` (then as ``batch(durable=False)``: durable at the next ``sync``): a worker's
         commit when its one finished attempt succeeded (the hot path at concurrency 1; PostgreSQL sends it as
-        one statement). ``child`` as for ``claim``. Returns what ``complete`` and ``claim`` would. Bounded."""
+        one statement). ``child`` as for ``claim``. Returns whether the task is done under ``done``'s fence
+        (completed now, or done under it already, ``settled_under``, by an earlier commit, which journaled
+        it: nothing is journaled for it then), and what ``claim`` would. Bounded."""
 
     def fail(self, task_id: int, fence: int, error: str, retry_delay: float) -> str | None:
         """Record a failed attempt. If attempts remain, the task goes back to pending, ready after

@@ -367,9 +367,11 @@ SELECT id, name, attempts, fence, max_attempts FROM changed;
 -- name: complete_and_claim
 -- complete, then claim, with their counts and journal rows, as one statement: run on its own (autocommit),
 -- it is one round trip and one durable commit per task for a worker that works one task at a time, where
--- BEGIN, complete, claim, the journal and COMMIT took five. A completion fenced out journals "fenced".
--- Both updates see the same snapshot: the task completed here is running in it, so the claim cannot pick
--- it. The journal rows go in in this order: the completion, then the claims.
+-- BEGIN, complete, claim, the journal and COMMIT took five. A completion fenced out journals "fenced"; one
+-- done already under its fence (settled_under: an earlier try of this statement committed, its answer
+-- lost) journals nothing, since that commit did. Both updates see the same snapshot: the task completed
+-- here is running in it, so the claim cannot pick it, and `earlier` finds it only if it was done before.
+-- The journal rows go in in this order: the completion, then the claims.
 WITH completed AS (
     UPDATE onward.tasks
        SET state = 'done', finished_at = onward.epoch(), result = %(result)s, result_kind = %(kind)s,
@@ -377,6 +379,8 @@ WITH completed AS (
            cancel_requested = false
      WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'
     RETURNING id, job_id
+), earlier AS (
+    SELECT id FROM onward.tasks WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'done'
 ), changed AS (
     -- child_pid/child_start: the process made ready to run the claimed task's command (NULL: none), noted
     -- with the claim (the caller passes one only when it claims one task).
@@ -412,6 +416,7 @@ WITH completed AS (
       FROM (SELECT 0 AS k, CASE WHEN EXISTS (SELECT 1 FROM completed) THEN 'done' ELSE 'fenced' END AS kind,
                    %(task_id)s::bigint AS task_id, %(attempt)s::integer AS attempt,
                    CASE WHEN EXISTS (SELECT 1 FROM completed) THEN NULL ELSE %(fenced)s::text END AS detail
+             WHERE NOT EXISTS (SELECT 1 FROM earlier)
             UNION ALL
             SELECT 1, 'claimed', id, attempts, NULL FROM changed) AS e
      ORDER BY e.k, e.task_id
@@ -421,7 +426,8 @@ WITH completed AS (
 -- a claim made after that wait, with the statement's snapshot from before it, would lock in passing every
 -- task claimed meanwhile and make their owners wait in turn: a convoy that cost a third of the throughput
 -- at 4 worker processes. Which order the executor takes is a matter of speed only: both see one snapshot.
-SELECT (SELECT count(*) FROM completed), c.id, c.name, c.attempts, c.fence, c.max_attempts
+SELECT (SELECT count(*) FROM completed) + (SELECT count(*) FROM earlier), c.id, c.name, c.attempts, c.fence,
+       c.max_attempts
   FROM (VALUES (true)) AS one (x) LEFT JOIN changed AS c ON true;
 
 -- name: renew
@@ -462,6 +468,9 @@ UPDATE onward.tasks SET child_pid = %(pid)s, child_start = %(start)s
 
 -- name: fence_holds
 SELECT 1 FROM onward.tasks WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running';
+
+-- name: settled_under
+SELECT state FROM onward.tasks WHERE id = %(task_id)s AND fence = %(fence)s AND state <> 'running';
 
 -- name: complete
 WITH changed AS (

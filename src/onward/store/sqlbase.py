@@ -397,9 +397,14 @@ class SqlStore:
                                      lease_seconds: float, max_attempts: int, durable: bool,
                                      child: tuple[int, int] | None) -> tuple[bool, list[Claim]]:
         with self.batch(durable):
-            completed = self.complete(done.task_id, done.fence, result, kind)
-            self._journal("done" if completed else "fenced", task_id=done.task_id, worker_id=worker_id,
-                          attempt=done.attempt, detail=None if completed else FENCED_DETAIL)
+            if self.complete(done.task_id, done.fence, result, kind):
+                completed = True
+                self._journal("done", task_id=done.task_id, worker_id=worker_id, attempt=done.attempt)
+            else:
+                completed = self.settled_under(done.task_id, done.fence) == DONE  # journaled by that commit
+                if not completed:
+                    self._journal("fenced", task_id=done.task_id, worker_id=worker_id, attempt=done.attempt,
+                                  detail=FENCED_DETAIL)
             claims = self.claim(worker_id, limit, lease_seconds, max_attempts, child) if limit > 0 else []
             for claim in claims:
                 self._journal("claimed", task_id=claim.task_id, worker_id=worker_id, attempt=claim.attempt)
@@ -412,6 +417,10 @@ class SqlStore:
 
     def holds(self, task_id: int, fence: int) -> bool:
         return self._exec("fence_holds", {"task_id": task_id, "fence": fence}).fetchone() is not None
+
+    def settled_under(self, task_id: int, fence: int) -> str | None:
+        row = self._exec("settled_under", {"task_id": task_id, "fence": fence}).fetchone()
+        return None if row is None else row[0]
 
     def fail(self, task_id: int, fence: int, error: str, retry_delay: float) -> str | None:
         with self._write():

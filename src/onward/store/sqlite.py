@@ -44,7 +44,7 @@ from ..errors import (
 )
 from ..log import one_line
 from ..proc import hostname
-from .base import FENCED_DETAIL, Claim, Event, Lease, Stats, StepRecord
+from .base import DONE, FENCED_DETAIL, Claim, Event, Lease, Stats, StepRecord
 from .rows import event_of
 from .sql import migration
 from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version
@@ -739,22 +739,27 @@ class SqliteStore(SqlStore):
             completed = db.execute(Q["complete"], {
                 "now": now, "result": result, "kind": kind, "task_id": done.task_id, "fence": done.fence,
                 "job": job}).rowcount == 1
+            # Refused: done already under this fence (an earlier commit of this completion landed, and
+            # journaled it), or fenced out.
+            earlier = not completed and db.execute(Q["settled_under"], {
+                "task_id": done.task_id, "fence": done.fence}).fetchone() == (DONE,)
             rows = db.execute(Q["claim"], {
                 "now": now, "worker_id": worker_id, "lease": lease_seconds, "limit": limit,
                 "max_attempts": max_attempts, "child_pid": child[0] if child else None,
                 "child_start": child[1] if child else None, "job": job}).fetchall() if limit > 0 else []
             rows.sort()  # RETURNING gives no order guarantee; hand tasks out in the order they were added
             pid, host = os.getpid(), hostname()
-            journal = [job, now, "done" if completed else "fenced", pid, host, worker_id, done.task_id,
-                       done.attempt, None if completed else FENCED_DETAIL]
+            journal = [] if earlier else [job, now, "done" if completed else "fenced", pid, host, worker_id,
+                                          done.task_id, done.attempt, None if completed else FENCED_DETAIL]
             for row in rows:
                 journal += [job, now, "claimed", pid, host, worker_id, row[0], row[2], None]
-            db.execute(_events_sql(1 + len(rows)), journal)
+            if journal:
+                db.execute(_events_sql(len(rows) + (not earlier)), journal)
         self._sync_owed = not durable  # as after a batch: a durable commit covers the crash-safe ones before it
         claims = [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4]) for r in rows]
         if child is not None and claims:
             claims[0] = claims[0]._replace(child_pid=child[0])
-        return completed, claims
+        return completed or earlier, claims
 
     def complete(self, task_id: int, fence: int, result: bytes, kind: str) -> bool:
         with self._write():

@@ -605,6 +605,9 @@ DELETE FROM steps
 -- name: fence_holds
 SELECT 1 FROM tasks WHERE id = :task_id AND fence = :fence AND state = 'running';
 
+-- name: settled_under
+SELECT state FROM tasks WHERE id = :task_id AND fence = :fence AND state <> 'running';
+
 -- name: park
 -- A task that waits for a value gives its claim back uncounted (as a release) and parks: 'waiting' until the
 -- value comes (send) or its deadline (:until, NULL for none) passes (wake_due). A value already in the

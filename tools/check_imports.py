@@ -11,8 +11,8 @@ list of modules, so that new modules are checked without editing this file:
    ``onward.store.postgres``, directly or through anything it imports (it talks to the ``Store`` contract).
 3. The store is the bottom layer: whatever a module under ``onward/store/`` imports, directly or not, is
    under ``onward/store/`` too or is one of the FOUNDATION modules below. These are the smallest set the
-   store needs: error types, process identity (the owner of a claim), one-line logging, and hiding
-   passwords in messages (``redact``).
+   store needs: error types, process identity (the owner of a claim), one-line logging, hiding
+   passwords in messages (``redact``), and creating private folders (``folders``).
 4. One door to the store: no module above ``onward/store/`` imports a backend module itself; they go
    through ``onward.store`` (``open_store``, ``exists``, ``upgrade``), which picks the backend by URL.
 
@@ -31,7 +31,7 @@ PACKAGE = "onward"
 STORE = "onward.store"
 BACKENDS = ("onward.store.sqlite", "onward.store.postgres")
 RUNNER = "onward.runner"
-FOUNDATION = frozenset({"onward.errors", "onward.proc", "onward.log", "onward.redact"})
+FOUNDATION = frozenset({"onward.errors", "onward.proc", "onward.log", "onward.redact", "onward.folders"})
 
 
 def module_name(path: Path, src: Path) -> str:

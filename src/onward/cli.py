@@ -22,6 +22,7 @@ from . import __version__
 from .cli_types import FINITE_FLOAT, TASK_TEXT, db_option, job_option
 from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import (
+    UNAVAILABLE_ERRNOS,
     OnwardError,
     StoreError,
     StoreMissing,
@@ -290,7 +291,8 @@ class SinceTime(click.ParamType):
 @db_option
 @job_option
 @click.option("--task", "task", type=TASK_TEXT, default=None, help="Only this task's events.")
-@click.option("-n", "--lines", "last", type=click.IntRange(min=1), default=None, help="Only the last N events.")
+@click.option("-n", "--lines", "last", type=click.IntRange(min=1, max=2**63 - 1), default=None,
+              help="Only the last N events.")
 @click.option("--since", type=SinceTime(), default=None,
               help="Only events from TIME on: ISO 8601 (UTC unless an offset is given) or an age (10m, 2h).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event and line.")
@@ -405,6 +407,21 @@ def _say_error(message: str) -> None:
 def entry(argv: list[str] | None = None) -> int:
     """Run the CLI, mapping every error type to its exit status in one place."""
     hide_passwords_from_ps(sys.argv if argv is None else argv)
+    code = _run_cli(argv)
+    try:
+        sys.stdout.flush()  # what a command printed reaches its file now, where a failure can be told
+    except BrokenPipeError:
+        quiet_broken_pipe()
+    except OSError as e:
+        if e.errno not in UNAVAILABLE_ERRNOS:
+            raise
+        quiet_broken_pipe()
+        _say_error(f"cannot write the output: {e.strerror}")
+        return code or 75
+    return code
+
+
+def _run_cli(argv: list[str] | None) -> int:
     try:
         # Without standalone mode click returns, instead of raising, the status given to ctx.exit() (by
         # --version, or by onward supervise passing its worker's on); a command that just returns gives None.
@@ -429,6 +446,15 @@ def entry(argv: list[str] | None = None) -> int:
             if isinstance(e, kind):
                 return code
         return 1
+    except OSError as e:
+        # The machine, not the input: no descriptor left (ulimit -n), no memory, a full disk or one failing
+        # under the report being written (stdout on a full disk). Unavailable right now, as a store error
+        # of that kind is: one line, exit 75, for a supervisor to try again later.
+        if e.errno not in UNAVAILABLE_ERRNOS:
+            raise
+        quiet_broken_pipe()  # stdout may be what failed: its flush must not fail again
+        _say_error(f"{e.strerror}: {e.filename}" if e.filename else str(e.strerror))
+        return 75
     return status if isinstance(status, int) else 0
 
 

@@ -58,14 +58,19 @@ TASK_TEXT = TaskText()
 
 class FiniteFloat(click.ParamType):
     """A number of seconds. Python's float() takes "nan" and "inf", which no duration means: a NaN retry
-    delay cannot be stored and an infinite heartbeat overflows a timer, so both are refused up front."""
+    delay cannot be stored and an infinite heartbeat overflows a timer, so both are refused up front; so
+    is a finite one past ``MAX_SECONDS``, which overflows ``time.sleep`` and ``select`` all the same."""
 
     name = "float"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from .config import MAX_SECONDS
+
         number: float = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value} is not a finite number", param, ctx)
+        if number > MAX_SECONDS:
+            self.fail(f"{value} is more than {MAX_SECONDS:,} seconds", param, ctx)
         return number
 
 

@@ -18,6 +18,10 @@ DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024
 # The longest duration any setting may name (about 11.5 days). The kernel's timers take at most 2**31 - 1
 # milliseconds (24.8 days): a heartbeat or timeout beyond that overflows poll() and select().
 MAX_SECONDS = 1_000_000
+# The shortest heartbeat. A lease is three of them by default: below a tenth of a second, a turn of the
+# worker's loop, a garbage collection or a busy disk outlasts a lease, and healthy workers take each other's
+# tasks (two attempts overlapping) until every task has used up its attempts.
+MIN_HEARTBEAT = 0.1
 MAX_CONCURRENCY = 4096  # tasks at once in one worker, each a thread or a child process
 MAX_ATTEMPTS = 1_000_000  # stored as an SQL integer; beyond any real retry policy
 
@@ -71,7 +75,8 @@ class RunConfig:
             raise UsageError(f"grace cannot be negative (got {self.grace})")
         if self.park_sleeps_over < 0:
             raise UsageError(f"park sleeps over cannot be negative (got {self.park_sleeps_over})")
-        _positive("heartbeat", self.heartbeat)
+        if not self.heartbeat >= MIN_HEARTBEAT:
+            raise UsageError(f"heartbeat must be at least {MIN_HEARTBEAT:g} seconds (got {self.heartbeat})")
         for name, value in (("timeout", self.timeout), ("stall timeout", self.stall_timeout),
                             ("lease", self.lease)):
             if value is not None:

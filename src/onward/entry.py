@@ -37,6 +37,15 @@ def main() -> None:
             except KeyboardInterrupt:  # as the CLI says it (cli.entry)
                 sys.stderr.write("onward: aborted\n")
                 sys.exit(130)
+            except OSError as e:  # as the CLI says it (cli.entry): stdout on a full disk, say
+                from .errors import UNAVAILABLE_ERRNOS
+                from .pipes import quiet_broken_pipe
+
+                if e.errno not in UNAVAILABLE_ERRNOS:
+                    raise
+                quiet_broken_pipe()
+                sys.stderr.write(f"onward: error: cannot write the output: {e.strerror}\n")
+                sys.exit(75)
             gc.enable()
     if args[:1] == ["run"]:
         from .gate import START_GATE

@@ -10,6 +10,10 @@ import errno
 # Errors of the machine rather than of the input: the disk failed, filled up, turned read-only (ext4's
 # errors=remount-ro) or ran out of quota. An operation that met one may succeed once it is fixed.
 TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EROFS, errno.EDQUOT})
+# Those, and a process or machine out of descriptors or memory: a command that meets one anywhere (a
+# report written to a full disk, a store opened under an exhausted ``ulimit -n``) says so in one line and
+# exits 75, unavailable right now, for a supervisor to try again later.
+UNAVAILABLE_ERRNOS = TRANSIENT_ERRNOS | {errno.EMFILE, errno.ENFILE, errno.ENOMEM}
 
 
 class OnwardError(Exception):

@@ -8,9 +8,12 @@ alive, and removes it when nothing is left to do, or when the last live worker l
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 
 from .errors import UsageError
+from .folders import create_private_folders
 from .log import Log
 
 SANDBOX_DIR = "~/.sandboxer"
@@ -38,12 +41,47 @@ def _chosen_marker(flag: str | None) -> str | None:
     return None
 
 
+MARKER_TEXT = b"onward pid="  # what every marker onward writes begins with
+NAME_MAX = 255  # the longest name of a file or folder on Linux's filesystems
+
+
+def _not_a_marker(path: str) -> str | None:
+    """Why the file at ``path`` is something onward must neither overwrite nor remove (None: nothing is
+    there, or it is a marker: one onward wrote, or an empty file, as ``touch`` makes by the sandboxes'
+    convention). A typo'd path (``--keep-awake tasks.txt``) would otherwise be replaced by a marker and
+    deleted when the work is done."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a symbolic link"
+        if e.errno == errno.EISDIR:
+            return "is a directory"
+        return None  # unreadable: whether it can be replaced is found when writing (a warning then)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "is not a regular file"
+        head = os.read(fd, len(MARKER_TEXT))
+    finally:
+        os.close(fd)
+    if head and head != MARKER_TEXT:
+        return "holds something other than a keep-awake marker"
+    return None
+
+
 def _check_marker_path(path: str) -> None:
-    """Refuse, before anything is written, a marker that could never be a file: a directory, or a path
-    under something that is not a directory. (A full or failing disk is only found when writing: that is a
-    warning then, see ``KeepAwake.hold``.)"""
+    """Refuse, before anything is written, a marker that could never be a file (a directory, or a path
+    under something that is not a directory) and a file there that is not a marker (``_not_a_marker``).
+    (A full or failing disk is only found when writing: that is a warning then, see ``KeepAwake.hold``.)"""
     if os.path.isdir(path):
         raise UsageError(f"keep-awake marker {path} is a directory; give the path of a file")
+    if any(len(os.fsencode(part)) > NAME_MAX for part in path.split(os.sep)):
+        raise UsageError(f"keep-awake marker {path[:80]}…: a name in it is longer than {NAME_MAX} bytes")
+    why = _not_a_marker(path)
+    if why:
+        raise UsageError(f"keep-awake marker {path} {why}; give a path of its own (nothing was changed)")
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):  # the folders that do not exist yet are created on first hold
         parent = os.path.dirname(parent)
@@ -65,9 +103,13 @@ class KeepAwake:
         cannot be written (a full disk) is a warning, never a reason to stop the work it is there for."""
         if self._held and os.path.exists(self.path):
             return
+        why = _not_a_marker(self.path)
+        if why:  # put there since this worker started
+            self._warn(f"keep-awake marker {self.path} {why} now; left as it is, the work goes on")
+            return
         tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), mode=0o700, exist_ok=True)
+            create_private_folders(os.path.dirname(os.path.abspath(self.path)))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, f"onward pid={os.getpid()} store={store}\n".encode())
@@ -83,6 +125,11 @@ class KeepAwake:
         self._failure = None
 
     def release(self) -> None:
+        why = _not_a_marker(self.path)
+        if why:  # put there since this worker started: not ours to remove
+            self._warn(f"keep-awake marker {self.path} {why} now; left as it is")
+            self._held = False
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:

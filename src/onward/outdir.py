@@ -45,6 +45,7 @@ from types import TracebackType
 from urllib.parse import unquote, urlsplit
 
 from onward.errors import TRANSIENT_ERRNOS, OutputUnavailable, UsageError
+from onward.folders import create_private_folders
 from onward.proc import pid_exists
 
 # The longest stem (file name without '.txt') of any form; with the suffix, 204 bytes, within the 255
@@ -126,22 +127,6 @@ def _new_temp_name() -> str:
     return f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
 
 
-def _create_folders(path: str) -> None:
-    """Create ``path`` and any missing parents with mode 0o700 (os.makedirs gives parents the default mode).
-
-    A name that exists already is left as it is, whatever it is: opening it as a folder checks that.
-    """
-    head, tail = os.path.split(path)
-    if not tail:  # a trailing '/'
-        head, tail = os.path.split(head)
-    if head and tail and not os.path.exists(head):
-        _create_folders(head)
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-
-
 
 
 def owner_of(store_location: str, job: str, *, postgres: bool) -> str:
@@ -178,7 +163,7 @@ class OutDir:
         self.path = path
         self._dir_fd = -1
         try:
-            _create_folders(path)
+            create_private_folders(path)
             # The folder's own path may go through symlinks (an --out on another disk is common); only
             # what is inside the folder is never followed. O_DIRECTORY refuses a file at that path.
             self._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from onward.config import RunConfig
 from onward.errors import OnwardError, UsageError
+from onward.folders import create_private_folders
 from onward.redact import redact_url
 from onward.supervise import (
     DEFAULT_MAX_RESTARTS,
@@ -349,7 +350,7 @@ def write_unit(unit: Unit, unit_dir: str = UNIT_DIR) -> str:
     atomically: the unit never names a file that is not there yet. A unit without secrets removes the file
     an earlier install may have left. Returns the unit file's path."""
     if unit.secrets:
-        os.makedirs(os.path.dirname(unit.environment_file), mode=0o700, exist_ok=True)
+        create_private_folders(os.path.dirname(unit.environment_file))
         _write_atomically(unit.environment_file, unit.environment_file_text(), 0o600)
     path = os.path.join(unit_dir, unit.service)
     _write_atomically(path, unit.text, 0o644)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .errors import UsageError
+from .errors import UNAVAILABLE_ERRNOS, OnwardError, Unavailable, UsageError
 from .store.base import SourceMark, Store
 
 MAX_LINE_BYTES = 4096
@@ -159,7 +159,7 @@ class TasksImport:
         try:
             f = open(self.path, "rb")
         except OSError as e:
-            raise UsageError(f"cannot read tasks file {self.path}: {e.strerror}") from None
+            raise _unreadable(self.path, e) from None
         with f:
             f.seek(self.start)
             reader = LineReader(_Limited(f, self.end - self.start), self.start, self.start_line)
@@ -230,19 +230,20 @@ class _Limited:
 def check_tasks_file(store: Store | None, path: str) -> TasksImport:
     """Read the file from its mark on and check every line; write nothing. Raises UsageError."""
     if path == "-":
-        return TasksImport(path, "-", 0, 0, 0, "", 0,
-                           streamed_tasks=_tasks_from_bytes(sys.stdin.buffer.read(), "stdin"))
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise UsageError("--tasks -: stdin is closed, there is nothing to read tasks from")
+        return TasksImport(path, "-", 0, 0, 0, "", 0, streamed_tasks=_tasks_from_stream(sys.stdin.buffer, "stdin"))
     try:
         f = open(path, "rb")
     except OSError as e:
-        raise UsageError(f"cannot read tasks file {path}: {e.strerror}") from None
+        raise _unreadable(path, e) from None
     with f:
         st = os.fstat(f.fileno())
         if stat.S_ISDIR(st.st_mode):
             raise UsageError(f"tasks file {path} is a directory")
         if not stat.S_ISREG(st.st_mode):
             # A pipe (`--tasks <(generate)`) or a device: read once, whole; there is no file to mark.
-            return TasksImport(path, path, 0, 0, 0, "", 0, streamed_tasks=_tasks_from_bytes(f.read(), path))
+            return TasksImport(path, path, 0, 0, 0, "", 0, streamed_tasks=_tasks_from_stream(f, path))
         key = os.path.abspath(path)
         mark = store.get_source(key) if store is not None else None
         checked = _check_regular_file(f, path, key, mark)
@@ -297,6 +298,13 @@ def import_tasks_file(stores: StoreSource, path: str) -> ImportResult:
     return check_tasks_file(stores.existing, path).apply(stores.get())
 
 
+def _unreadable(path: str, e: OSError) -> OnwardError:
+    """A tasks file that cannot be opened: bad input (exit 2), unless the machine is out of descriptors or
+    memory or its disk fails (exit 75: it is worth trying again later)."""
+    kind = Unavailable if e.errno in UNAVAILABLE_ERRNOS else UsageError
+    return kind(f"cannot read tasks file {path}: {e.strerror}")
+
+
 def _still_for(st: os.stat_result) -> float:
     """Seconds since the file last changed (content or metadata)."""
     return time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
@@ -317,9 +325,11 @@ def _tail_digest(fd: int, end: int) -> str:
     return hashlib.sha256(os.pread(fd, end - start, start)).hexdigest()
 
 
-def _tasks_from_bytes(data: bytes, source: str) -> list[str]:
+def _tasks_from_stream(f: Any, source: str) -> list[str]:
+    """The tasks of stdin, a pipe or a device, read line by line: a line too long is refused as soon as it
+    is (``/dev/zero`` is one endless line), not after the whole stream was held in memory."""
     tasks = []
-    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+    for lineno, raw in LineReader(f, 0, 0):
         task = parse_line(raw, lineno, source)
         if task is not None:
             tasks.append(task)

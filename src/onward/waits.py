@@ -56,6 +56,8 @@ def value_text(value: Any) -> str:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as e:
         raise UsageError(f"the value to send is not JSON: {e}") from None
+    except RecursionError:
+        raise UsageError("the value to send is nested too deeply") from None
     return _capped(text)
 
 
@@ -67,6 +69,8 @@ def parse_value_text(text: str) -> str:
         value = json.loads(text, parse_constant=refuse)
     except ValueError as e:  # JSONDecodeError is one
         raise UsageError(f"the value is not valid JSON: {str(e).splitlines()[0]}") from None
+    except RecursionError:  # the decoder recurses once per level of nesting
+        raise UsageError("the value is nested too deeply") from None
     return value_text(value)
 
 

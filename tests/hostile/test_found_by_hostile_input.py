@@ -50,8 +50,8 @@ def test_a_text_value_that_is_not_utf8_in_a_damaged_store_is_one_line_not_a_trac
 
 
 @pytest.mark.parametrize(("flag", "value", "words"), [
-    ("--heartbeat", "2147484", "heartbeat must be at most"),  # overflowed epoll's timeout
-    ("--timeout", "1e7", "timeout must be at most"),
+    ("--heartbeat", "2147484", "'--heartbeat': 2147484 is more than 1,000,000 seconds"),  # overflowed epoll's
+    ("--timeout", "1e7", "'--timeout': 1e7 is more than 1,000,000 seconds"),
     ("--concurrency", "9" * 40, "concurrency must be at most"),  # overflowed an SQL integer
     ("--max-attempts", "9" * 40, "max attempts must be at most"),
 ])

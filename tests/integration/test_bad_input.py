@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_onward
+from tests.conftest import onward_argv, run_onward
 
 
 def files_under(root: Path) -> dict[Path, bytes]:
@@ -201,3 +201,166 @@ def test_run_without_tasks_on_an_empty_store_says_so(tmp_path: Path, prepare: st
     r = run_onward("run", "--", "true", cwd=tmp_path)  # the default store
     assert_one_line_exit_2(r, "no tasks")
     assert not (tmp_path / ".onward").exists()
+
+
+# --- the hostile twins found by an audit of every input -------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["run", "--heartbeat", "0.001"], ["run", "--heartbeat", "1e-300"],
+    ["run", "--timeout", "1e10"], ["run", "--heartbeat", "99999999999999999999999"],
+    ["supervise", "--restart-delay", "1e10"], ["supervise", "--window", "1e300"],
+    ["supervise", "--watchdog", "1e10"], ["status", "--watch", "--interval", "1e10"],
+    ["logs", "-n", "9223372036854775808"], ["logs", "-n", "99999999999999999999999"],
+])
+def test_numbers_too_small_or_too_large_for_what_they_set_are_refused(tmp_path: Path, argv: list[str]) -> None:
+    """A heartbeat of a millisecond (workers then take each other's tasks until all have failed), a
+    duration past what a timer holds (the supervisor crashed at its first restart, ``status --watch``
+    after its first report), a line count past what SQLite's integers hold: one line, exit 2."""
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\n")
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "a").returncode == 0
+    before = files_under(tmp_path)
+    extra = {"run": ["--db", db, "--tasks", str(tasks), "--", "true"], "supervise": ["--", "true"],
+             "status": ["--db", db], "logs": ["--db", db]}[argv[0]]
+    r = run_onward(*argv, *extra, timeout=30)
+    assert_one_line_exit_2(r)
+    assert files_under(tmp_path) == before
+
+
+def test_a_send_nested_too_deeply_is_one_line_exit_2(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "b").returncode == 0
+    before = files_under(tmp_path)
+    r = run_onward("send", "--db", db, "b", "k", "[" * 10_000 + "]" * 10_000)
+    assert_one_line_exit_2(r, "nested too deeply")
+    assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", [":memory:", "sqlite:///:memory:"])
+def test_a_store_in_memory_is_refused_and_leaves_no_file(tmp_path: Path, name: str) -> None:
+    r = run_onward("add", "--db", name, "a", cwd=tmp_path)
+    assert_one_line_exit_2(r, "in memory")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("what", ["an empty file", "a database of another program's with no table"])
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["list"], ["logs"], ["jobs"], ["pause"],
+                                     ["retry", "--failed"], ["cancel", "a"], ["result", "a"], ["metrics"]])
+def test_reading_commands_leave_a_file_with_no_store_in_it_alone(tmp_path: Path, what: str,
+                                                                  command: list[str]) -> None:
+    """What is no store yet (a zero-byte file; an SQLite database of another program's, with no table) is
+    "no onward store" to every command but run and add: nothing written, not even WAL mode."""
+    db = tmp_path / "s.db"
+    if what == "an empty file":
+        db.write_bytes(b"")
+    else:
+        import sqlite3
+
+        c = sqlite3.connect(db)
+        c.execute("PRAGMA user_version = 7")
+        c.commit()
+        c.close()
+    os.chmod(db, 0o644)
+    before = {p: (p.read_bytes(), p.stat().st_mode) for p in tmp_path.iterdir()}
+    r = run_onward(command[0], "--db", str(db), *command[1:])
+    assert_one_line_exit_2(r, "no onward store")
+    assert {p: (p.read_bytes(), p.stat().st_mode) for p in tmp_path.iterdir()} == before
+
+
+def test_add_takes_an_empty_file_over_as_a_private_store(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    db.write_bytes(b"")
+    os.chmod(db, 0o644)
+    assert run_onward("add", "--db", str(db), "a").returncode == 0
+    assert db.stat().st_mode & 0o777 == 0o600 and db.stat().st_size > 0
+
+
+def test_state_folders_are_private_at_every_level_whatever_the_umask(tmp_path: Path) -> None:
+    """The store's missing parents, the output folder's and the keep-awake marker's: 0700 each, also under
+    ``umask 000`` (os.makedirs gave the parents it made the umask's mode)."""
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\n")
+    r = subprocess.run(["sh", "-c", 'umask 000; exec "$@"', "sh", *onward_argv(
+        "run", "--db", "p/q/s.db", "--tasks", str(tasks), "--out", "o1/o2", "--keep-awake", "k1/k2/m", "--",
+        "echo", "hi")], cwd=tmp_path, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for folder in ("p", "p/q", "o1", "o1/o2", "k1", "k1/k2"):
+        assert (tmp_path / folder).stat().st_mode & 0o777 == 0o700, folder
+    assert (tmp_path / "p/q/s.db").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("flag", ["--out", "--keep-awake"])
+def test_a_path_refused_for_a_name_too_long_leaves_no_folder_behind(tmp_path: Path, flag: str) -> None:
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\n")
+    before = sorted(tmp_path.rglob("*"))
+    r = run_onward("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tasks), flag,
+                   str(tmp_path / "new1" / "new2" / ("b" * 300)), "--", "true")
+    assert_one_line_exit_2(r)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("source", ["/dev/zero", "a pipe of zeros", "stdin of zeros"])
+def test_an_endless_line_from_a_device_or_pipe_is_refused_without_reading_it_all(tmp_path: Path,
+                                                                                source: str) -> None:
+    """A tasks "file" that is a device or a pipe is read line by line like a file: its first line, longer
+    than any task may be, is refused at once. It was read whole first: /dev/zero took all the memory there
+    was. The memory limit makes a whole read fail (MemoryError) instead of taking the machine's."""
+    feeder = None
+    if source == "/dev/zero":
+        argv, stdin = ["--tasks", "/dev/zero"], None
+    elif source == "a pipe of zeros":
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        feeder = subprocess.Popen(["sh", "-c", f"exec cat /dev/zero > {fifo}"])
+        argv, stdin = ["--tasks", str(fifo)], None
+    else:
+        argv, stdin = ["--tasks", "-"], subprocess.Popen(["cat", "/dev/zero"], stdout=subprocess.PIPE).stdout
+    try:
+        r = subprocess.run(["sh", "-c", 'ulimit -v 1000000; exec "$@"', "sh",
+                            *onward_argv("add", "--db", str(tmp_path / "s.db"), *argv)],
+                           stdin=stdin, capture_output=True, timeout=60)
+    finally:
+        if feeder is not None:
+            feeder.kill()
+            feeder.wait()
+    assert_one_line_exit_2(r, "longer than 4096 bytes")
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_tasks_from_a_closed_stdin_is_one_line_exit_2(tmp_path: Path) -> None:
+    r = subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh",
+                        *onward_argv("add", "--db", str(tmp_path / "s.db"), "--tasks", "-")],
+                       capture_output=True, timeout=60)
+    assert_one_line_exit_2(r, "stdin is closed")
+    assert not (tmp_path / "s.db").exists()
+
+
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["list"], ["logs"], ["jobs"], ["metrics"]])
+def test_a_report_written_to_a_full_disk_is_one_line_exit_75(tmp_path: Path, command: list[str]) -> None:
+    """stdout on a full disk (/dev/full): the machine's fault, not the input's; no traceback."""
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "a", "b").returncode == 0
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run(onward_argv(command[0], "--db", db, *command[1:]), stdout=full,
+                           stderr=subprocess.PIPE, timeout=60)
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 75, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onward: error:") and "No space left" in lines[0], err
+
+
+@pytest.mark.parametrize("limit", [6, 8, 10, 12])
+def test_no_descriptor_left_is_exit_75_without_a_traceback(tmp_path: Path, limit: int) -> None:
+    """An exhausted ``ulimit -n`` at start-up, wherever it strikes (the store, the tasks file, the worker's
+    own descriptors): one error line, exit 75 (try again later), never a traceback nor exit 2."""
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\nb\n")
+    r = subprocess.run(["sh", "-c", f'ulimit -n {limit}; exec "$@"', "sh",
+                        *onward_argv("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tasks), "--",
+                                     "echo", "hi")], capture_output=True, timeout=60)
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 75, err
+    assert "Traceback" not in err
+    errors = [line for line in err.strip().splitlines() if "onward: error:" in line]
+    assert len(errors) == 1 and "Too many open files" in errors[0], err

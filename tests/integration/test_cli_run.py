@@ -535,6 +535,39 @@ def test_keep_awake_path_that_cannot_be_a_file_is_refused_before_anything_is_wri
     assert sorted(tmp_path.rglob("*")) == before  # no store, no *.tmp
 
 
+@pytest.mark.parametrize("what", ["a file of the user's", "a FIFO", "a symbolic link"])
+def test_keep_awake_path_holding_something_else_is_refused_and_left_untouched(tmp_path: Path, what: str) -> None:
+    """A marker path where something other than a marker is (a typo such as ``--keep-awake tasks.txt``): the
+    marker would replace it and then delete it. Refused before anything is written, and left as it was. A
+    marker onward left behind (a killed worker's), and an empty file (``touch``), are taken over as ever."""
+    tasks = write_tasks(tmp_path / "tasks.txt", ["a"])
+    marker = tmp_path / "keep-awake"
+    if what == "a FIFO":
+        os.mkfifo(marker)
+    elif what == "a symbolic link":
+        (tmp_path / "target").write_text("precious\n")
+        marker.symlink_to(tmp_path / "target")
+    else:
+        marker.write_text("precious\n")
+    before = {p: (p.lstat().st_mode, p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
+              for p in tmp_path.rglob("*")}
+    r = run_onward("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tasks), "--keep-awake", str(marker),
+                   "--", "true")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onward: error: keep-awake marker"), r.stderr
+    after = {p: (p.lstat().st_mode, p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
+             for p in tmp_path.rglob("*")}
+    assert after == before  # no store, the file as it was
+    for left in (b"onward pid=1 store=old.db\n", b""):
+        marker.unlink(missing_ok=True)
+        marker.write_bytes(left)
+        r = run_onward("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tasks), "--keep-awake", str(marker),
+                       "--", "true")
+        assert r.returncode == 0, r.stderr
+        assert not marker.exists()  # taken over, then let go: the job is done
+
+
 def test_keep_awake_marker_on_a_full_disk_is_a_warning_not_a_crash(small_disk: Path, tmp_path: Path) -> None:  # noqa: F811
     filler = small_disk / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT)

@@ -41,6 +41,12 @@ def store_url(explicit: str | None = None) -> str:
     url = explicit or os.environ.get("ONWARD_DB") or DEFAULT_DB
     if ":" not in url:
         return url  # a plain path: no scheme to look at (and `re` not even loaded)
+    if url in (":memory:", "sqlite:///:memory:"):
+        from ..errors import StoreError
+
+        # SQLite would open a database in memory, gone with the process, and leave a file of that name.
+        raise StoreError(f"{url} is a database in memory, which keeps nothing: give a file"
+                         " (write ./:memory: for a file of that name)")
     import re
 
     match = re.match(_SCHEME, url)

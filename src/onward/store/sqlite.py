@@ -116,6 +116,17 @@ def _check_regular_file(path: str) -> bool:
     return True
 
 
+def _make_private(path: str) -> None:
+    """Take group and other permissions off a store file found empty (touched, or a creation cut short),
+    as if onward had created it."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & 0o077:
+            os.chmod(path, mode & 0o700)
+    except OSError as e:
+        raise _os_error(f"cannot make store {path} private", e) from None
+
+
 def _check_header(path: str) -> None:
     """Refuse any existing file that is not an SQLite database, before SQLite gets to touch it."""
     try:
@@ -206,7 +217,11 @@ class SqliteStore(SqlStore):
         try:
             # Identify the file before changing anything in it (switching to WAL rewrites its header).
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._schema_version()
+            if self._schema_version() is None:  # an empty file, or an SQLite database with no table
+                if not create:  # nothing to read; switching it to WAL mode would already write to it
+                    raise StoreMissing(f"no onward store at {self.path}")
+                # Before the switch to WAL mode: SQLite gives -wal and -shm the database file's mode.
+                _make_private(self.path)
             self._configure()
             self._ensure_schema(upgrade)
             self._open_job(create)
@@ -224,8 +239,10 @@ class SqliteStore(SqlStore):
     def _create_file(self) -> None:
         parent = os.path.dirname(self.path) or "."  # (os.path, not pathlib: start-up of `onward status`)
         if not os.path.exists(parent):
+            from ..folders import create_private_folders
+
             try:
-                os.makedirs(parent, mode=0o700, exist_ok=True)
+                create_private_folders(parent)
             except OSError as e:
                 raise _os_error(f"cannot create folder {parent}", e) from None
         try:

@@ -111,7 +111,9 @@ class Attempt:
     def beat(self, note: str | None = None) -> None:
         self._progress = time.monotonic()
         if note is not None:
-            self.note = note[:200]
+            # Text that is not valid Unicode (a lone surrogate, from bytes decoded with surrogateescape)
+            # cannot be stored: the renewal that carries the note would fail, and the worker with it.
+            self.note = note[:200].encode("utf-8", "backslashreplace").decode("utf-8")
 
     def request_stop(self) -> None:
         """The worker is stopping gracefully: finish soon if you can."""

@@ -13,10 +13,47 @@ def encode(value: Any) -> tuple[bytes, str]:
         return bytes(value), "bytes"
     if isinstance(value, str):
         return value.encode("utf-8", "surrogateescape"), "str"
+    problem = json_problem(value)
+    if problem:
+        raise UsageError(f"task result is not str, bytes or a JSON value: {problem}")
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False).encode(), "json"
     except (TypeError, ValueError) as e:
         raise UsageError(f"task result is not str, bytes or a JSON value: {e}") from None
+
+
+MAX_DEPTH = 200  # arrays and objects in one another: json.loads of a deeper value may exhaust the stack
+
+
+def json_problem(value: Any) -> str | None:
+    """What ``json.dumps`` would change or choke on without a word, in a value to be stored (a result, a
+    step's value): an object key that is not a string (``{1: "a", "1": "b"}`` would become
+    ``{"1": "a", "1": "b"}``, one value lost when read back; a replayed step would differ from the first
+    run), or nesting deeper than ``MAX_DEPTH`` (it could not be read back). None when there is neither; the
+    rest (a set, NaN, an object) ``json.dumps`` refuses itself."""
+    if not isinstance(value, dict | list | tuple):
+        return None
+    return _not_json(value, 1)
+
+
+def _not_json(value: Any, depth: int) -> str | None:
+    if depth > MAX_DEPTH:
+        return f"nested deeper than {MAX_DEPTH} levels"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"the object key {key!r} is not a string"
+            if isinstance(item, dict | list | tuple):
+                problem = _not_json(item, depth + 1)
+                if problem:
+                    return problem
+    else:
+        for item in value:
+            if isinstance(item, dict | list | tuple):
+                problem = _not_json(item, depth + 1)
+                if problem:
+                    return problem
+    return None
 
 
 def decode(data: bytes, kind: str) -> Any:

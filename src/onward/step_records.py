@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import OnwardError, StoreError, UsageError
+from .results import json_problem
 from .store.base import StepRecord
 
 # Record kinds (StepRecord.kind).
@@ -43,7 +44,10 @@ class JsonSerializer:
     name = "json"
 
     def dumps(self, value: Any) -> bytes:
+        problem = json_problem(value)
         try:
+            if problem:
+                raise ValueError(problem)
             return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
         except (TypeError, ValueError) as e:
             raise UsageError(f"a step returned a value that is not JSON ({e}); pass serializer=onward.steps.PICKLE"

@@ -387,3 +387,58 @@ def test_metrics_route_serves_the_text_of_onward_metrics_with_the_values_of_stat
     printed = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(once.stdout.decode()) for s in family.samples}
     assert printed == samples  # the same text, from the same store
+
+
+def test_a_store_deleted_and_made_again_under_the_dashboard_is_503_and_the_new_one_untouched(
+        finished: Job, dashboard: Any, tmp_path: Path) -> None:
+    """Was: after the store was deleted and another made at its path, the dashboard went on showing the
+    dead one as live, and a pause or a cancel answered 200 "changed" into the deleted file while the real
+    store's workers went on. Now every request says the store is gone (503), and nothing is changed."""
+    served: Served = dashboard(finished.db)
+    assert served.get("/api/status").status == 200
+    db = Path(finished.db)
+    for leftover in db.parent.glob(db.name + "*"):
+        leftover.unlink()
+    gone = served.get("/api/status")
+    assert gone.status == 503 and "deleted or replaced" in gone.json()["error"], gone.body
+    assert run_onward("add", "--db", str(db), "x", "y", "z").returncode == 0  # another store at that path
+    for answer in (served.get("/api/status"), served.get("/metrics"), served.post("/api/pause", {}),
+                   served.post("/api/cancel", {"tasks": ["x"]})):
+        assert answer.status == 503 and "deleted or replaced" in answer.json()["error"], answer.body
+    now = counts(str(db))
+    assert now["paused"] is False and now["pending"] == 3 and now["cancelled"] == 0
+    assert served.process.poll() is None  # still serving, saying so
+
+
+def test_hostile_requests_get_answers_and_leave_no_traceback(finished: Job, dashboard: Any) -> None:
+    """A number of 5000 digits (int() refuses more than 4300: was a 500), an HTTP/2.0 request line (was no
+    answer at all, and a traceback), clients that reset the connection mid-answer (a traceback each)."""
+    import struct
+
+    served: Served = dashboard(finished.db)
+    digits = "1" * 5000
+    for path in (f"/api/tasks?limit={digits}", f"/api/tasks?after={digits}", f"/api/activity?bucket={digits}"):
+        answer = served.get(path)
+        assert answer.status == 400 and set(answer.json()) == {"error"}, (path, answer.body)
+    host, port = served.url.split("//")[1].rstrip("/").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"GET /api/status HTTP/2.0\r\n\r\n")
+        refusal = b""
+        while chunk := s.recv(4096):
+            refusal += chunk
+        assert b"505" in refusal, "no answer to a request of another HTTP version"  # the stdlib's error page
+    for _ in range(3):
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(f"GET /api/tasks?limit=500 HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        s.recv(10)  # the answer has begun
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # a reset
+    with socket.create_connection((host, int(port)), timeout=10) as s:  # control sequences in the method
+        s.sendall(f"FOO\x1b[2J\x1b]0;pwned\x07 /x\x1b[H HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        s.recv(100)
+    assert served.get("/api/status").status == 200
+    assert served.stop() == 0
+    _, err = served.process.communicate(timeout=30)
+    assert b"Traceback" not in err, err.decode(errors="replace")
+    assert b"\x1b" not in err and b"\x07" not in err, err  # nothing a client sends reaches the terminal raw

@@ -36,6 +36,52 @@ def test_results_of_every_kind_round_trip(store_url: str) -> None:
     job.close()
 
 
+@pytest.mark.parametrize(("value", "says"), [
+    ({1: "a", "1": "b"}, "the object key 1 is not a string"),  # was stored as {"1": "a", "1": "b"}: "a" lost
+    ([{"k": {None: 1}}], "the object key None is not a string"),  # was {"null": 1}
+    (json.loads("[" * 250 + "]" * 250), "nested deeper than 200 levels"),  # 985 levels: done, never read back
+])
+def test_a_result_json_would_change_or_not_read_back_fails_the_task_clearly(tmp_path: Path, value: object,
+                                                                           says: str) -> None:
+    """A result is stored as the function returned it, or not at all: JSON turns a key that is not a string
+    into one (two keys may then collide, one value lost), and a value nested deeper than the decoder's
+    stack takes could be stored but never read back. Both fail the attempt, naming why."""
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET, max_attempts=1)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> object:
+        return value
+
+    job.add(["t"])
+    summary = job.run()
+    assert (summary.done, summary.failed) == (0, 1)
+    row = job.store.task("t")
+    assert row is not None and row.state == "failed"
+    assert "not str, bytes or a JSON value" in (row.error or "") and says in (row.error or ""), row.error
+    job.close()
+
+
+def test_a_note_that_is_not_valid_unicode_does_not_bring_the_worker_down(tmp_path: Path) -> None:
+    """``ctx.beat(note)`` with a lone surrogate (text decoded from bytes with surrogateescape): the lease
+    renewal that carries the note failed to encode it, and the worker died, its tasks left running until
+    their leases ran out. The note is kept escaped instead, and the task finishes."""
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET, heartbeat=0.1)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> object:
+        ctx.beat("read \udcff of the file")
+        import time
+
+        time.sleep(0.5)  # a few renewals carry the note
+        return "ok"
+
+    job.add(["t"])
+    summary = job.run()
+    assert (summary.done, summary.failed) == (1, 0)
+    assert job.result("t") == "ok"
+    job.close()
+
+
 def test_cli_prints_results_as_documented(tmp_path: Path) -> None:
     db = str(tmp_path / "s.db")
     job = Job(db, log_level=QUIET)

@@ -164,6 +164,24 @@ def test_a_value_json_cannot_hold_fails_with_a_clear_error(db: str) -> None:
     job.close()
 
 
+def test_a_step_value_json_would_change_fails_instead_of_replaying_another_value(db: str) -> None:
+    """A step returning {1: "a"} was recorded as {"1": "a"}: the first run saw an int key, a replay after a
+    crash would see a string one. Refused like any value JSON cannot hold."""
+    job = new_job(db, max_attempts=1)
+
+    @step
+    def keyed() -> object:
+        return {1: "a"}
+
+    job.task(lambda task, ctx: keyed())
+    job.add(["t"])
+    job.run()
+    row = job.store.task("t")
+    assert row is not None and row.state == "failed"
+    assert "not JSON" in (row.error or "") and "key 1 is not a string" in (row.error or ""), row.error
+    job.close()
+
+
 def test_ctx_step_records_without_a_decorator(db: str) -> None:
     ran: list[int] = []
     job = new_job(db)

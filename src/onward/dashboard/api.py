@@ -184,7 +184,8 @@ def _whole_number(query: Mapping[str, str], key: str, default: int, low: int, hi
     raw = query.get(key, "")
     if raw == "":
         return default
-    if not raw.isascii() or not raw.isdigit():
+    # Length first: int() refuses more than 4300 digits with a ValueError of its own.
+    if not raw.isascii() or not raw.isdigit() or len(raw) > len(str(high)):
         raise ApiError(400, f"{key} must be a whole number from {low} to {high}")
     value = int(raw)
     if not low <= value <= high:

@@ -36,7 +36,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreGone
 from ..store.base import Store
 from . import api
 
@@ -89,6 +89,14 @@ class Dashboard:
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         with self.lock:
+            # SQLite reads and writes the file it opened even after it was deleted, or another store was
+            # made at its path: the page would show the dead store as live, and a pause would go into it
+            # with a 200. One stat (a query on PostgreSQL) per request says so instead (503).
+            try:
+                self.store.check_still_there()
+            except StoreGone:
+                raise StoreGone("the store was deleted or replaced since this dashboard opened it: nothing"
+                                " was read or changed; start the dashboard again for the store there now") from None
             return fn(self.store, *args)
 
     def idle_between_requests(self) -> None:
@@ -326,8 +334,14 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- logging: failures only, and never the query string (the page's first load holds the token) ----
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        if isinstance(code, int) and code >= 500 and code != HTTPStatus.SERVICE_UNAVAILABLE:
-            self.log_error("%s %s answered %d", self.command, urlsplit(self.path).path, code)
+        # Only the server's own failures: not a store that is down (503, said to the client), nor a method
+        # or an HTTP version the client should not have used (501, 505). The method and path are the
+        # client's bytes: escaped, so that no request writes control sequences to the operator's terminal.
+        if isinstance(code, int) and code >= 500 and code not in _CLIENTS_OWN_5XX:
+            path = getattr(self, "path", None)  # unset when the request line could not be read
+            where = urlsplit(path).path if path is not None else "(request not read)"
+            self.log_error("%s %s answered %d", _printable(getattr(self, "command", None) or "-"),
+                           _printable(where), code)
 
     def log_error(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
         # The stdlib quotes a malformed request line whole: a token in its query string is blanked here.
@@ -342,6 +356,13 @@ def make_server(board: Dashboard, host: str, port: int) -> ThreadingHTTPServer:
     class Server(ThreadingHTTPServer):
         address_family = family
         daemon_threads = True  # event streams never end by themselves: they must not hold the exit
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            # A client that went away mid-request (a tab closed, a scrape timed out, a reset): its
+            # business, not a failure of ours. Anything else is one, and keeps the stdlib's traceback.
+            if isinstance(sys.exc_info()[1], ConnectionError):
+                return
+            super().handle_error(request, client_address)
 
     handler = type("BoundHandler", (Handler,), {"dashboard": board})
     return Server((host, port), handler)
@@ -359,6 +380,15 @@ def _host_name(host_header: str) -> str:
     if host_header.startswith("["):
         return host_header[1:].partition("]")[0]
     return host_header.rpartition(":")[0] if host_header.count(":") == 1 else host_header
+
+
+_CLIENTS_OWN_5XX = frozenset({HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.NOT_IMPLEMENTED,
+                              HTTPStatus.HTTP_VERSION_NOT_SUPPORTED})
+
+
+def _printable(text: str) -> str:
+    """``text`` with every character that is not printable (ESC, BEL, newlines) written as an escape."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _json_bytes(value: object) -> bytes:

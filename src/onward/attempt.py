@@ -31,6 +31,13 @@ class Outcome:
     wait_key: str = ""  # parked: the key of the wait, and its deadline (store clock; None: none)
     wait_until: float | None = None
 
+    def __post_init__(self) -> None:
+        if "\0" in self.error:
+            # A command's stderr or an exception's text may hold NUL bytes, which PostgreSQL's text cannot:
+            # the commit of the whole batch failed over and over, the other tasks' outcomes with it. Shown
+            # escaped, on both backends alike.
+            object.__setattr__(self, "error", self.error.replace("\0", "\\x00"))
+
     @classmethod
     def done(cls, data: bytes, kind: str) -> Outcome:
         return cls("done", data, kind)
@@ -113,7 +120,7 @@ class Attempt:
         if note is not None:
             # Text that is not valid Unicode (a lone surrogate, from bytes decoded with surrogateescape)
             # cannot be stored: the renewal that carries the note would fail, and the worker with it.
-            self.note = note[:200].encode("utf-8", "backslashreplace").decode("utf-8")
+            self.note = note[:200].encode("utf-8", "backslashreplace").decode("utf-8").replace("\0", "\\x00")
 
     def request_stop(self) -> None:
         """The worker is stopping gracefully: finish soon if you can."""

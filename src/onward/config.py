@@ -61,6 +61,10 @@ class RunConfig:
                 raise UsageError(f"{name.replace('_', ' ')} must be a finite number of seconds (got {value})")
             if value is not None and value > MAX_SECONDS:
                 raise UsageError(f"{name.replace('_', ' ')} must be at most {MAX_SECONDS:,} seconds (got {value})")
+        for name in ("concurrency", "max_attempts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):  # 2.5 was taken, then failed every claim
+                raise UsageError(f"{name.replace('_', ' ')} must be a whole number (got {value!r})")
         if self.concurrency < 1:
             raise UsageError(f"concurrency must be at least 1 (got {self.concurrency})")
         if self.concurrency > MAX_CONCURRENCY:

@@ -45,11 +45,12 @@ class Job:
                  park_sleeps_over: float = RunConfig.park_sleeps_over,
                  out: str | None = None, keep_awake: str | None = None, log_level: int = NORMAL) -> None:
         self.url = store_url(db)
-        self.store: Store = open_store(self.url, job=name)
-        self.name = self.store.job
+        # Checked before the store is opened: a refused setting creates nothing.
         self.config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
                                 timeout=timeout, heartbeat=heartbeat, grace=grace, stall_timeout=stall_timeout,
                                 park_sleeps_over=park_sleeps_over)
+        self.store: Store = open_store(self.url, job=name)
+        self.name = self.store.job
         self.out = out
         self.keep_awake = keep_awake
         self.log = Log(log_level)

@@ -124,6 +124,19 @@ class StepSpec:
     max_backoff: float = 60.0
     serializer: Serializer = JSON
 
+    def __post_init__(self) -> None:
+        # A name is compared with the recorded history on replay, and stored: a number (123) was recorded
+        # as text and then never matched its own record again (the task failed for good on its first
+        # replay); a NUL or a lone surrogate could be stored by one backend and not the other.
+        if not isinstance(self.name, str) or not self.name:
+            raise UsageError(f"a step's name must be a non-empty str, not {self.name!r}")
+        if "\0" in self.name:
+            raise UsageError(f"a step's name cannot contain a NUL character: {self.name!r}")
+        try:
+            self.name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"a step's name is not valid Unicode: {self.name!r}") from None
+
     def delay(self, failures: int) -> float:
         """The wait before the next try, after ``failures`` failed tries: backoff, 2*backoff, 4*backoff..."""
         return float(min(self.backoff * 2 ** (failures - 1), self.max_backoff))

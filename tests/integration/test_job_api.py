@@ -302,3 +302,34 @@ def test_run_refuses_a_keep_awake_path_that_is_a_directory_before_running(tmp_pa
         job.run()
     assert ran == [] and job.store.counts()["pending"] == 1
     job.close()
+
+
+def test_an_error_text_with_nul_bytes_fails_its_task_on_every_backend_and_stalls_nothing(
+        store_url: str, tmp_path: Path) -> None:
+    """A command whose stderr holds a NUL byte, beside others that succeed, at concurrency 4: PostgreSQL's
+    text cannot hold NUL, so the commit of the whole batch failed again and again (the job stalled, the
+    other tasks' completions with it). The error is kept with the NUL escaped, as on SQLite."""
+    names = [f"t{i}" for i in range(12)]
+    script = ("import sys\n"
+              "if sys.argv[1] == 't3':\n"
+              "    sys.stderr.write('bad\\x00byte\\n'); sys.exit(1)\n"
+              "print('ok')\n")
+    r = run_onward("run", "--db", store_url, "--concurrency", "4", "--max-attempts", "1", "--tasks", "-", "--",
+                   sys.executable, "-c", script, "{task}", input="".join(n + "\n" for n in names).encode(),
+                   timeout=120)
+    assert r.returncode == 3, r.stderr.decode(errors="replace")[-2000:]
+    assert b"store error" not in r.stderr, r.stderr.decode(errors="replace")[-2000:]
+    job = Job(store_url, log_level=QUIET)
+    row = job.store.task("t3")
+    assert row is not None and row.state == "failed" and "bad\\x00byte" in (row.error or ""), row
+    assert job.store.counts()["done"] == len(names) - 1
+    job.close()
+
+
+@pytest.mark.parametrize(("setting", "value"), [("concurrency", 2.5), ("concurrency", True), ("max_attempts", 2.5),
+                                                 ("max_attempts", "3")])
+def test_a_count_that_is_not_a_whole_number_is_refused(tmp_path: Path, setting: str, value: object) -> None:
+    """``Job(concurrency=2.5)`` was taken, and then every claim failed ("datatype mismatch") for ever."""
+    with pytest.raises(UsageError, match="must be a whole number"):
+        Job(str(tmp_path / "s.db"), **{setting: value})  # type: ignore[arg-type]  # wrong on purpose
+    assert not (tmp_path / "s.db").exists()

@@ -182,6 +182,19 @@ def test_a_step_value_json_would_change_fails_instead_of_replaying_another_value
     job.close()
 
 
+@pytest.mark.parametrize("name", [123, "", "a\x00b", "\ud800"])
+def test_a_step_name_that_cannot_be_recorded_as_given_fails_the_attempt_clearly(db: str, name: object) -> None:
+    """A number as a step's name was recorded as text and then never matched its own record on replay (the
+    task failed for good on a "drift" with no change of code); a NUL failed on PostgreSQL only."""
+    job = new_job(db, max_attempts=1)
+    job.task(lambda task, ctx: ctx.step(name, lambda: 1))
+    job.add(["t"])
+    job.run()
+    row = job.store.task("t")
+    assert row is not None and row.state == "failed" and "a step's name" in (row.error or ""), row
+    job.close()
+
+
 def test_ctx_step_records_without_a_decorator(db: str) -> None:
     ran: list[int] = []
     job = new_job(db)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from onward import AsyncTaskContext, Job, StepDrift, TaskContext, UsageError, current_step_key, step
+from onward.errors import StoreMissing
 from onward.log import QUIET
 from onward.step_records import unframe
 from onward.steps import PICKLE, idempotency_key
@@ -819,9 +820,10 @@ def test_durable_sleep_sleeps_only_the_remainder_after_kill_9(worker_env: tuple[
     proc = start_worker(script, sqlite_url, "sleep", state)
 
     def sleep_record() -> float | None:
-        if not os.path.exists(sqlite_url):
+        try:  # the worker may be creating the store: the file is there a moment before its schema
+            store = open_store(sqlite_url, create=False)
+        except StoreMissing:
             return None
-        store = open_store(sqlite_url, create=False)
         try:
             task_id = store.task_id("agent")
             for r in store.steps(task_id) if task_id else []:

@@ -14,12 +14,12 @@ def encode(value: Any) -> tuple[bytes, str]:
     if isinstance(value, str):
         return value.encode("utf-8", "surrogateescape"), "str"
     problem = json_problem(value)
-    if problem:
-        raise UsageError(f"task result is not str, bytes or a JSON value: {problem}")
-    try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False).encode(), "json"
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"task result is not str, bytes or a JSON value: {e}") from None
+    if problem is None:
+        try:
+            return json.dumps(value, ensure_ascii=False, allow_nan=False).encode(), "json"
+        except (TypeError, ValueError) as e:
+            problem = str(e)
+    raise UsageError(f"task result is not str, bytes or a JSON value: {problem}")
 
 
 MAX_DEPTH = 200  # arrays and objects in one another: json.loads of a deeper value may exhaust the stack
@@ -40,19 +40,15 @@ def _not_json(value: Any, depth: int) -> str | None:
     if depth > MAX_DEPTH:
         return f"nested deeper than {MAX_DEPTH} levels"
     if isinstance(value, dict):
-        for key, item in value.items():
+        for key in value:
             if not isinstance(key, str):
                 return f"the object key {key!r} is not a string"
-            if isinstance(item, dict | list | tuple):
-                problem = _not_json(item, depth + 1)
-                if problem:
-                    return problem
-    else:
-        for item in value:
-            if isinstance(item, dict | list | tuple):
-                problem = _not_json(item, depth + 1)
-                if problem:
-                    return problem
+        value = value.values()
+    for item in value:
+        if isinstance(item, dict | list | tuple):
+            problem = _not_json(item, depth + 1)
+            if problem:
+                return problem
     return None
 
 

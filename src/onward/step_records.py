@@ -45,13 +45,13 @@ class JsonSerializer:
 
     def dumps(self, value: Any) -> bytes:
         problem = json_problem(value)
-        try:
-            if problem:
-                raise ValueError(problem)
-            return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-        except (TypeError, ValueError) as e:
-            raise UsageError(f"a step returned a value that is not JSON ({e}); pass serializer=onward.steps.PICKLE"
-                             " or your own to @step") from None
+        if problem is None:
+            try:
+                return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+            except (TypeError, ValueError) as e:
+                problem = str(e)
+        raise UsageError(f"a step returned a value that is not JSON ({problem}); pass serializer=onward.steps.PICKLE"
+                         " or your own to @step")
 
     def loads(self, data: bytes) -> Any:
         return json.loads(data)

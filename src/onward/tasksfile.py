@@ -242,7 +242,7 @@ def check_tasks_file(store: Store | None, path: str) -> TasksImport:
         if stat.S_ISDIR(st.st_mode):
             raise UsageError(f"tasks file {path} is a directory")
         if not stat.S_ISREG(st.st_mode):
-            # A pipe (`--tasks <(generate)`) or a device: read once, whole; there is no file to mark.
+            # A pipe (`--tasks <(generate)`) or a device: read once, line by line; there is no file to mark.
             return TasksImport(path, path, 0, 0, 0, "", 0, streamed_tasks=_tasks_from_stream(f, path))
         key = os.path.abspath(path)
         mark = store.get_source(key) if store is not None else None

@@ -364,3 +364,26 @@ def test_no_descriptor_left_is_exit_75_without_a_traceback(tmp_path: Path, limit
     assert "Traceback" not in err
     errors = [line for line in err.strip().splitlines() if "onward: error:" in line]
     assert len(errors) == 1 and "Too many open files" in errors[0], err
+
+
+@pytest.mark.parametrize("command", [
+    ["send", "zz", "k", "1"], ["send", "a", "k", "1"], ["retry", "a"], ["retry", "zz"], ["retry", "--failed"],
+    ["cancel", "a"], ["pause"], ["resume"],
+])
+def test_a_refused_or_no_op_command_leaves_the_store_file_untouched(tmp_path: Path, command: list[str]) -> None:
+    """Not its bytes and not its mtime either: a backup or a make-style tool that goes by the mtime must not
+    see a change where none was made (the journal probe after a durable commit that wrote nothing touched it)."""
+    db = tmp_path / "s.db"
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\nb\n")
+    assert run_onward("run", "--db", str(db), "--tasks", str(tasks), "-q", "--", "true").returncode == 0
+    if command == ["resume"]:
+        assert run_onward("resume", "--db", str(db)).returncode == 0  # resuming a running job: nothing to do
+    else:
+        assert run_onward("pause", "--db", str(db)).returncode == 0
+    os.utime(db, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
+    r = run_onward(command[0], "--db", str(db), *command[1:])
+    assert r.returncode in (0, 1), r.stderr
+    assert b"Traceback" not in r.stderr
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()} == before, r.stdout + r.stderr

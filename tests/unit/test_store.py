@@ -186,6 +186,13 @@ def test_a_crash_safe_settle_is_seen_at_once_and_made_durable_by_sync(store_url:
         count = len(synced)
         writer.sync()
         assert len(synced) == count
+        # A durable commit that wrote nothing synced nothing: the crash-safe one before it is still owed.
+        with writer.batch(durable=False):
+            writer.log_event("crash-safe")
+        with writer.batch():
+            writer.add(["a"])  # there already: no row changes
+        writer.sync()
+        assert len(synced) == count + sqlite
     finally:
         os.fdatasync = real_fdatasync
         writer.close()

@@ -252,7 +252,18 @@ class SqlStore:
             finally:
                 self._batch_depth = 0
                 self._events = []
-        self._sync_owed = not durable  # a durable commit covers the crash-safe ones before it: the log is sequential
+        self._note_commit(durable)
+
+    # Whether the last commit changed anything: a backend whose commits can be empty says so (SQLite).
+    _last_commit_wrote = True
+
+    def _note_commit(self, durable: bool) -> None:
+        """After a batch's commit: a crash-safe one owes a sync; a durable one that wrote covers the crash-safe
+        ones before it, as the log is sequential. A durable commit that wrote nothing synced nothing."""
+        if not durable:
+            self._sync_owed = True
+        elif self._last_commit_wrote:
+            self._sync_owed = False
 
     def _batch_transaction(self, durable: bool) -> AbstractContextManager[None]:
         return self._transaction(durable)

@@ -686,6 +686,7 @@ class SqliteStore(SqlStore):
         if durable != self._durable:
             self._db.execute("PRAGMA synchronous = FULL" if durable else "PRAGMA synchronous = NORMAL")
             self._durable = durable
+        changes_before = self._db.total_changes
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -699,7 +700,11 @@ class SqliteStore(SqlStore):
             if getattr(e, "sqlite_errorcode", 0) & 0xFF == SQLITE_IOERR:  # its fsync, or a write, failed
                 self._suspect_log()
             raise
-        if durable:
+        # A transaction that changed no row wrote no frame to the log, so SQLite synced nothing at its COMMIT:
+        # there is nothing new to vouch for (and the probe would touch the file's mtime for a command that
+        # changed nothing), and it does not cover a crash-safe commit before it (see SqlStore.batch).
+        self._last_commit_wrote = self._db.total_changes != changes_before
+        if durable and self._last_commit_wrote:
             self._vouch()  # SQLite's own sync of the log at COMMIT (synchronous=FULL)
 
     def _on_its_own(self, name: str, params: dict[str, Any]) -> list[Any]:
@@ -772,7 +777,7 @@ class SqliteStore(SqlStore):
                 journal += [job, now, "claimed", pid, host, worker_id, row[0], row[2], None]
             if journal:
                 db.execute(_events_sql(len(rows) + (not earlier)), journal)
-        self._sync_owed = not durable  # as after a batch: a durable commit covers the crash-safe ones before it
+        self._note_commit(durable)  # as after a batch
         claims = [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4]) for r in rows]
         if child is not None and claims:
             claims[0] = claims[0]._replace(child_pid=child[0])

@@ -110,6 +110,23 @@ def test_failed_task_never_blocks_others_and_exit_3(tmp_path: Path) -> None:
     assert run_onward("result", "--db", db, "bad").stdout == b"fixed\n"
 
 
+@pytest.mark.parametrize("concurrency", ["1", "3"])
+def test_a_retry_starts_when_its_backoff_runs_out_not_at_the_idle_poll_after(tmp_path: Path,
+                                                                           concurrency: str) -> None:
+    """An idle worker's polls double from 10 ms to 1 s: a retry due 1.3 s after its failure ran at the poll
+    after, 2.27 s (the polls' sum), nearly a second late. The worker now wakes when it is due. The bound
+    leaves 0.6 s for a loaded machine; the old way's lateness was 0.97 s."""
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "tasks.txt", ["flaky"])
+    first, second = tmp_path / "first", tmp_path / "second"
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--retry-delay", "1.3", "--max-attempts", "2",
+                   "--concurrency", concurrency, "--",
+                   "sh", "-c", f'if [ -e {first} ]; then date +%s.%N > {second}; else date +%s.%N > {first}; exit 1; fi')
+    assert r.returncode == 0, r.stderr
+    late = float(second.read_text()) - float(first.read_text()) - 1.3
+    assert -0.05 < late < 0.6, late
+
+
 def test_add_is_idempotent_and_run_imports_only_new_lines(tmp_path: Path) -> None:
     db = str(tmp_path / "s.db")
     assert run_onward("add", "--db", db, "a", "b").returncode == 0

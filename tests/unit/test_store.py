@@ -271,6 +271,26 @@ def test_fail_retries_after_delay_then_fails_for_good(store: Store) -> None:
     assert store.fail(c2.task_id, c2.fence, "late", 0) is None  # not running any more
 
 
+def test_next_ready_in_is_the_earliest_pending_tasks_wait(store: Store) -> None:
+    """What an idle worker sleeps until: None with nothing pending, the backoff left of the earliest retry
+    (tasks running or done do not count), and zero or less once one is ready."""
+    assert store.next_ready_in() is None
+    store.add(["a", "b", "c"])
+    w = worker(store)
+    ready = store.next_ready_in()
+    assert ready is not None and ready <= 0
+    a, b, c = store.claim(w, 3, 30, 3)
+    assert store.next_ready_in() is None  # running tasks are not pending
+    assert store.fail(b.task_id, b.fence, "later", 50.0) == PENDING
+    assert store.fail(a.task_id, a.fence, "sooner", 20.0) == PENDING
+    assert store.complete(c.task_id, c.fence, b"", "str")
+    ready = store.next_ready_in()
+    assert ready is not None and 19.0 < ready <= 20.0, ready
+    store.add(["d"])
+    ready = store.next_ready_in()
+    assert ready is not None and ready <= 0
+
+
 def test_release_does_not_count_the_attempt(store: Store) -> None:
     store.add(["a"])
     w = worker(store)

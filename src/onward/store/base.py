@@ -295,6 +295,11 @@ class WorkQueue(Protocol):
         noted on that claim (as by ``note_child``) in the same transaction, and that ``Claim`` carries its
         pid as ``child_pid``."""
 
+    def next_ready_in(self) -> float | None:
+        """Seconds until the job's earliest pending task is ready to claim (its retry's backoff runs out), on
+        the store's clock; zero or less when one is ready now; None when nothing is pending. One read of the
+        claim index's first entry. An idle worker sleeps until then rather than polling past it."""
+
     def renew(self, worker_id: int, leases: Sequence[Lease], lease_seconds: float, completed: int) -> list[int]:
         """Extend the leases of tasks this worker runs, recording progress. Returns the ids of the tasks
         whose fence moved on (taken over): the caller must stop them and not commit them. Also heartbeats

@@ -430,6 +430,12 @@ SELECT (SELECT count(*) FROM completed) + (SELECT count(*) FROM earlier), c.id, 
        c.max_attempts
   FROM (VALUES (true)) AS one (x) LEFT JOIN changed AS c ON true;
 
+-- name: next_ready_in
+SELECT ready_at - onward.epoch() FROM onward.tasks
+ WHERE job_id = %(job)s AND state = 'pending'
+ ORDER BY ready_at, id
+ LIMIT 1;
+
 -- name: renew
 -- Every lease of the worker and its own heartbeat in one statement (a data-modifying WITH always runs).
 WITH beat AS (

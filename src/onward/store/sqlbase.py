@@ -386,6 +386,10 @@ class SqlStore:
             claims[0] = claims[0]._replace(child_pid=child[0])
         return claims
 
+    def next_ready_in(self) -> float | None:
+        row = self._exec("next_ready_in", self._clock()).fetchone()
+        return None if row is None else float(row[0])
+
     def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
                            lease_seconds: float, max_attempts: int, durable: bool = True,
                            child: tuple[int, int] | None = None) -> tuple[bool, list[Claim]]:

@@ -300,6 +300,14 @@ UPDATE tasks
                LIMIT :limit)
 RETURNING id, name, attempts, fence, max_attempts;
 
+-- name: next_ready_in
+-- The first entry of the claim's range of the index (pending tasks by ready_at): where the next claim starts.
+SELECT CASE WHEN state = 'done' THEN finished_at ELSE ready_at END - :now FROM tasks INDEXED BY tasks_flow
+ WHERE job_id = :job AND state IN ('pending', 'running', 'done')
+   AND (state = 'running') + 2 * (state = 'pending') = 2
+ ORDER BY CASE WHEN state = 'done' THEN finished_at ELSE ready_at END, id
+ LIMIT 1;
+
 -- name: renew
 UPDATE tasks
    SET lease_until = :now + :lease,

@@ -98,7 +98,9 @@ class Runner:
         self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
         self._resources_short = False  # a start ran out of resources (warned once)
         self.attempts: dict[int, Attempt] = {}  # task id -> its attempt, while it runs here
-        self.settler = Settler(store, log, out, config.retry_delay, config.max_retry_delay)
+        # A supervisor does not treat a worker that gets somewhere as crash-looping.
+        self.settler = Settler(store, log, out, config.retry_delay, config.max_retry_delay,
+                               on_progress=self.notifier.progress)
         self.summary: RunSummary = self.settler.summary
         # Outcomes from attempts' threads and store calls from tasks' threads, waiting for the loop.
         self.inbox = LoopInbox()
@@ -570,8 +572,6 @@ class Runner:
         if self._exports_owed and not self._store_backoff:
             self._exports_owed = False
             self.settler.export_missing()
-        if self.summary.done or self.summary.failed or self.summary.retried:
-            self.notifier.progress()  # a supervisor does not treat a worker that gets somewhere as crash-looping
 
     def _sync_failed(self, e: StoreError) -> None:
         # The commit is visible but not vouched for: what it settled is never told (none of those tasks was

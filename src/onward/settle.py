@@ -47,8 +47,12 @@ class Settler:
     """Writes the outcomes of one worker's attempts and keeps its tally (``summary``)."""
 
     def __init__(self, store: Store, log: Log, out: OutDir | None, retry_delay: float,
-                 max_retry_delay: float) -> None:
+                 max_retry_delay: float, on_progress: Callable[[], None] | None = None) -> None:
         self.store = store
+        # Called first by the report of a settled task (done, failed, or to be retried), before anything
+        # else of it is told: a supervisor learns of the progress as soon as it is durable, not after the
+        # log line and the --out file (a worker killed in between was taken for one that got nowhere).
+        self.on_progress = on_progress or _nothing_to_report
         self.log = log
         self.out = out
         self.retry_delay = retry_delay  # first backoff; doubles with every further attempt
@@ -102,6 +106,7 @@ class Settler:
 
     def _report_done(self, claim: Claim, outcome: Outcome, seconds: float) -> Report:
         def report_done() -> None:
+            self.on_progress()
             if crashpoints.ARMED:  # the task is done in the store; not reported yet, no --out file yet
                 crashpoints.hit("completion_committed")
             self.summary.done += 1
@@ -176,6 +181,7 @@ class Settler:
             return report_cancelled
         if state == PENDING:
             def report_retrying() -> None:
+                self.on_progress()
                 if crashpoints.ARMED:  # the failed attempt is committed, the task pending again (retry later)
                     crashpoints.hit("retry_scheduled")
                 self.summary.retried += 1
@@ -184,6 +190,7 @@ class Settler:
             return report_retrying
 
         def report_failed() -> None:
+            self.on_progress()
             self.summary.failed += 1
             self.log.warning(f"failed task={quote(claim.name)} after {claim.attempt} attempts: {outcome.error_line}")
         return report_failed

@@ -48,8 +48,9 @@ Restart rules (exit statuses are those of ``onward run``):
   restart follows: the supervisor exits with the child's status (128 + N for death by signal N).
 
 Progress. A run made progress when the child said ``READY=1`` and then ``X_ONWARD_PROGRESS=1``, a custom
-sd_notify field (``X_`` prefix, which systemd ignores) that ``onward run`` sends once, right after its first
-commit that settled a task (done, failed, or a failed attempt to be retried). It is an explicit message,
+sd_notify field (``X_`` prefix, which systemd ignores) that ``onward run`` sends once, as soon as its first
+commit that settled a task (done, failed, or a failed attempt to be retried) is durable, before it tells
+anything of it (the log line, the ``--out`` file): a worker killed in between did get somewhere. It is an explicit message,
 not read from ``STATUS=``: that text is only sent every ``--heartbeat``, and a worker killed more often
 would never show its progress in it. A child that does not speak it is treated as making no progress, as
 before. What the supervisor prints when a child dies says how long it ran, whether it made progress, and

@@ -727,6 +727,24 @@ def test_backoff_does_not_starve_a_worker_killed_often_while_finishing_tasks(
     assert job.log.count("it made progress, not counted toward --max-restarts") == 5
 
 
+def test_a_worker_killed_between_its_durable_commit_and_its_report_made_progress(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    # Every worker kills itself (SIGKILL) at its first completion that is durable in the store but not yet
+    # told (no log line, no --out file): that run got somewhere, and its death must not count toward
+    # --max-restarts. Before, the progress message came after the reports, so these deaths were counted
+    # and the supervisor gave up after 1 restart with tasks left.
+    (tmp_path / "t.txt").write_text("a\nb\nc\n")
+    job = supervised(["--max-restarts", "1", "--restart-delay", "0.05"],
+                     ["--tasks", "t.txt", "--out", "out", "--", "echo", "{task}"],
+                     env={"ONWARD_TEST_HOOKS": "1", "ONWARD_CRASH_AT": "completion_committed:1"})
+    assert job.proc.wait(60) == 0, job.log
+    assert "giving up" not in job.log
+    assert job.log.count("it made progress, not counted toward --max-restarts") == 3, job.log
+    report = status_of(tmp_path)
+    assert (report["done"], report["failed"]) == (3, 0)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.txt", "b.txt", "c.txt"]
+
+
 def test_a_worker_that_dies_without_settling_a_task_is_still_given_up_on(
         supervised: Callable[..., Supervised], tmp_path: Path) -> None:
     # The control: READY, but killed before any task is settled, each time.

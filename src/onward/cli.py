@@ -22,7 +22,6 @@ from . import __version__
 from .cli_types import FINITE_FLOAT, TASK_TEXT, db_option, job_option
 from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import (
-    UNAVAILABLE_ERRNOS,
     OnwardError,
     StoreError,
     StoreMissing,
@@ -33,7 +32,7 @@ from .errors import (
     WedgedTask,
 )
 from .log import NORMAL, QUIET, VERBOSE, Log, iso_time
-from .pipes import quiet_broken_pipe
+from .pipes import quiet_broken_pipe, unavailable_line
 from .store.base import STATES
 
 if TYPE_CHECKING:
@@ -413,10 +412,10 @@ def entry(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         quiet_broken_pipe()
     except OSError as e:
-        if e.errno not in UNAVAILABLE_ERRNOS:
+        line = unavailable_line(e, "cannot write the output")
+        if line is None:
             raise
-        quiet_broken_pipe()
-        _say_error(f"cannot write the output: {e.strerror}")
+        _say_error(line)
         return code or 75
     return code
 
@@ -450,10 +449,10 @@ def _run_cli(argv: list[str] | None) -> int:
         # The machine, not the input: no descriptor left (ulimit -n), no memory, a full disk or one failing
         # under the report being written (stdout on a full disk). Unavailable right now, as a store error
         # of that kind is: one line, exit 75, for a supervisor to try again later.
-        if e.errno not in UNAVAILABLE_ERRNOS:
+        line = unavailable_line(e)
+        if line is None:
             raise
-        quiet_broken_pipe()  # stdout may be what failed: its flush must not fail again
-        _say_error(f"{e.strerror}: {e.filename}" if e.filename else str(e.strerror))
+        _say_error(line)
         return 75
     return status if isinstance(status, int) else 0
 

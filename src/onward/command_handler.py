@@ -15,9 +15,9 @@ from . import crashpoints
 from .attempt import ERROR_TAIL_BYTES, Attempt, Loop, Outcome, error_tail
 from .cgroups import WorkerCgroups
 from .config import DEFAULT_MAX_RESULT_BYTES
-from .errors import UsageError
+from .errors import RESOURCE_ERRNOS, UsageError
 from .proc import kill_command, kill_group, pid_exists, pid_start_time
-from .spawn import RESOURCE_ERRNOS, CommandStarter
+from .spawn import CommandStarter
 from .store.base import Claim
 
 

@@ -37,14 +37,13 @@ def main() -> None:
             except KeyboardInterrupt:  # as the CLI says it (cli.entry)
                 sys.stderr.write("onward: aborted\n")
                 sys.exit(130)
-            except OSError as e:  # as the CLI says it (cli.entry): stdout on a full disk, say
-                from .errors import UNAVAILABLE_ERRNOS
-                from .pipes import quiet_broken_pipe
+            except OSError as e:  # as the CLI says it (cli._run_cli): stdout on a full disk, no descriptor left
+                from .pipes import unavailable_line
 
-                if e.errno not in UNAVAILABLE_ERRNOS:
+                line = unavailable_line(e, "cannot write the output")  # what it reads is checked inside
+                if line is None:
                     raise
-                quiet_broken_pipe()
-                sys.stderr.write(f"onward: error: cannot write the output: {e.strerror}\n")
+                sys.stderr.write(f"onward: error: {line}\n")
                 sys.exit(75)
             gc.enable()
     if args[:1] == ["run"]:

@@ -14,6 +14,9 @@ TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.EROFS, errno.EDQUOT
 # report written to a full disk, a store opened under an exhausted ``ulimit -n``) says so in one line and
 # exits 75, unavailable right now, for a supervisor to try again later.
 UNAVAILABLE_ERRNOS = TRANSIENT_ERRNOS | {errno.EMFILE, errno.ENFILE, errno.ENOMEM}
+# A process could not be made or set up for want of the worker's own resources (descriptors, processes,
+# memory): not the task's fault, nor its cgroup's. The attempt is given back uncounted (runner, attempts).
+RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
 
 
 class OnwardError(Exception):

@@ -26,7 +26,6 @@ over the usual way) once a tick is due.
 
 from __future__ import annotations
 
-import errno
 import selectors
 import signal
 import threading
@@ -38,7 +37,7 @@ from typing import Any, TypeVar
 from . import crashpoints
 from .attempt import Attempt, Handler, Outcome
 from .config import RunConfig
-from .errors import Fenced, OnwardError, StoreError, WedgedTask
+from .errors import RESOURCE_ERRNOS, Fenced, OnwardError, StoreError, WedgedTask
 from .inbox import LoopInbox, StoreCall
 from .keepawake import KeepAwake
 from .leases import Leases
@@ -64,10 +63,9 @@ STORE_RETRY_MAX = 2.0
 # leaves them uncommitted (their tasks stay claimed; the next worker reclaims them, as after a crash). Well
 # within the unit's TimeoutStopSec (grace + systemd.STOP_MARGIN).
 STOP_COMMIT_SECONDS = 5.0
-# Errors of the worker's own resources when it starts an attempt (descriptors, processes, memory): not the
-# task's fault. The attempt is given back uncounted, the worker runs fewer tasks at once from then on, and
-# claims nothing for RESOURCE_PAUSE seconds.
-WORKER_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+# After an attempt could not start for want of the worker's own resources (errors.RESOURCE_ERRNOS), the
+# attempt is given back uncounted, the worker runs fewer tasks at once from then on, and claims nothing for
+# RESOURCE_PAUSE seconds.
 RESOURCE_PAUSE = 1.0
 # How often a worker looks for waits whose deadline passed (ctx.wait's timeout), while its job has some.
 WAKE_DUE_EVERY = 1.0
@@ -596,7 +594,7 @@ class Runner:
             self._not_started(claim, Outcome.released(f"could not record the command's pid: {e}"))
             return
         except OSError as e:
-            if e.errno in WORKER_RESOURCE_ERRORS:
+            if e.errno in RESOURCE_ERRNOS:
                 self._lower_concurrency(claim, e)
                 self._not_started(claim, Outcome.released(f"worker out of resources: {e.strerror or e}"))
                 return

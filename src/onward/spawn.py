@@ -10,13 +10,13 @@ from before its first instruction. It is a child of the worker either way.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .cgroups import AttemptCgroup, WorkerCgroups
 from .clonespawn import Cloned, CloneSpawner
+from .errors import RESOURCE_ERRNOS
 from .proc import die_with_parent_preexec, pid_start_time, prepare_die_with_parent
 from .spawner import REPORT, Spawner, exec_error
 
@@ -221,11 +221,6 @@ class CommandStarter:
         if self._spawner is not None:
             self._spawner.close()
             self._spawner = None
-
-
-# The process could not be created for want of resources: not the cgroup's fault (attempts.py gives such
-# an attempt back uncounted).
-RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
 
 
 def spawn_forked(argv: list[str], env: dict[str, str], cgroup: AttemptCgroup | None) -> CommandProcess:

@@ -7,9 +7,11 @@ The CLI's ``onward run`` options and the Python API's ``Job`` both take their de
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from .errors import UsageError
+from .log import NORMAL, QUIET, VERBOSE
 
 # The largest stdout a command's attempt may produce as its result (the CLI's --max-result-bytes).
 DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024
@@ -52,19 +54,18 @@ class RunConfig:
         return self.lease if self.lease is not None else 3 * self.heartbeat
 
     def validate(self) -> None:
-        """Refuse nonsense values with one line naming the setting."""
-        for name in ("retry_delay", "timeout", "heartbeat", "lease", "grace", "stall_timeout", "park_sleeps_over"):
+        """Refuse nonsense with one line naming the setting: first a value of the wrong type (only the
+        Python API can pass one), then a value out of its range."""
+        self._check_types()
+        for name in SECONDS_SETTINGS:
             value = getattr(self, name)
             # NaN passes every comparison below, and infinity overflows timers: only finite numbers are
-            # durations.
-            if value is not None and not math.isfinite(value):
+            # durations. (An int needs no look: every int is finite, and one too big for a float would make
+            # math.isfinite raise OverflowError instead of the "at most" below.)
+            if isinstance(value, float) and not math.isfinite(value):
                 raise UsageError(f"{name.replace('_', ' ')} must be a finite number of seconds (got {value})")
             if value is not None and value > MAX_SECONDS:
                 raise UsageError(f"{name.replace('_', ' ')} must be at most {MAX_SECONDS:,} seconds (got {value})")
-        for name in ("concurrency", "max_attempts"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):  # 2.5 was taken, then failed every claim
-                raise UsageError(f"{name.replace('_', ' ')} must be a whole number (got {value!r})")
         if self.concurrency < 1:
             raise UsageError(f"concurrency must be at least 1 (got {self.concurrency})")
         if self.concurrency > MAX_CONCURRENCY:
@@ -75,6 +76,8 @@ class RunConfig:
             raise UsageError(f"max attempts must be at most {MAX_ATTEMPTS:,} (got {self.max_attempts})")
         if self.retry_delay < 0:
             raise UsageError(f"retry delay cannot be negative (got {self.retry_delay})")
+        if self.max_retry_delay < 0:
+            raise UsageError(f"max retry delay cannot be negative (got {self.max_retry_delay})")
         if self.grace < 0:
             raise UsageError(f"grace cannot be negative (got {self.grace})")
         if self.park_sleeps_over < 0:
@@ -87,6 +90,83 @@ class RunConfig:
                 _positive(name, value)
         if self.lease is not None and self.lease <= self.heartbeat:
             raise UsageError(f"lease ({self.lease}) must be longer than the heartbeat ({self.heartbeat})")
+
+    def _check_types(self) -> None:
+        # Messages name the keyword as the caller wrote it (retry_delay=): the CLI parses its flags into
+        # these types, so only Python code can get one wrong.
+        for name in SECONDS_SETTINGS:
+            value = getattr(self, name)
+            if value is None and name in OPTIONAL_SETTINGS:
+                continue
+            if not is_number(value):
+                takes = "a number of seconds (an int or a float)"
+                if name in OPTIONAL_SETTINGS:
+                    takes += " or None"
+                raise UsageError(setting_refused(name, takes, value))
+        for name in ("concurrency", "max_attempts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):  # 2.5 was taken, then failed every claim
+                raise UsageError(setting_refused(name, "a whole number (an int)", value))
+        if not isinstance(self.install_signal_handlers, bool):
+            raise UsageError(setting_refused("install_signal_handlers", "True or False", self.install_signal_handlers))
+
+
+# The settings that are durations in seconds, and those of them that None leaves unset (no timeout, no
+# stall timeout, a lease of three heartbeats).
+SECONDS_SETTINGS = ("retry_delay", "max_retry_delay", "timeout", "heartbeat", "lease", "grace", "stall_timeout",
+                    "park_sleeps_over")
+OPTIONAL_SETTINGS = frozenset({"timeout", "lease", "stall_timeout"})
+LOG_LEVELS = (QUIET, NORMAL, VERBOSE)
+
+
+def is_number(value: object) -> bool:
+    """An int or a float, and not a bool: True is an int to Python, but ``heartbeat=True`` or
+    ``concurrency=True`` is a slip, never a setting (concurrency and max_attempts refused it first)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def setting_refused(name: str, takes: str, value: object) -> str:
+    """The one line that refuses a setting of the wrong type: what it takes, what it got."""
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return f"{name} must be {takes}, not {type(value).__name__}: {shown}"
+
+
+def location_setting(name: str, value: object) -> str | None:
+    """A path or store location given to the Python API (``Job``'s ``db``, ``out`` and ``keep_awake``):
+    None, a str or an ``os.PathLike`` such as ``pathlib.Path``, as a str. Raises ``UsageError`` for
+    anything else, bytes included (a store's location and a result's file name are text)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike):
+        path = os.fspath(value)
+        if isinstance(path, str):
+            return path
+    raise UsageError(setting_refused(name, "a str or a pathlib.Path (or None)", value))
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """``Job``'s settings besides its ``RunConfig``, paths as str (see ``job_settings``)."""
+
+    db: str | None
+    name: str | None
+    out: str | None
+    keep_awake: str | None
+    log_level: int
+
+
+def job_settings(*, db: object, name: object, out: object, keep_awake: object, log_level: object) -> JobSettings:
+    """``Job``'s settings besides its ``RunConfig``, checked for type before any store is opened (a
+    refusal creates nothing). What each value must be (a store location, a job name, a marker path) is
+    checked where it is used, by the same code as the CLI's flags."""
+    if name is not None and not isinstance(name, str):
+        raise UsageError(setting_refused("name", "a job name (a str) or None", name))
+    if not isinstance(log_level, int) or isinstance(log_level, bool) or log_level not in LOG_LEVELS:
+        raise UsageError(setting_refused("log_level", "onward.log.QUIET, NORMAL or VERBOSE (0, 1 or 2)", log_level))
+    return JobSettings(db=location_setting("db", db), name=name, out=location_setting("out", out),
+                       keep_awake=location_setting("keep_awake", keep_awake), log_level=log_level)
 
 
 def _positive(name: str, value: float | None) -> None:

@@ -15,13 +15,14 @@ only its own tasks, results, journal, workers and pause flag.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar, overload
 
 from . import results, waits
 from .attempts import PythonHandler
-from .config import RunConfig
+from .config import RunConfig, job_settings
 from .context import TaskContext
 from .errors import TaskNotDone, UsageError
 from .keepawake import marker_path
@@ -38,22 +39,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Job:
-    def __init__(self, db: str | None = None, *, name: str | None = None, concurrency: int = RunConfig.concurrency,
-                 max_attempts: int = RunConfig.max_attempts, retry_delay: float = RunConfig.retry_delay,
-                 timeout: float | None = RunConfig.timeout, heartbeat: float = RunConfig.heartbeat,
-                 grace: float = RunConfig.grace, stall_timeout: float | None = RunConfig.stall_timeout,
-                 park_sleeps_over: float = RunConfig.park_sleeps_over,
-                 out: str | None = None, keep_awake: str | None = None, log_level: int = NORMAL) -> None:
-        self.url = store_url(db)
-        # Checked before the store is opened: a refused setting creates nothing.
+    def __init__(self, db: str | os.PathLike[str] | None = None, *, name: str | None = None,
+                 concurrency: int = RunConfig.concurrency, max_attempts: int = RunConfig.max_attempts,
+                 retry_delay: float = RunConfig.retry_delay, timeout: float | None = RunConfig.timeout,
+                 heartbeat: float = RunConfig.heartbeat, grace: float = RunConfig.grace,
+                 stall_timeout: float | None = RunConfig.stall_timeout,
+                 park_sleeps_over: float = RunConfig.park_sleeps_over, out: str | os.PathLike[str] | None = None,
+                 keep_awake: str | os.PathLike[str] | None = None, log_level: int = NORMAL) -> None:
+        # Every setting is checked, for its type and then its value, before the store is opened: a refused
+        # one raises UsageError and creates nothing.
+        settings = job_settings(db=db, name=name, out=out, keep_awake=keep_awake, log_level=log_level)
         self.config = RunConfig(concurrency=concurrency, max_attempts=max_attempts, retry_delay=retry_delay,
                                 timeout=timeout, heartbeat=heartbeat, grace=grace, stall_timeout=stall_timeout,
                                 park_sleeps_over=park_sleeps_over)
-        self.store: Store = open_store(self.url, job=name)
+        self.url = store_url(settings.db)
+        self.store: Store = open_store(self.url, job=settings.name)
         self.name = self.store.job
-        self.out = out
-        self.keep_awake = keep_awake
-        self.log = Log(log_level)
+        self.out = settings.out
+        self.keep_awake = settings.keep_awake
+        self.log = Log(settings.log_level)
         self._fn: Callable[[str, TaskContext], Any] | None = None
         self._replay = STRICT
 
@@ -75,6 +79,8 @@ class Job:
             raise UsageError(f"replay must be one of {', '.join(REPLAY_POLICIES)} (got {replay!r})")
 
         def register(f: F) -> F:
+            if not callable(f):  # else taken, and every attempt then failed with "not callable"
+                raise UsageError(f"@job.task takes a function, not {type(f).__name__}: {f!r:.60}")
             if self._fn is not None:
                 raise UsageError("this job already has a task function")
             self._fn = f

@@ -333,3 +333,118 @@ def test_a_count_that_is_not_a_whole_number_is_refused(tmp_path: Path, setting: 
     with pytest.raises(UsageError, match="must be a whole number"):
         Job(str(tmp_path / "s.db"), **{setting: value})  # type: ignore[arg-type]  # wrong on purpose
     assert not (tmp_path / "s.db").exists()
+
+
+# Each setting of Job(...) given a value of the wrong type, and what it takes. (A count's float and a
+# concurrency of True are in test_a_count_that_is_not_a_whole_number_is_refused above.)
+JOB_WRONG_TYPES: list[tuple[str, object]] = [
+    ("db", 5), ("db", b"s.db"),
+    ("name", 5), ("name", b"nightly"),
+    ("concurrency", "4"), ("concurrency", None),
+    ("max_attempts", None), ("max_attempts", True),
+    ("retry_delay", "1"), ("retry_delay", None), ("retry_delay", True),
+    ("timeout", "600"), ("timeout", True),
+    ("heartbeat", None), ("heartbeat", True), ("heartbeat", "5"),
+    ("grace", None), ("grace", [10]),
+    ("stall_timeout", "60"), ("stall_timeout", False),
+    ("park_sleeps_over", None), ("park_sleeps_over", "60"),
+    ("out", 3), ("out", b"results"),
+    ("keep_awake", 5), ("keep_awake", True), ("keep_awake", b"marker"),
+    ("log_level", "verbose"), ("log_level", None), ("log_level", True), ("log_level", 1.0), ("log_level", 7),
+]
+# The settings only RunConfig has (Job.run(**overrides) takes them, as it takes every RunConfig field).
+RUN_ONLY_WRONG_TYPES: list[tuple[str, object]] = [
+    ("max_retry_delay", "300"), ("max_retry_delay", None),
+    ("lease", "30"), ("lease", True),
+    ("install_signal_handlers", "no"), ("install_signal_handlers", 1), ("install_signal_handlers", None),
+]
+
+
+def assert_refuses_the_type(message: str, setting: str, value: object) -> None:
+    """One line that names the setting, says what it takes, and what it got instead."""
+    assert "\n" not in message, message
+    assert message.startswith(f"{setting} must be "), message
+    assert f", not {type(value).__name__}: " in message, message
+
+
+def test_the_wrong_type_cases_cover_every_setting_of_job_and_runconfig() -> None:
+    """A setting added later without a case here fails this, rather than going unchecked."""
+    import dataclasses
+    import inspect
+
+    from onward.config import RunConfig
+
+    settings = {*inspect.signature(Job).parameters, *(f.name for f in dataclasses.fields(RunConfig))}
+    assert settings == {setting for setting, _ in JOB_WRONG_TYPES + RUN_ONLY_WRONG_TYPES}
+
+
+@pytest.mark.parametrize(("setting", "value"), JOB_WRONG_TYPES)
+def test_a_job_setting_of_the_wrong_type_is_refused_naming_it_and_creating_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str, value: object) -> None:
+    """A TypeError or AttributeError from deep inside (``heartbeat=None``, ``db=5``), or the value taken and
+    a store created (``keep_awake=5``, ``log_level="x"``, ``heartbeat=True``), before; now UsageError."""
+    monkeypatch.chdir(tmp_path)  # the default store, .onward/onward.db, would be made here
+    settings = {"db": str(tmp_path / "s.db"), setting: value}
+    with pytest.raises(UsageError) as refused:
+        Job(**settings)  # type: ignore[arg-type]  # wrong on purpose
+    assert_refuses_the_type(str(refused.value), setting, value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("setting", "value"), RUN_ONLY_WRONG_TYPES)
+def test_a_run_setting_of_the_wrong_type_is_refused_before_any_task_runs(
+        tmp_path: Path, setting: str, value: object) -> None:
+    from onward.config import RunConfig
+
+    with pytest.raises(UsageError) as refused:
+        RunConfig(**{setting: value})  # type: ignore[arg-type]  # wrong on purpose
+    assert_refuses_the_type(str(refused.value), setting, value)
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET)
+    ran: list[str] = []
+    job.task(ran.append)
+    job.add(["a"])
+    with pytest.raises(UsageError) as refused:
+        job.run(**{setting: value})
+    assert_refuses_the_type(str(refused.value), setting, value)
+    assert ran == [] and job.store.counts()["pending"] == 1
+    job.close()
+
+
+@pytest.mark.parametrize(("value", "says"), [(float("nan"), "max retry delay must be a finite number of seconds"),
+                                             (-1.0, "max retry delay cannot be negative")])
+def test_a_max_retry_delay_that_is_not_a_finite_number_of_seconds_is_refused(value: float, says: str) -> None:
+    """The one duration that was not checked at all: a NaN backoff cannot be stored as a retry time."""
+    from onward.config import RunConfig
+
+    with pytest.raises(UsageError, match=says):
+        RunConfig(max_retry_delay=value)
+
+
+def test_task_settings_and_the_task_function_are_checked_when_registered(tmp_path: Path) -> None:
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET)
+    with pytest.raises(UsageError) as refused:
+        job.task(timeout="600")(lambda task, ctx: task)  # type: ignore[arg-type]  # wrong on purpose
+    assert_refuses_the_type(str(refused.value), "timeout", "600")
+    # @job.task("prefix") (the policy given without replay=) was taken as the task function; every attempt
+    # then failed with "'str' object is not callable".
+    with pytest.raises(UsageError, match="@job.task takes a function, not str: 'prefix'"):
+        job.task("prefix")
+    job.close()
+
+
+def test_paths_may_be_given_as_pathlib_paths(tmp_path: Path) -> None:
+    """db, out and keep_awake take a pathlib.Path as well as a str (db raised TypeError before)."""
+    marker = tmp_path / "keep-awake"
+    seen: list[bool] = []
+    job = Job(tmp_path / "s.db", out=tmp_path / "out", keep_awake=marker, log_level=QUIET)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        seen.append(marker.exists())
+        return task.upper()
+
+    job.add(["a"])
+    assert job.run().exit_code == 0
+    assert (tmp_path / "s.db").is_file() and (tmp_path / "out" / "a.txt").read_text() == "A"
+    assert seen == [True] and not marker.exists()  # the marker was kept while the task ran
+    job.close()

@@ -170,7 +170,10 @@ class TaskContext(ContextBase):
         holding the task's slot, and raises ``Cancelled`` if the worker stops meanwhile (the next run sleeps
         the rest). A longer sleep parks the task in state ``waiting`` until the wake-up time, as ``wait``
         does: no slot, no lease; it runs again then, replaying its steps up to here. Inside a step's body it
-        is a plain wait."""
+        is a plain wait. ``seconds``: a finite number, 0 or more and at most ``waits.MAX_WAIT_SECONDS`` (366
+        days); anything else raises ``UsageError`` before anything is recorded, failing the attempt as a
+        bad ``wait`` does."""
+        seconds = waits.check_sleep(seconds)
         if durable.in_step():
             return self.pause(seconds, "sleeping")
         if not self.step_log.loaded:
@@ -228,6 +231,7 @@ class AsyncTaskContext(ContextBase):
 
     async def sleep(self, seconds: float) -> None:
         """A durable sleep (see ``TaskContext.sleep``)."""
+        seconds = waits.check_sleep(seconds)
         if durable.in_step():
             return await self.apause(seconds, "sleeping")
         await self.load()

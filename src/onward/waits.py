@@ -41,13 +41,46 @@ def check_key(key: object) -> str:
     return key
 
 
-def check_timeout(timeout: float | None) -> float | None:
+# The longest a wait's timeout or a durable sleep may be. Far beyond any real wait (no timeout at all is
+# None), and it keeps the deadline a date: a timeout of 1e300 s was taken, and the worker then crashed
+# (OverflowError) writing the parked task's deadline into its log.
+MAX_WAIT_SECONDS = 366 * 24 * 3600
+
+
+def check_timeout(timeout: object) -> float | None:
+    """A wait's timeout (``ctx.wait(key, timeout=...)``): None, or a finite number of seconds above 0 and
+    at most ``MAX_WAIT_SECONDS``. ``UsageError`` otherwise (one line)."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
-            or timeout <= 0:
-        raise UsageError(f"a wait's timeout must be a finite number of seconds above 0, or None (got {timeout!r})")
-    return float(timeout)
+    seconds = _seconds("a wait's timeout", timeout, or_none=True)
+    if not seconds > 0:
+        raise UsageError(f"a wait's timeout must be a finite number of seconds above 0, or None (got {timeout!r:.60})")
+    return float(seconds)
+
+
+def check_sleep(seconds: object) -> float:
+    """A durable sleep's duration (``ctx.sleep``): a finite number of seconds, 0 or more, at most
+    ``MAX_WAIT_SECONDS``. ``UsageError`` otherwise (one line), before anything is recorded: NaN or infinity
+    made a deadline that could not be stored, and the task failed saying a step's value was not JSON."""
+    duration = _seconds("a sleep's duration", seconds)
+    if duration < 0:
+        raise UsageError(f"a sleep's duration cannot be negative (got {seconds!r:.60})")
+    return float(duration)
+
+
+def _seconds(what: str, value: object, or_none: bool = False) -> int | float:
+    """``value`` if it is a number, not NaN nor infinite, and at most MAX_WAIT_SECONDS; ``UsageError``
+    naming ``what`` otherwise. Left as it came (the callers check its lower bound before making it a
+    float: an int too big for one would raise OverflowError there)."""
+    # bool is an int to Python, but True seconds is a slip, as everywhere else onward takes a number.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        takes = "a number of seconds" + (" or None" if or_none else "")
+        raise UsageError(f"{what} must be {takes}, not {type(value).__name__}: {value!r:.60}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"{what} must be a finite number of seconds (got {value!r})")
+    if value > MAX_WAIT_SECONDS:
+        raise UsageError(f"{what} must be at most {MAX_WAIT_SECONDS:,} seconds (366 days) (got {value!r:.60})")
+    return value
 
 
 def value_text(value: Any) -> str:

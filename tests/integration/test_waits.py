@@ -278,6 +278,92 @@ def test_bad_waits_fail_the_attempt_with_one_line(store_url: str, tmp_path: Path
         store.close()
 
 
+# Bad numbers of seconds given to ctx.sleep and ctx.wait, by task name: the call (method, positional
+# arguments, keyword arguments, and whether it is made inside a step's body) and the UsageError's message
+# on the last line of its task's error. "sleep-zero" is fine: a sleep of 0 s is no mistake.
+BAD_SECONDS: dict[str, tuple[str, tuple[Any, ...], dict[str, Any], bool, str]] = {
+    "sleep-nan": ("sleep", (float("nan"),), {}, False,
+                  "a sleep's duration must be a finite number of seconds (got nan)"),
+    "sleep-inf": ("sleep", (float("inf"),), {}, False,
+                  "a sleep's duration must be a finite number of seconds (got inf)"),
+    "sleep-negative": ("sleep", (-1,), {}, False, "a sleep's duration cannot be negative (got -1)"),
+    "sleep-str": ("sleep", ("5",), {}, False, "a sleep's duration must be a number of seconds, not str: '5'"),
+    "sleep-none": ("sleep", (None,), {}, False,
+                   "a sleep's duration must be a number of seconds, not NoneType: None"),
+    "sleep-bool": ("sleep", (True,), {}, False,
+                   "a sleep's duration must be a number of seconds, not bool: True"),
+    "sleep-too-long": ("sleep", (1e300,), {}, False,
+                       "a sleep's duration must be at most 31,622,400 seconds (366 days) (got 1e+300)"),
+    "sleep-nan-in-step": ("sleep", (float("nan"),), {}, True,
+                          "a sleep's duration must be a finite number of seconds (got nan)"),
+    "wait-inf": ("wait", ("k",), {"timeout": float("inf")}, False,
+                 "a wait's timeout must be a finite number of seconds (got inf)"),
+    "wait-negative": ("wait", ("k",), {"timeout": -1}, False,
+                      "a wait's timeout must be a finite number of seconds above 0, or None (got -1)"),
+    "wait-str": ("wait", ("k",), {"timeout": "5"}, False,
+                 "a wait's timeout must be a number of seconds or None, not str: '5'"),
+    "wait-bool": ("wait", ("k",), {"timeout": True}, False,
+                  "a wait's timeout must be a number of seconds or None, not bool: True"),
+    "wait-too-long": ("wait", ("k",), {"timeout": 1e300}, False,
+                      "a wait's timeout must be at most 31,622,400 seconds (366 days) (got 1e+300)"),
+    "sleep-zero": ("sleep", (0,), {}, False, ""),
+}
+
+
+@pytest.mark.timeout(120)  # on the old code a NaN sleep inside a step's body could wait for ever
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_bad_number_of_seconds_for_sleep_or_wait_fails_the_task_saying_what_is_wrong(
+        tmp_path: Path, flavour: str) -> None:
+    """ctx.sleep(nan) failed its task saying "a step returned a value that is not JSON" (the deadline,
+    now + NaN, could not be recorded); a wait's timeout of 1e300 s crashed the worker (OverflowError) when it
+    logged the parked task's deadline. Each now fails its attempt as a bad ctx.wait key does, with a
+    UsageError saying what is wrong, and records no sleep or wait."""
+    from onward import Job
+    from onward.log import QUIET
+
+    job = Job(str(tmp_path / "s.db"), max_attempts=1, log_level=QUIET)
+
+    if flavour == "sync":
+        @job.task
+        def handle(task: str, ctx: Any) -> str:
+            method, args, kwargs, in_step, _ = BAD_SECONDS[task]
+            call = getattr(ctx, method)
+            if in_step:
+                ctx.step("outer", lambda: call(*args, **kwargs))
+            else:
+                call(*args, **kwargs)
+            return "ok"
+    else:
+        @job.task
+        async def handle_async(task: str, ctx: Any) -> str:
+            method, args, kwargs, in_step, _ = BAD_SECONDS[task]
+            call = getattr(ctx, method)
+            if in_step:
+                await ctx.step("outer", lambda: call(*args, **kwargs))
+            else:
+                await call(*args, **kwargs)
+            return "ok"
+
+    job.add(BAD_SECONDS)
+    assert job.run(install_signal_handlers=False).exit_code == 3
+    wrong = []
+    for name, (method, _, _, _, says) in BAD_SECONDS.items():
+        row = job.store.task(name)
+        task_id = job.store.task_id(name)
+        assert row is not None and task_id is not None
+        recorded = [s.kind for s in job.store.steps(task_id)]
+        if not says:
+            outcome: tuple[object, ...] = (row.state, recorded)
+            if outcome != ("done", ["sleep"]):
+                wrong.append((name, outcome))
+            continue
+        last_line = (row.error or "").strip().splitlines()[-1:]
+        if row.state != "failed" or last_line != [f"onward.errors.UsageError: {says}"] or method in recorded:
+            wrong.append((name, row.state, last_line, recorded))
+    job.close()
+    assert wrong == []
+
+
 # A Python worker whose tasks sleep durably: "nap-S" sleeps S seconds between a step and the end, writing
 # the wall-clock time it woke; "*-hang" ones then stay until the file "go" exists. argv: the store, the side
 # folder, sync or async, the run's park_sleeps_over, and the keep-awake marker.

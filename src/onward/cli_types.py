@@ -36,17 +36,19 @@ job_option = click.option("--job", "job", metavar="NAME", type=JobName(), envvar
 
 
 class TaskText(click.ParamType):
-    """A task's text as given on the command line. A name that is not UTF-8 (``$'bad\\xff'``) reaches
-    Python as lone surrogates, which no store can hold: refused here as bad input, not a traceback later.
-    Only the encoding is checked here: a name breaking another rule (empty, too long) names no task, and
-    ``onward add`` checks every rule."""
+    """A task's name as given on the command line, to every command that takes one (``add``, ``result``,
+    ``retry``, ``cancel``, ``send``, ``steps``, ``logs --task``): normalised as ``onward add`` stores it
+    (``tasksfile.task_name``: surrounding whitespace removed), so that each finds the task ``add`` stored.
+    A name that is not UTF-8 (``$'bad\\xff'``) reaches Python as lone surrogates, which no store can hold:
+    refused here as bad input, not a traceback later. Only the encoding is checked here: a name breaking
+    another rule (empty, too long) names no task, and ``onward add`` checks every rule."""
 
     name = "task"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from .tasksfile import NOT_UTF8, task_name_problem
+        from .tasksfile import NOT_UTF8, task_name, task_name_problem
 
-        text = str(value)
+        text = task_name(str(value))
         if task_name_problem(text) == NOT_UTF8:
             shown = text.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
             self.fail(f"\"{shown}\" {NOT_UTF8}", param, ctx)

@@ -14,7 +14,7 @@ from .log import Log
 from .store import exists as store_exists
 from .store import is_postgres_url, job_name, open_store, store_url
 from .store.base import Store
-from .tasksfile import ImportResult, check_task_name, check_tasks_file, import_tasks_file
+from .tasksfile import ImportResult, check_task_name, check_tasks_file, import_tasks_file, task_name
 from .worker import run_worker
 
 TYPE_CHECKING = False
@@ -54,7 +54,7 @@ def add_tasks(db: str | None, tasks: list[str], tasks_file: str | None, job: str
     try:
         if tasks_file:
             return import_tasks_file(store, tasks_file)
-        names = [t.strip() for t in tasks]
+        names = [task_name(t) for t in tasks]
         for name in names:
             check_task_name(name)
         return ImportResult(added=store.get().add(names), read_from=0, skipped=False)

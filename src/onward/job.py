@@ -32,7 +32,7 @@ from .settle import RunSummary
 from .steps import REPLAY_POLICIES, STRICT
 from .store import open_store, store_url
 from .store.base import Stats, Store
-from .tasksfile import check_task_name
+from .tasksfile import check_task_name, task_name
 from .worker import run_worker
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -101,15 +101,11 @@ class Job:
         memory; the add is one transaction, so a bad name anywhere adds nothing. Raises ``TypeError`` for
         a bare ``str`` or ``bytes`` (an iterable of characters, not of names) and for an item that is not
         a ``str``, rather than adding its characters or its ``repr``."""
-        if isinstance(tasks, (str, bytes, bytearray)):
-            kind = "a single str" if isinstance(tasks, str) else "bytes"
-            raise TypeError(f"add() takes an iterable of task names, not {kind}: write add([{tasks!r}])")
+        _not_one_name("add", tasks)
 
         def checked() -> Iterator[str]:
             for task in tasks:
-                if not isinstance(task, str):
-                    raise TypeError(f"a task name must be a str, not {type(task).__name__}: {task!r}")
-                name = task.strip()
+                name = _task_name(task)
                 check_task_name(name)
                 yield name
         return self.store.add(checked())
@@ -129,7 +125,9 @@ class Job:
                 out.close()
 
     def result(self, task: str) -> Any:
-        """The result of a done task, as the function returned it (str, bytes or a JSON value)."""
+        """The result of a done task, as the function returned it (str, bytes or a JSON value). ``task`` is
+        looked up as ``add`` stored it (surrounding whitespace removed)."""
+        task = _task_name(task)
         stored = self.store.result(task)
         if stored is None:
             row = self.store.task(task)
@@ -150,15 +148,17 @@ class Job:
         return self.store.set_paused(False)
 
     def cancel(self, tasks: Iterable[str]) -> dict[str, str]:
-        """Cancel tasks by name: what was done for each (see ``Store.cancel``)."""
-        return self.store.cancel(list(tasks))
+        """Cancel tasks by name (looked up as ``add`` stored them): what was done for each (see
+        ``Store.cancel``). A bare ``str`` is refused with ``TypeError``, as by ``add``."""
+        _not_one_name("cancel", tasks)
+        return self.store.cancel([_task_name(task) for task in tasks])
 
     def send(self, task: str, key: str, value: Any) -> str:
         """Send ``value`` (JSON-able, at most 64 KiB of JSON) to ``task``'s ``ctx.wait(key)``, durably:
         ``"delivered"`` when the task was waiting for it (it runs again at once), ``"stored"`` when it is
         kept until the task waits for it. Raises ``UnknownTask`` for a task not in the job, ``NotSent`` for a
         finished task or a second value for a key whose first was not received yet; nothing is stored then."""
-        return waits.send(self.store, task, key, waits.value_text(value))
+        return waits.send(self.store, _task_name(task), key, waits.value_text(value))
 
     def close(self) -> None:
         self.store.close()
@@ -169,3 +169,18 @@ class Job:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+def _not_one_name(method: str, tasks: object) -> None:
+    """Refuse a bare ``str`` or ``bytes`` where an iterable of names is due: iterating it gives characters,
+    each of which would be taken for a task."""
+    if isinstance(tasks, (str, bytes, bytearray)):
+        kind = "a single str" if isinstance(tasks, str) else "bytes"
+        raise TypeError(f"{method}() takes an iterable of task names, not {kind}: write {method}([{tasks!r}])")
+
+
+def _task_name(task: object) -> str:
+    """A task name given to the Python API, as it is stored and looked up (``tasksfile.task_name``);
+    ``TypeError`` for anything but a ``str`` (``str(7)`` or a ``repr`` would name another task)."""
+    if not isinstance(task, str):
+        raise TypeError(f"a task name must be a str, not {type(task).__name__}: {task!r}")
+    return task_name(task)

@@ -71,6 +71,16 @@ def task_name_problem(name: str) -> str | None:
     return None
 
 
+def task_name(text: str) -> str:
+    """The name a task is stored and looked up under, from its text as given (an argument of any command,
+    an item of ``Job.add``, a line of a tasks file): without surrounding whitespace (``str.strip``: spaces,
+    tabs, carriage returns and the other Unicode whitespace; not a byte order mark, which only a tasks
+    file's first line loses, as bytes). Every way in and every lookup goes through here, so that
+    ``onward result ' a '`` finds the task ``onward add ' a '`` stored as ``a``. Not checked: see
+    ``check_task_name``."""
+    return text.strip()
+
+
 def check_task_name(name: str) -> None:
     """Raise ``UsageError`` for a name that no task may have (see ``task_name_problem``)."""
     problem = task_name_problem(name)
@@ -87,7 +97,7 @@ def parse_line(raw: bytes, lineno: int, source: str) -> str | None:
     if len(raw) > MAX_LINE_BYTES:
         raise UsageError(f"{source}: line {lineno} is longer than {MAX_LINE_BYTES} bytes")
     # Bad bytes decode to lone surrogates, which task_name_problem refuses as not UTF-8.
-    text = raw.decode("utf-8", "surrogateescape").strip()
+    text = task_name(raw.decode("utf-8", "surrogateescape"))
     if not text:
         return None
     problem = task_name_problem(text)

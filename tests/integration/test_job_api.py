@@ -448,3 +448,27 @@ def test_paths_may_be_given_as_pathlib_paths(tmp_path: Path) -> None:
     assert (tmp_path / "s.db").is_file() and (tmp_path / "out" / "a.txt").read_text() == "A"
     assert seen == [True] and not marker.exists()  # the marker was kept while the task ran
     job.close()
+
+
+def test_result_send_and_cancel_look_names_up_as_add_stored_them(tmp_path: Path) -> None:
+    """add([" a "]) stores "a"; result(" a ") raised TaskNotDone ("unknown") before, and send and cancel
+    missed the task the same way."""
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        return task.upper()
+
+    job.add([" a "])
+    assert job.run(install_signal_handlers=False).exit_code == 0
+    job.add(["\tc\r\n", "\u3000d\u00a0"])
+    assert job.result("  a\n") == "A"
+    assert job.send(" c ", "approval", True) == "stored"
+    assert job.cancel([" d "]) == {"d": "cancelled"}
+    with pytest.raises(TypeError, match="cancel\\(\\) takes an iterable of task names, not a single str"):
+        job.cancel("c")  # iterating it would cancel a task named "c" by luck, and "ab" as "a" and "b"
+    with pytest.raises(TypeError, match="a task name must be a str, not int"):
+        job.result(5)  # type: ignore[arg-type]  # wrong on purpose
+    assert [(row.name, row.state) for row in job.store.iter_tasks(None)] == [
+        ("a", "done"), ("c", "pending"), ("d", "cancelled")]
+    job.close()

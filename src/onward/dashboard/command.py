@@ -24,7 +24,11 @@ MAX_TOKEN = 512
               help="Port to listen on (0: any free port; the URL printed says which).")
 @click.option("--token", envvar="ONWARD_DASHBOARD_TOKEN", default=None, metavar="TOKEN",
               help="Every request must carry 'Authorization: Bearer TOKEN' (env ONWARD_DASHBOARD_TOKEN).")
-def dashboard_command(db: str | None, job: str, host: str, port: int, token: str | None) -> None:
+@click.option("--origin", "origins", multiple=True, metavar="ORIGIN",
+              help="Public origin the page is served from, as https://HOST[:PORT] (behind a proxy); repeatable."
+                   " Actions are then accepted from exactly these.")
+def dashboard_command(db: str | None, job: str, host: str, port: int, token: str | None,
+                      origins: tuple[str, ...]) -> None:
     """Serve a live page of the job (and its JSON API) on http://127.0.0.1:8765/ until Ctrl-C."""
     from ..redact import hide_secrets_in_argv
     from ..store import open_store
@@ -33,12 +37,13 @@ def dashboard_command(db: str | None, job: str, host: str, port: int, token: str
     if token is not None:
         _check_token(token)
         hide_secrets_in_argv([token])
+    public = _public_origins(origins)
     loopback = _is_loopback(host)
     if not loopback and token is None:
         raise UsageError(f"listening on {host} (not a loopback address) needs a token: give --token or"
                          " ONWARD_DASHBOARD_TOKEN")
     store = open_store(db, create=False, job=job)
-    board = Dashboard(store, token, host, loopback)
+    board = Dashboard(store, token, host, loopback, public)
     try:
         threading.Thread(target=board.idle_between_requests, name="onward-dashboard-idle", daemon=True).start()
         try:
@@ -74,6 +79,20 @@ def _check_token(token: str) -> None:
         raise UsageError("the token is empty")
     if len(token) > MAX_TOKEN or not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
         raise UsageError(f"the token must be 1 to {MAX_TOKEN} printable ASCII characters without spaces")
+
+
+def _public_origins(values: tuple[str, ...]) -> frozenset[str]:
+    """The origins given with --origin, normalised as a browser writes its Origin header; any value that is
+    not exactly an http(s) origin is refused rather than guessed at (a path, a user, another scheme)."""
+    from .server import normalise_origin
+
+    origins = set()
+    for value in values:
+        try:
+            origins.add(normalise_origin(value))
+        except ValueError as e:
+            raise UsageError(f"--origin {value!r}: {e}") from None
+    return frozenset(origins)
 
 
 def _is_loopback(host: str) -> bool:

@@ -13,6 +13,10 @@ Rules every request goes through, in this order (``Handler._guard``):
    ``MAX_BODY`` bytes; a POST whose ``Origin`` is present and is not this server's own is refused. Those
    two stop another site's form or script from changing anything (a cross-site form cannot send that
    content type; a cross-site fetch that can carries its Origin). A GET never changes anything.
+   "This server's own" is ``http://`` + the Host header, unless ``--origin`` names the public origins the
+   page is served from (behind an HTTPS proxy the browser's Origin is the proxy's, never ``http://`` +
+   Host): then exactly those, and their host names pass rule 1 too. ``X-Forwarded-*`` is never read: any
+   client can send it, so it cannot vouch for anything.
 
 The token never reaches a log: requests are not logged by the line (the query string of the page's
 first load holds it), only failures, by method and path.
@@ -65,6 +69,8 @@ SECURITY_HEADERS = {
 }
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+DEFAULT_PORTS = {"http": 80, "https": 443}
+_HOST_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?", re.ASCII)
 _TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s'\"]*", re.IGNORECASE)
 
 
@@ -79,11 +85,16 @@ class Dashboard:
     thread would open one for every connection, the long-lived event streams included.
     """
 
-    def __init__(self, store: Store, token: str | None, host: str, loopback: bool) -> None:
+    def __init__(self, store: Store, token: str | None, host: str, loopback: bool,
+                 origins: frozenset[str] = frozenset()) -> None:
         self.store = store
         self.token = token.encode() if token else None
         self.host = host
         self.loopback = loopback
+        self.origins = origins  # normalised by ``normalise_origin``; empty: the page's own, http:// + Host
+        # The names of those origins: a proxy that passes the browser's Host on (Caddy does by default)
+        # sends one of them, and the operator, who chose them, owns their DNS (no rebinding through them).
+        self.origin_hosts = frozenset(_origin_host(origin) for origin in origins)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
 
@@ -186,7 +197,8 @@ class Handler(BaseHTTPRequestHandler):
     def _guard(self, path: str) -> bool:
         """The Host and token rules (see the module's docstring); answers the request when it fails."""
         board = self.dashboard
-        if board.loopback and _host_name(self.headers.get("Host", "")) not in LOOPBACK_NAMES | {board.host}:
+        host = _host_name(self.headers.get("Host", ""))
+        if board.loopback and host not in LOOPBACK_NAMES | {board.host} and host.lower() not in board.origin_hosts:
             self._error(HTTPStatus.FORBIDDEN, "unknown Host: open the dashboard by the address it printed")
             return False
         if board.token is None or path in STATIC:
@@ -204,7 +216,12 @@ class Handler(BaseHTTPRequestHandler):
         origin = self.headers.get("Origin")
         if origin is None:
             return True  # not a browser's cross-site request (curl, scripts); the token rules still hold
-        return origin == f"http://{self.headers.get('Host', '')}"
+        if not self.dashboard.origins:
+            return origin == f"http://{self.headers.get('Host', '')}"
+        try:
+            return normalise_origin(origin) in self.dashboard.origins
+        except ValueError:
+            return False  # "null" (a sandboxed frame, a file: page), or anything else that names no origin
 
     def _read_body(self) -> bytes | None:
         """The request's body, or None when it has no Content-Length or is larger than ``MAX_BODY``. A body
@@ -373,6 +390,59 @@ def is_loopback(host: str) -> bool:
     Raises ``OSError`` (``socket.gaierror``) or ``UnicodeError`` for a name that does not resolve."""
     infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def normalise_origin(value: str) -> str:
+    """``value`` as the one serialisation a browser sends in ``Origin``: ``scheme://host[:port]``, scheme and
+    host in lowercase, IPv6 in its short form, no default port (80 for http, 443 for https); a single
+    trailing ``/`` (as an address bar shows it) is dropped. Raises ``ValueError`` saying what is wrong for
+    anything else: another scheme, a user, a path, a query, a fragment, a bad port or host, and any
+    character that is not printable ASCII (a browser sends an international name in its ``xn--`` form)."""
+    if not value.isascii() or not value.isprintable() or " " in value:
+        raise ValueError("only printable ASCII without spaces (an international name in its xn-- form)")
+    scheme, sep, rest = value.partition("://")
+    scheme = scheme.lower()
+    if not sep:
+        raise ValueError("no scheme: write it as https://HOST or https://HOST:PORT")
+    if scheme not in DEFAULT_PORTS:
+        raise ValueError("the scheme must be http or https")
+    rest = rest.removesuffix("/")
+    if any(c in rest for c in "/?#@\\"):
+        raise ValueError("an origin is scheme://host[:port] only: no user, path, query or fragment")
+    if rest.startswith("["):  # an IPv6 address, always in brackets (its colons would read as a port)
+        inner, bracket, after = rest[1:].partition("]")
+        if not bracket or (after and not after.startswith(":")):
+            raise ValueError("an IPv6 address is written in brackets: http://[::1]:8765")
+        try:
+            address = ipaddress.IPv6Address(inner)
+        except ValueError:
+            address = None
+        if address is None or address.scope_id:  # a zone (fe80::1%eth0) is never part of an origin
+            raise ValueError(f"{inner!r} is not an IPv6 address")
+        host = f"[{address.compressed}]"
+        port_text = after[1:] if after else None
+    else:
+        name, colon, port_after = rest.partition(":")
+        host, port_text = name.lower(), (port_after if colon else None)
+        labels = host.split(".")
+        if not host or len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+            raise ValueError("the host must be a name (letters, digits, '-', '.') or an IP address")
+        if labels[-1].isdigit():  # what a browser reads as an IPv4 address, and then sends as a dotted quad
+            try:
+                host = str(ipaddress.IPv4Address(host))
+            except ValueError:
+                raise ValueError(f"{host!r} is not an IPv4 address") from None
+    if port_text is None:
+        return f"{scheme}://{host}"
+    if not (port_text.isdigit() and len(port_text) <= 5 and 1 <= int(port_text) <= 65535):
+        raise ValueError("the port must be a number from 1 to 65535")
+    port = int(port_text)
+    return f"{scheme}://{host}" if port == DEFAULT_PORTS[scheme] else f"{scheme}://{host}:{port}"
+
+
+def _origin_host(origin: str) -> str:
+    """The host of a normalised origin, as ``_host_name`` reads it from a Host header (IPv6 unbracketed)."""
+    return _host_name(origin.partition("://")[2])
 
 
 def _host_name(host_header: str) -> str:

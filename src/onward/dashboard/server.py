@@ -124,6 +124,10 @@ class Dashboard:
 class Handler(BaseHTTPRequestHandler):
     server_version = "onward-dashboard"
     protocol_version = "HTTP/1.1"  # keep-alive: the page makes many small calls
+    # The version assumed until the request line says one: the stdlib's HTTP/0.9 answers a malformed line
+    # (and a two-word one, "GET /") with a bare body, without a status line or any header, the security
+    # headers included. Assumed to be 1.0, every answer has both.
+    default_request_version = "HTTP/1.0"
     timeout = 60  # an idle kept-alive connection is closed after this (its thread ends)
     dashboard: Dashboard  # set on the subclass made by ``make_server``
 
@@ -300,8 +304,6 @@ class Handler(BaseHTTPRequestHandler):
         whenever it changes, looked at every second; a comment line in between keeps the stream open."""
         board = self.dashboard
         self.send_response(HTTPStatus.OK)
-        for key, value in SECURITY_HEADERS.items():
-            self.send_header(key, value)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Connection", "close")  # no length: the stream ends when either side closes
         self.send_header("X-Accel-Buffering", "no")
@@ -337,14 +339,31 @@ class Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, body: bytes, content_type: str,
               extra_headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
-        for key, value in {**SECURITY_HEADERS, **(extra_headers or {})}.items():
+        for key, value in (extra_headers or {}).items():
             self.send_header(key, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":  # the stdlib's 501 to a HEAD: the length is said, the body is not sent
+            self.wfile.write(body)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        # Every answer starts here (the API's, the page's files, the event stream, the stdlib's refusals
+        # through send_error below): the security headers are sent in this one place, whatever the path.
+        super().send_response(code, message)
+        for key, value in SECURITY_HEADERS.items():
+            self.send_header(key, value)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib's own refusals, before any of ours could run: a bad request line (400), one too long
+        (414), a header too long or too many (431), a method with no ``do_`` here such as HEAD (501), HTTP/2
+        (505). Answered like the dashboard's own errors, as JSON, instead of the stdlib's HTML page."""
+        text = message or HTTPStatus(code).phrase
+        self.log_error("code %d, message %s", code, text)  # as the stdlib did: what was refused, and why
+        self.close_connection = True  # the rest of the request was not read: the connection cannot go on
+        self._error(code, text)
 
     def version_string(self) -> str:
         return self.server_version

@@ -1,0 +1,114 @@
+"""The dashboard's HTTP server below the API, over raw sockets against the installed ``onward dashboard``:
+the answers the standard library gives on its own (malformed requests, unknown methods)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+from onward.dashboard.server import SECURITY_HEADERS
+from tests.conftest import run_onward
+from tests.dashboard.conftest import Served
+
+
+def make_store(tmp_path: Path) -> str:
+    db = str(tmp_path / "store" / "onward.db")
+    added = run_onward("add", "--db", db, "a", "b")
+    assert added.returncode == 0, added.stderr
+    return db
+
+
+def address(served: Served) -> tuple[str, int]:
+    host, port = served.url.split("//")[1].rstrip("/").rsplit(":", 1)
+    return host, int(port)
+
+
+def exchange(served: Served, request: bytes, until_close: bool = True) -> tuple[bytes, dict[str, str], bytes]:
+    """Send ``request`` whole, read the answer (to the end of the connection, or only its head) and split it:
+    status line, headers (names in lowercase), body. Each request below is sent with nothing after what the
+    server reads before it answers, so that no unread byte turns its close into a reset."""
+    with socket.create_connection(address(served), timeout=30) as conn:
+        conn.sendall(request)
+        received = b""
+        while until_close or b"\r\n\r\n" not in received:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status.encode("latin-1"), headers, body
+
+
+def assert_secured(what: str, status: bytes, headers: dict[str, str], expected_status: int) -> None:
+    assert status.startswith(b"HTTP/1.1 %d " % expected_status), (what, status, headers)
+    for name, value in SECURITY_HEADERS.items():
+        assert headers.get(name.lower()) == value, (what, name, headers)
+
+
+# Each request the standard library refuses before the dashboard's code runs, and its status.
+LONG_LINE = b"GET /" + b"x" * (65537 - len(b"GET /"))  # 65537 bytes, no end of line: the most it reads
+REFUSED_BY_THE_STDLIB = [
+    ("a request line over 64 KiB", LONG_LINE, 414),
+    ("a header line over 64 KiB", b"GET / HTTP/1.1\r\nX-Long: " + b"y" * 65537, 431),
+    ("101 headers", b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(101)), 431),
+    ("HEAD", b"HEAD /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 501),
+    ("an unknown method", b"BREW /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 501),
+    ("a request line of four words", b"GET /?token=x HTTP/1.1 extra\r\n", 400),
+    ("a bad version", b"GET / HTTP/1.x\r\n", 400),
+    ("a request line of one word", b"GARBAGE\r\n", 400),
+    ("a two-word POST (HTTP/0.9)", b"POST /api/pause\r\n", 400),
+    ("HTTP/2.0", b"GET /api/status HTTP/2.0\r\n", 505),
+]
+
+
+def test_every_answer_carries_the_security_headers_the_stdlibs_own_refusals_too(tmp_path: Path,
+                                                                                  dashboard: Any) -> None:
+    """Was: the stdlib's own refusals (414, 431, 501 for HEAD, 400 for a bad request line, 505) came as its
+    HTML page without the security headers, and those to a malformed request line without a status line
+    or any header at all (answered as HTTP/0.9). Now each is JSON like the dashboard's errors, with the
+    same headers as every other answer, and the connection is closed after it."""
+    db = make_store(tmp_path)
+    served: Served = dashboard(db)
+    for what, request, code in REFUSED_BY_THE_STDLIB:
+        status, headers, body = exchange(served, request)
+        assert_secured(what, status, headers, code)
+        assert headers["content-type"] == "application/json" and headers.get("connection") == "close", (what, headers)
+        if request.startswith(b"HEAD "):  # a HEAD's answer has no body; its length is the GET's would-be one
+            assert body == b"" and int(headers["content-length"]) > 0, (what, body)
+        else:
+            assert int(headers["content-length"]) == len(body), (what, headers, body)
+            answer = json.loads(body)
+            assert set(answer) == {"error"} and isinstance(answer["error"], str), (what, body)
+    # A two-word GET (HTTP/0.9) is served, with its headers: the stdlib sent the bare page.
+    status, headers, body = exchange(served, b"GET /\r\nHost: 127.0.0.1\r\n\r\n")
+    assert_secured("a two-word GET", status, headers, 200)
+    assert headers["content-type"].startswith("text/html") and body.startswith(b"<!")
+    # The dashboard's own answers, each path that writes one: the same headers.
+    host, port = address(served)
+    own = [("the page", "/", 200), ("the script", "/static/app.js", 200), ("the status", "/api/status", 200),
+           ("the metrics", "/metrics", 200), ("a missing page", "/nope", 404), ("a bad query", "/api/tasks?limit=0", 400),
+           ("an unknown task", "/api/tasks/nobody", 404)]
+    for what, path, code in own:
+        status, headers, _ = exchange(served, f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+                                      .encode())
+        assert_secured(what, status, headers, code)
+    status, headers, _ = exchange(served, b"GET /api/status HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+    assert_secured("a foreign Host", status, headers, 403)
+    status, headers, _ = exchange(served, f"GET /api/events HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode(),
+                                  until_close=False)
+    assert_secured("the event stream", status, headers, 200)
+    status, headers, _ = exchange(served, f"DELETE /api/pause HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: 0"
+                                          "\r\nConnection: close\r\n\r\n".encode())
+    assert_secured("a DELETE", status, headers, 405)
+    assert served.get("/api/status").status == 200  # still serving
+    assert served.stop() == 0
+    _, err = served.process.communicate(timeout=30)
+    assert b"Traceback" not in err, err.decode(errors="replace")
+    assert b"token=x" not in err  # the server's log of a malformed request line blanks a token in it

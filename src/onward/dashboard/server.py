@@ -392,6 +392,11 @@ def make_server(board: Dashboard, host: str, port: int) -> ThreadingHTTPServer:
     class Server(ThreadingHTTPServer):
         address_family = family
         daemon_threads = True  # event streams never end by themselves: they must not hold the exit
+        # The listen backlog: connections the kernel completes before the server accepts them. The
+        # stdlib's 5 let a burst overflow it (a page's calls, a scraper, a script retrying 400 tasks at
+        # once): the kernel then drops the handshakes beyond it, and those clients waited for seconds,
+        # got no answer at all or a reset. The kernel caps it at net.core.somaxconn (4096 since Linux 5.4).
+        request_queue_size = 1024
 
         def handle_error(self, request: Any, client_address: Any) -> None:
             # A client that went away mid-request (a tab closed, a scrape timed out, a reset): its

@@ -423,12 +423,12 @@ def test_a_max_retry_delay_that_is_not_a_finite_number_of_seconds_is_refused(val
 def test_task_settings_and_the_task_function_are_checked_when_registered(tmp_path: Path) -> None:
     job = Job(str(tmp_path / "s.db"), log_level=QUIET)
     with pytest.raises(UsageError) as refused:
-        job.task(timeout="600")(lambda task, ctx: task)  # type: ignore[arg-type]  # wrong on purpose
+        job.task(timeout="600")(lambda task, ctx: task)  # type: ignore[call-overload]  # wrong on purpose
     assert_refuses_the_type(str(refused.value), "timeout", "600")
     # @job.task("prefix") (the policy given without replay=) was taken as the task function; every attempt
     # then failed with "'str' object is not callable".
     with pytest.raises(UsageError, match="@job.task takes a function, not str: 'prefix'"):
-        job.task("prefix")
+        job.task("prefix")  # type: ignore[call-overload]  # wrong on purpose
     job.close()
 
 

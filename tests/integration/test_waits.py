@@ -359,7 +359,7 @@ def test_a_bad_number_of_seconds_for_sleep_or_wait_fails_the_task_saying_what_is
             continue
         last_line = (row.error or "").strip().splitlines()[-1:]
         if row.state != "failed" or last_line != [f"onward.errors.UsageError: {says}"] or method in recorded:
-            wrong.append((name, row.state, last_line, recorded))
+            wrong.append((name, (row.state, last_line, recorded)))
     job.close()
     assert wrong == []
 

@@ -27,10 +27,10 @@ from .context import TaskContext
 from .errors import TaskNotDone, UsageError
 from .keepawake import marker_path
 from .log import NORMAL, Log
-from .outdir import OutDir
+from .outdir import OutDir, owner_of
 from .settle import RunSummary
 from .steps import REPLAY_POLICIES, STRICT
-from .store import open_store, store_url
+from .store import is_postgres_url, open_store, store_url
 from .store.base import Stats, Store
 from .tasksfile import check_task_name, task_name
 from .worker import run_worker
@@ -116,7 +116,10 @@ class Job:
             raise UsageError("no task function: decorate one with @job.task")
         config = replace(self.config, **overrides)
         marker = marker_path(self.keep_awake)
-        out = OutDir(self.out) if self.out else None
+        # Marked as this job's, as the CLI's --out is: two jobs writing one folder would overwrite each other's
+        # results (README, "--out DIR").
+        out = OutDir(self.out, owner=owner_of(self.url, self.name, postgres=is_postgres_url(self.url))) \
+            if self.out else None
         try:
             handler = PythonHandler(self._fn, replay=self._replay, park_sleeps_over=config.park_sleeps_over)
             return run_worker(self.store, handler, config, self.log, url=self.url, out=out, keep_awake=marker)

@@ -472,3 +472,30 @@ def test_result_send_and_cancel_look_names_up_as_add_stored_them(tmp_path: Path)
     assert [(row.name, row.state) for row in job.store.iter_tasks(None)] == [
         ("a", "done"), ("c", "pending"), ("d", "cancelled")]
     job.close()
+
+
+def test_a_jobs_output_folder_is_marked_as_its_own_as_the_clis_is(tmp_path: Path) -> None:
+    """Job(out=DIR) marks DIR as its job's, like `onward run --out DIR`: another store's job (through the
+    Python API or the CLI) is refused there before it writes anything, and the same job's CLI run is not."""
+    out = tmp_path / "out"
+    first = Job(str(tmp_path / "one.db"), out=str(out), log_level=QUIET)
+    first.task(lambda task, ctx: f"one:{task}")
+    first.add(["a"])
+    first.run()
+    first.close()
+    assert (out / "a.txt").read_text() == "one:a"
+
+    second = Job(str(tmp_path / "two.db"), out=str(out), log_level=QUIET)
+    second.task(lambda task, ctx: f"two:{task}")
+    second.add(["a"])
+    with pytest.raises(UsageError, match="output folder"):
+        second.run()
+    assert second.store.counts()["done"] == 0
+    second.close()
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\n")
+    r = run_onward("run", "--db", str(tmp_path / "three.db"), "--tasks", str(tasks), "--out", str(out), "--", "echo", "x")
+    assert r.returncode == 2 and b"output folder" in r.stderr, r.stderr
+    assert (out / "a.txt").read_text() == "one:a"
+    same = run_onward("run", "--db", str(tmp_path / "one.db"), "--out", str(out), "--", "echo", "x")
+    assert same.returncode == 0, same.stderr

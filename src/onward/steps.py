@@ -48,6 +48,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,6 +137,20 @@ class StepSpec:
             self.name.encode("utf-8")
         except UnicodeEncodeError:
             raise UsageError(f"a step's name is not valid Unicode: {self.name!r}") from None
+        # Checked where the step is declared: a NaN backoff was taken, and made every retry's wait NaN (an
+        # error deep in the task's thread at its first failure); True tries was a slip taken for 1.
+        if not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool) or self.max_attempts < 1:
+            raise UsageError(f"step {self.name!r}: max_attempts must be a whole number, at least 1 (got {self.max_attempts!r})")
+        for what in ("backoff", "max_backoff"):
+            value = getattr(self, what)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise UsageError(f"step {self.name!r}: {what} must be a finite number of seconds, 0 or more"
+                                 f" (got {value!r:.60})")
+        if not all(isinstance(kind, type) and issubclass(kind, BaseException)
+                                        for kind in self.retry_on):
+            raise UsageError(f"step {self.name!r}: retry_on must be an exception class or a tuple of them"
+                             f" (got {self.retry_on!r:.60})")
 
     def delay(self, failures: int) -> float:
         """The wait before the next try, after ``failures`` failed tries: backoff, 2*backoff, 4*backoff..."""
@@ -278,11 +293,8 @@ def step(fn: Any = None, *, name: str | None = None, max_attempts: int = 1,
     the function makes a resumed task drift, so pin a name on steps whose code may move. ``max_attempts``,
     ``retry_on`` and ``backoff``: the body is retried in place on those exceptions, waiting backoff,
     2*backoff, ... (at most ``max_backoff``) seconds; only the final outcome is recorded. ``serializer``:
-    how the value is stored (JSON by default)."""
-    if max_attempts < 1:
-        raise UsageError(f"max_attempts must be at least 1 (got {max_attempts})")
-    if backoff < 0 or max_backoff < 0:
-        raise UsageError("backoff cannot be negative")
+    how the value is stored (JSON by default). Each setting is checked where the function is decorated
+    (``StepSpec``)."""
     retry = retry_on if isinstance(retry_on, tuple) else (retry_on,)
 
     def decorate(f: F) -> F:

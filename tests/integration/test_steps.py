@@ -911,3 +911,21 @@ def test_status_logs_and_steps_command_show_recorded_and_replayed_steps(
     assert as_json[5] == {**as_json[5], "index": 6, "step": "gate#1", "kind": "value", "size": 1, "attempt": 2}
     missing = run_onward("steps", "--db", sqlite_url, "nope")
     assert missing.returncode == 1 and b"no task 'nope'" in missing.stderr
+
+
+@pytest.mark.parametrize("settings", [
+    {"backoff": float("nan")}, {"backoff": float("inf")}, {"backoff": -1}, {"backoff": "1"}, {"backoff": None},
+    {"max_backoff": float("nan")}, {"max_backoff": -0.5}, {"max_attempts": 0}, {"max_attempts": 2.5},
+    {"max_attempts": True}, {"max_attempts": "3"}, {"retry_on": "TimeoutError"}, {"retry_on": (TimeoutError, 5)},
+])
+def test_a_step_declared_with_a_bad_setting_is_refused_where_it_is_declared(settings: dict[str, Any]) -> None:
+    """At the decorator, naming the step and the setting: a NaN backoff was taken, and every retry's wait
+    was then NaN."""
+    with pytest.raises(UsageError) as refused:
+        step(name="fetch", **settings)(lambda: None)
+    message = str(refused.value)
+    assert "'fetch'" in message and next(iter(settings)) in message and "\n" not in message
+
+
+def test_a_step_may_retry_on_nothing_and_back_off_not_at_all() -> None:
+    step(name="once", retry_on=(), backoff=0, max_backoff=0)(lambda: None)

@@ -10,6 +10,7 @@ and fence that recorded it (``onward status`` counts records of earlier claims a
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import pickle
 from collections.abc import Sequence
@@ -129,14 +130,59 @@ def idempotency_key(task: str, name: str, index: int) -> str:
     return "onward-" + digest[:32]
 
 
+# Header values that are credentials. An HTTP client's exception carries the request it failed on, headers
+# and all (anthropic's and httpx's do): pickled as it is, the API key would be stored in the step's record.
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key",
+                            "cookie", "set-cookie", "x-amz-security-token"})
+REDACTED = "[redacted]"
+HTTPX_MODULES = frozenset({"httpx", "httpx2"})  # the OpenAI and Anthropic SDKs' HTTP client, by either name
+
+
 def encode_error(e: BaseException) -> tuple[str, bytes]:
-    try:
-        data = pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL)
-        pickle.loads(data)  # some exceptions pickle but cannot be rebuilt (their __init__ wants other args)
-        return "pickle", data
-    except Exception:
-        return "json", json.dumps({"type": f"{type(e).__module__}.{type(e).__qualname__}",
-                                   "message": str(e)}).encode()
+    """An exception as a step's record, so that a replay raises it again and a task that caught it takes
+    the same path. Pickled, with every credential header of an HTTP request or response it holds replaced
+    by ``REDACTED``. An exception that pickles but cannot be rebuilt that way (its ``__init__`` takes other
+    arguments than its ``args``: every error of the OpenAI SDK) is rebuilt without calling its ``__init__``:
+    its class, ``args`` and attributes. Only when neither round trip works, its type's name and message
+    (replayed as ``StepError``)."""
+    for rebuild in (False, True):
+        try:
+            out = io.BytesIO()
+            _ErrorPickler(out, rebuild).dump(e)
+            data = out.getvalue()
+            if isinstance(pickle.loads(data), type(e)):
+                return "pickle", data
+        except Exception:
+            continue
+    return "json", json.dumps({"type": f"{type(e).__module__}.{type(e).__qualname__}",
+                               "message": str(e)}).encode()
+
+
+class _ErrorPickler(pickle.Pickler):
+    def __init__(self, out: io.BytesIO, rebuild: bool) -> None:
+        super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
+        self.rebuild = rebuild
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind.__name__ == "Headers" and kind.__module__.split(".")[0] in HTTPX_MODULES:
+            return kind, ([(name, REDACTED if name.lower() in SECRET_HEADERS else value)
+                           for name, value in obj.multi_items()],)
+        if kind.__name__ == "CaseInsensitiveDict" and kind.__module__.split(".")[0] == "requests":
+            return kind, ({name: REDACTED if name.lower() in SECRET_HEADERS else value
+                           for name, value in obj.items()},)
+        if self.rebuild and isinstance(obj, BaseException):
+            return _rebuilt_exception, (kind, obj.args, dict(getattr(obj, "__dict__", {})))
+        return NotImplemented
+
+
+def _rebuilt_exception(kind: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    """An exception of class ``kind`` with these ``args`` and attributes, made without its ``__init__``
+    (``encode_error``)."""
+    e = kind.__new__(kind, *args)
+    e.args = args
+    e.__dict__.update(state)
+    return e
 
 
 def decode_error(f: Frame) -> BaseException:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from onward import Job
+from onward import Job, step
 from onward.log import QUIET
 from onward.steps import idempotency_key
 from tests.integrations.conftest import Stub
@@ -242,3 +242,80 @@ def test_concurrent_tasks_sharing_a_client_each_record_their_own_calls(tmp_path:
     keys = [c["key"] for c in stub.calls()]
     assert len(keys) == 9 == len(set(keys))  # three calls a task, each its own key, none replayed by a call
     assert set(keys) == {idempotency_key(n, "openai.chat.completions.create", i) for n in names for i in (1, 2, 3)}
+
+
+class RefusingModel:
+    """A model server that answers every call 429 (rate limited), counting them."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        model = self
+        self.calls = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                model.calls += 1
+                body = json.dumps({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}})
+                self.send_response(429)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic", "anthropic-token"])
+def test_a_provider_error_the_task_caught_replays_as_itself_and_keeps_no_api_key(tmp_path: Path, sdk: str) -> None:
+    """A 429 the task catches (and falls back from) is recorded, and raised again on replay as the SDK's
+    own RateLimitError, so that the same ``except`` takes the same path without a call. OpenAI's errors
+    could not be rebuilt by pickle (their __init__ takes keyword arguments) and replayed as StepError,
+    which no ``except openai.RateLimitError`` catches: the task failed for good. Anthropic's were pickled
+    with the request they failed on, headers and all: the API key was in the store."""
+    secret = "sk-TOPSECRET-" + sdk
+    model = RefusingModel()
+    try:
+        if sdk == "openai":
+            client: Any = durable_openai.durable(openai.OpenAI(base_url=model.url + "/v1", api_key=secret,
+                                                               max_retries=0))
+            limited: type[BaseException] = openai.RateLimitError
+
+            def ask() -> Any:
+                return client.chat.completions.create(model="m", messages=ASK)
+        else:
+            credential = {"auth_token" if sdk.endswith("token") else "api_key": secret}
+            client = durable_anthropic.durable(anthropic.Anthropic(base_url=model.url, max_retries=0, **credential))
+            limited = anthropic.RateLimitError
+
+            def ask() -> Any:
+                return client.messages.create(model="m", max_tokens=10, messages=ASK)
+
+        @step(name="fallback")
+        def fallback(why: str) -> str:  # a step after the error: a trailing error record would be run again
+            return f"fell back after {why}"
+
+        def body() -> str:
+            try:
+                ask()
+            except limited as e:
+                return fallback(f"{type(e).__name__} {getattr(e, 'status_code', None)}")
+            return "no error"
+        assert run_twice(tmp_path, body) == ["fell back after RateLimitError 429"] * 2
+        assert model.calls == 1  # the replay raised the recorded error without a call
+    finally:
+        model.close()
+    for path in tmp_path.iterdir():
+        if path.name.startswith("job.db"):
+            assert b"TOPSECRET" not in path.read_bytes(), path

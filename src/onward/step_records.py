@@ -13,11 +13,13 @@ import hashlib
 import io
 import json
 import pickle
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import OnwardError, StoreError, UsageError
+from .log import one_line
 from .results import json_problem
 from .store.base import StepRecord
 
@@ -150,7 +152,7 @@ def encode_error(e: BaseException) -> tuple[str, bytes]:
             out = io.BytesIO()
             _ErrorPickler(out, rebuild).dump(e)
             data = out.getvalue()
-            if isinstance(pickle.loads(data), type(e)):
+            if isinstance(_load_error(data), type(e)):  # as a replay will load it
                 return "pickle", data
         except Exception:
             continue
@@ -179,21 +181,60 @@ class _ErrorPickler(pickle.Pickler):
 def _rebuilt_exception(kind: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
     """An exception of class ``kind`` with these ``args`` and attributes, made without its ``__init__``
     (``encode_error``)."""
+    if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+        raise pickle.UnpicklingError(f"{kind!r} is not an exception class")
     e = kind.__new__(kind, *args)
     e.args = args
     e.__dict__.update(state)
     return e
 
 
+# What an error record may name besides exception classes (see _ErrorUnpickler).
+_ERROR_RECORD_GLOBALS = frozenset({
+    ("copyreg", "_reconstructor"), ("copyreg", "__newobj__"), ("copyreg", "__newobj_ex__"),
+    ("builtins", "object"), ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
+    ("builtins", "complex"), ("builtins", "slice"), ("builtins", "range"),
+    ("collections", "OrderedDict"), ("collections", "deque"),
+    ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"), ("datetime", "timedelta"),
+    ("datetime", "timezone"), ("decimal", "Decimal"), ("uuid", "UUID"),
+    ("onward.step_records", "_rebuilt_exception"),
+})
+_HTTP_PACKAGES = HTTPX_MODULES | {"requests", "urllib3"}  # the requests and responses errors carry
+
+
+class _ErrorUnpickler(pickle.Unpickler):
+    """Loads an error record naming only what an exception needs: exception classes, the HTTP clients'
+    request and response classes, and a few plain value types (``_ERROR_RECORD_GLOBALS``); each from a
+    module this process has imported already (the task's code imported it before it could raise it), so
+    that loading imports nothing. A record is a step's, in a store others may write to (a PostgreSQL
+    database's other users): unrestricted, a planted record would run any code it names in every worker
+    that resumes the task. A user's values are another matter: ``serializer=PICKLE`` is their explicit
+    choice, documented as for trusted stores only."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        loaded = sys.modules.get(module)
+        found = getattr(loaded, name, None) if loaded is not None and "." not in name else None
+        if found is not None and ((module, name) in _ERROR_RECORD_GLOBALS or (
+                isinstance(found, type) and (issubclass(found, BaseException)
+                                             or module.split(".")[0] in _HTTP_PACKAGES))):
+            return found
+        raise pickle.UnpicklingError(f"an error record may not name {module}.{name}")
+
+
+def _load_error(data: bytes) -> Any:
+    return _ErrorUnpickler(io.BytesIO(data)).load()
+
+
 def decode_error(f: Frame) -> BaseException:
     if f.serializer == "pickle":
         try:
-            e = pickle.loads(f.payload)
+            e = _load_error(f.payload)
             if isinstance(e, BaseException):
                 return e
-        except Exception:
-            pass
-        return StepError("a recorded step error could not be rebuilt")
+            why = f"it holds a {type(e).__name__}, not an exception"
+        except Exception as error:
+            why = one_line(str(error), 200)
+        return StepError(f"a recorded step error could not be rebuilt: {why}")
     info = json.loads(f.payload)
     return StepError(f"{info['type']}: {info['message']}")
 

@@ -929,3 +929,51 @@ def test_a_step_declared_with_a_bad_setting_is_refused_where_it_is_declared(sett
 
 def test_a_step_may_retry_on_nothing_and_back_off_not_at_all() -> None:
     step(name="once", retry_on=(), backoff=0, max_backoff=0)(lambda: None)
+
+
+def test_a_planted_error_record_cannot_run_code_in_the_worker_that_resumes(tmp_path: Path) -> None:
+    """An error record is loaded by a restricted unpickler: exception classes and the HTTP clients' request
+    and response types from modules already imported, nothing else. Someone who can write to the store (a
+    PostgreSQL database's other users) but not run code on the workers' hosts planted a record that named
+    os.system, and every worker that resumed the task ran it."""
+    import pickle
+    import sqlite3
+
+    db = str(tmp_path / "s.db")
+    planted = tmp_path / "planted-ran"
+    seen: list[str] = []
+    job = Job(db, retry_delay=0, max_attempts=2, log_level=QUIET)
+
+    @step(name="risky")
+    def risky() -> None:
+        raise ValueError("the first time")
+
+    @job.task
+    def task(name: str, ctx: TaskContext) -> str:
+        try:
+            risky()
+        except Exception as e:  # noqa: BLE001  (what was raised, or replayed, is what is checked)
+            seen.append(f"{type(e).__name__}: {e}")
+        ctx.step("after", lambda: 1)  # the error is not the last record: it is replayed, not run again
+        if len(seen) == 1:
+            raise RuntimeError("end the first attempt")
+        return "done"
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return os.system, (f"touch {planted}",)
+
+    job.add(["t"])
+    assert job.run(max_attempts=1).exit_code == 3  # the first attempt: both steps recorded, then failed
+    with sqlite3.connect(db) as c:
+        (data,) = c.execute("SELECT data FROM steps WHERE kind = 'error'").fetchone()
+        head = bytes(data).partition(b"\n")[0]
+        assert head.startswith(b"pickle ")
+        c.execute("UPDATE steps SET data = ? WHERE kind = 'error'", (head + b"\n" + pickle.dumps(Payload()),))
+    c.close()
+    assert run_onward("retry", "--db", db, "t").returncode == 0
+    assert job.run().exit_code == 0
+    job.close()
+    assert not planted.exists()
+    assert seen[0] == "ValueError: the first time"
+    assert seen[1].startswith("StepError: a recorded step error could not be rebuilt: an error record may not name")

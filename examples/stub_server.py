@@ -16,6 +16,13 @@ streamed, the question and the turn: how many tool results the conversation had)
 "repeated_keys" counts calls whose key an earlier call already had: a durable agent repeats at most the one
 call in flight at a crash. The answers depend only on the conversation, so a run that resumed ends with the
 same answer as one that was never interrupted.
+
+Faults, asked for by the request's model name (any other name is answered as above):
+
+- ``error-after-N``: a stream sends N events, then the provider's error event (Anthropic's ``event: error``,
+  OpenAI's ``data: {"error": ...}``), as a server overloaded mid-answer does;
+- ``half-emoji``: the chat answer's text ends with a lone surrogate escape (``\\ud83d``), valid JSON that a
+  model cut inside an emoji sends.
 """
 
 from __future__ import annotations
@@ -216,6 +223,13 @@ ROUTES: dict[str, tuple[Any, Any, Any]] = {
 
 
 # --- the HTTP side ------------------------------------------------------------------------------------
+# The error event a provider sends in the middle of a stream (``error-after-N``).
+STREAM_ERRORS = {
+    "messages": b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error",'
+                b' "message": "Overloaded"}}\n\n',
+    "openai": b'data: {"error": {"message": "server error mid-stream", "type": "server_error"}}\n\n',
+}
+
 class CallLog:
     """Every call, one JSON line each, appended to a file (or kept in memory)."""
 
@@ -272,6 +286,11 @@ def make_server(port: int = 0, *, delay: float = 0.0, chunk_delay: float = 0.0,
                          "question": question, "turn": len(results), "t": time.time()})
             time.sleep(delay)  # a model takes its time
             reply = reply_of(body, n)
+            model = str(body.get("model", ""))
+            if model == "half-emoji" and reply.get("object") == "chat.completion":
+                message = reply["choices"][0]["message"]
+                message["content"] = (message.get("content") or "") + "\ud83d"
+            error_after = int(model.removeprefix("error-after-")) if model.startswith("error-after-") else None
             try:
                 if not stream:
                     self._send(200, json.dumps(reply).encode())
@@ -281,7 +300,12 @@ def make_server(port: int = 0, *, delay: float = 0.0, chunk_delay: float = 0.0,
                 self.send_header("Cache-Control", "no-cache")
                 self.send_header("Connection", "close")
                 self.end_headers()
-                for event in events_of(reply):
+                for i, event in enumerate(events_of(reply)):
+                    if i == error_after:
+                        self.wfile.write(STREAM_ERRORS["messages" if self.path.startswith("/v1/messages") else "openai"])
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return
                     name = f"event: {event['type']}\n" if "type" in event else ""
                     self.wfile.write(f"{name}data: {json.dumps(event)}\n\n".encode())
                     self.wfile.flush()

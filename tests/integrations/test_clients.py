@@ -319,3 +319,53 @@ def test_a_provider_error_the_task_caught_replays_as_itself_and_keeps_no_api_key
     for path in tmp_path.iterdir():
         if path.name.startswith("job.db"):
             assert b"TOPSECRET" not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_an_error_in_the_middle_of_a_stream_replays_after_the_same_chunks(tmp_path: Path, stub: Stub, sdk: str,
+                                                                         is_async: bool) -> None:
+    """The provider sends two events, then an error event; the task catches the SDK's error around its loop
+    (where the SDK raises it) and falls back. The replay yields the two events again and raises the same
+    error from the iteration, inside the same ``try``. It was raised at ``create()``, before any chunk and
+    outside the ``try``: the resumed task failed, every attempt after it too."""
+    ask = [{"role": "user", "content": "Multiply 2 3"}]
+    if sdk == "openai":
+        error: type[BaseException] = openai.APIError
+        client: Any = durable_openai.durable((openai.AsyncOpenAI if is_async else openai.OpenAI)(
+            base_url=stub.base_url, api_key="stub", max_retries=0))
+        create = client.chat.completions.create
+        kwargs: dict[str, Any] = {"model": "error-after-2", "messages": ask, "stream": True}
+    else:
+        error = anthropic.APIError
+        client = durable_anthropic.durable((anthropic.AsyncAnthropic if is_async else anthropic.Anthropic)(
+            base_url=stub.url, api_key="stub", max_retries=0))
+        create = client.messages.create
+        kwargs = {"model": "error-after-2", "max_tokens": 9, "messages": ask, "stream": True}
+
+    @step(name="fallback")
+    def fallback(why: str) -> str:
+        return f"fell back: {why}"
+
+    def sync_body() -> tuple[list[Any], str]:
+        chunks: list[Any] = []
+        try:
+            for chunk in create(**kwargs):
+                chunks.append(chunk)
+        except error as e:
+            return chunks, fallback(f"{type(e).__name__} after {len(chunks)} chunks")
+        return chunks, "no error"
+
+    async def async_body() -> tuple[list[Any], str]:
+        chunks: list[Any] = []
+        try:
+            async for chunk in await create(**kwargs):
+                chunks.append(chunk)
+        except error as e:
+            return chunks, fallback(f"{type(e).__name__} after {len(chunks)} chunks")
+        return chunks, "no error"
+
+    first, replayed = run_twice(tmp_path, async_body if is_async else sync_body, is_async)
+    assert first[1].startswith("fell back:") and first[1].endswith("after 2 chunks")
+    assert replayed == first  # the same chunks, then the same error, of the same class
+    assert stub.count() == 1  # the replay made no call

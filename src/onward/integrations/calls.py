@@ -9,12 +9,15 @@ Streams: a stream step takes its call index when the stream is opened; each chun
 as it arrives and kept; the chunks are committed as the step's value when the caller reaches the end of the
 stream. A stream the caller leaves before its end (``break``, ``close()``, an exception in the caller)
 records nothing: on resume that call runs again. An error raised by the call is recorded like a step's
-error (and, being the last record, run again by the next attempt).
+error: one raised when the stream is opened is raised again there on replay; one the stream raises after
+some chunks is recorded with those chunks, and a replayed stream yields them and then raises it from the
+caller's iteration, so that a task that caught it inside its loop takes the same path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -22,11 +25,13 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import OnwardError, StoreError
 from ..step_log import StepLog
-from ..step_records import ERROR, JSON, VALUE, decode_error, encode_error, idempotency_key
+from ..step_records import ERROR, JSON, VALUE, Frame, decode_error, encode_error, idempotency_key
 from ..steps import StepContext, StepSpec, active_context, current_step_key, run_step, run_step_async
 
 T = TypeVar("T")
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+# The serializer of an error record holding the chunks a stream yielded before it raised the error.
+STREAM_ERROR = "stream-error"
 
 
 # --- SDK response objects <-> JSON ------------------------------------------------------------------------
@@ -132,19 +137,43 @@ class _StreamStep:
                         JSON.dumps(encode(self.chunks)))
 
     def fail(self, e: BaseException) -> None:
+        """The call raised ``e`` before it returned a stream."""
         kind, data = encode_error(e)
         self.log.record(self.index, self.name, ERROR, kind, time.monotonic() - self.started, data)
 
+    def fail_midway(self, e: BaseException, encode: Callable[[list[Any]], Any]) -> None:
+        """The stream raised ``e`` after the chunks seen so far: both are the record, so that a replay
+        yields the same chunks before it raises the same error."""
+        kind, data = encode_error(e)
+        record = {"chunks": encode(self.chunks), "error": {"serializer": kind, "data": base64.b64encode(data).decode()}}
+        self.log.record(self.index, self.name, ERROR, STREAM_ERROR, time.monotonic() - self.started,
+                        JSON.dumps(record))
 
-def _open(ctx: StepContext, name: str) -> tuple[_StreamStep | None, list[Any] | None]:
-    """Take the stream's call index: (the step to run, None) or (None, the recorded chunks' record)."""
+
+class _Recorded:
+    """A stream step's record: the chunks' record, and the error the stream raised after them (if any)."""
+
+    def __init__(self, chunks: Any, error: BaseException | None = None) -> None:
+        self.chunks, self.error = chunks, error
+
+
+def _open(ctx: StepContext, name: str) -> tuple[_StreamStep | None, _Recorded | None]:
+    """Take the stream's call index: (the step to run, None) or (None, what was recorded)."""
     log = ctx.step_log
     index, record = log.begin(name, VALUE)
     if record is not None:
         f = log.replayed_one(record)
-        if record.kind == ERROR:
-            raise decode_error(f)
-        return None, JSON.loads(f.payload)
+        if record.kind != ERROR:
+            return None, _Recorded(JSON.loads(f.payload))
+        if f.serializer != STREAM_ERROR:
+            raise decode_error(f)  # raised when the stream was opened: raised there again
+        try:
+            data = JSON.loads(f.payload)
+            error = data["error"]
+            inner = Frame(error["serializer"], f.seconds, f.attempt, f.fence, base64.b64decode(error["data"]))
+            return None, _Recorded(data["chunks"], decode_error(inner))
+        except (KeyError, TypeError, ValueError) as e:
+            raise StoreError(f"a recorded stream error is not in the expected form ({e!r})") from None
     ctx.check()  # stopping or cancelled: do not pay for a call whose result could not be kept
     return _StreamStep(log, name, index), None
 
@@ -174,7 +203,7 @@ class RecordingStream(Generic[T]):
             raise
         except BaseException as e:
             if _recordable(e):
-                self._step.fail(e)
+                self._step.fail_midway(e, self._encode)
             raise
         self._step.chunks.append(chunk)
         return chunk
@@ -193,16 +222,23 @@ class RecordingStream(Generic[T]):
 
 
 class ReplayedStream(Generic[T]):
-    """A recorded stream's chunks, yielded again without a call."""
+    """A recorded stream's chunks, yielded again without a call, then the error the stream raised after
+    them, if it did."""
 
-    def __init__(self, chunks: list[T]) -> None:
-        self._chunks = iter(chunks)
+    def __init__(self, chunks: list[T], error: BaseException | None = None) -> None:
+        self._chunks, self._error = iter(chunks), error
 
     def __iter__(self) -> ReplayedStream[T]:
         return self
 
     def __next__(self) -> T:
-        return next(self._chunks)
+        try:
+            return next(self._chunks)
+        except StopIteration:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error from None
+            raise
 
     def __enter__(self) -> ReplayedStream[T]:
         return self
@@ -234,7 +270,7 @@ class AsyncRecordingStream(Generic[T]):
             raise
         except BaseException as e:
             if _recordable(e):
-                await asyncio.to_thread(self._step.fail, e)
+                await asyncio.to_thread(self._step.fail_midway, e, self._encode)
             raise
         self._step.chunks.append(chunk)
         return chunk
@@ -253,10 +289,10 @@ class AsyncRecordingStream(Generic[T]):
 
 
 class AsyncReplayedStream(Generic[T]):
-    """A recorded stream's chunks, yielded again without a call."""
+    """``ReplayedStream`` for ``async for``."""
 
-    def __init__(self, chunks: list[T]) -> None:
-        self._chunks = iter(chunks)
+    def __init__(self, chunks: list[T], error: BaseException | None = None) -> None:
+        self._chunks, self._error = iter(chunks), error
 
     def __aiter__(self) -> AsyncReplayedStream[T]:
         return self
@@ -265,6 +301,9 @@ class AsyncReplayedStream(Generic[T]):
         try:
             return next(self._chunks)
         except StopIteration:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error from None
             raise StopAsyncIteration from None
 
     async def __aenter__(self) -> AsyncReplayedStream[T]:
@@ -288,7 +327,8 @@ def durable_stream(name: str, call: Callable[[str | None], Any], encode: Callabl
         ctx.step_log.load()
     step, recorded = _open(ctx, name)
     if step is None:
-        return ReplayedStream(decode(recorded))
+        assert recorded is not None
+        return ReplayedStream(decode(recorded.chunks), recorded.error)
     try:
         stream = call(step.key)
     except BaseException as e:
@@ -308,7 +348,8 @@ async def durable_stream_async(name: str, call: Callable[[str | None], Awaitable
         await asyncio.to_thread(ctx.step_log.load)
     step, recorded = _open(ctx, name)
     if step is None:
-        return AsyncReplayedStream(decode(recorded))
+        assert recorded is not None
+        return AsyncReplayedStream(decode(recorded.chunks), recorded.error)
     try:
         stream = await call(step.key)
     except BaseException as e:

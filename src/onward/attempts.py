@@ -67,6 +67,8 @@ class PythonAttempt(Attempt):
                 outcome = self._done(self._fn(self.claim.name, self.ctx))
             except BaseException as e:  # the task's own failure, whatever it raised
                 outcome = self._failed(e)
+                if outcome.kind == "failed" and self.ctx.used_step_log is not None:
+                    self.ctx.used_step_log.end_failed(e)
             if self.ctx.used_step_log is not None:
                 self.ctx.used_step_log.finish()
         finally:
@@ -100,6 +102,8 @@ class PythonAttempt(Attempt):
             outcome = self._failed(Cancelled(self.cancel_reason or "cancelled"))
         except BaseException as e:
             outcome = self._failed(e)
+            if outcome.kind == "failed" and self.ctx.used_step_log is not None:
+                await asyncio.to_thread(self.ctx.used_step_log.end_failed, e)
         if self.ctx.used_step_log is not None:
             await asyncio.to_thread(self.ctx.used_step_log.finish)
         self._report(outcome)

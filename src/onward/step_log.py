@@ -11,8 +11,19 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from . import crashpoints
-from .errors import Fenced, OnwardError, StepDrift
-from .step_records import CHECKPOINT, ERROR, VALUE, WAIT, Frame, frame, ordinals, unframe
+from .errors import Fenced, OnwardError, StepDrift, StoreError
+from .step_records import (
+    CHECKPOINT,
+    ERROR,
+    VALUE,
+    WAIT,
+    Frame,
+    decode_error,
+    frame,
+    is_legacy_error,
+    ordinals,
+    unframe,
+)
 from .store.base import Claim, StepRecord, Store
 from .waits import received_payload, timeout_payload
 
@@ -53,6 +64,7 @@ class StepLog:
         self.saved = 0.0
         self.recorded = 0
         self._replay_told = False
+        self._errors: dict[int, BaseException] = {}  # index -> the error this attempt recorded or replayed there
         self.failure: OnwardError | None = None  # drift or fencing: every later step call fails the same way
 
     # -- talking to the store (always through the worker loop) --
@@ -79,8 +91,9 @@ class StepLog:
 
             def read(store: Store) -> tuple[list[StepRecord], float] | None:
                 records = store.steps(task_id)
-                if records and records[-1].kind == ERROR:
-                    # The previous attempt most likely ended because of this error: run that step again.
+                if records and records[-1].kind == ERROR and _legacy(records[-1]):
+                    # Written by an earlier version, which left the error an attempt failed with in place
+                    # and ran that step again at the next load: do as it would have done.
                     if not store.drop_steps(task_id, fence, records[-1].index):
                         return None
                     records.pop()
@@ -150,11 +163,47 @@ class StepLog:
         self._beat()
         return f
 
+    def replayed_error(self, record: StepRecord, f: Frame) -> BaseException:
+        """The error recorded at ``record``, to raise again (``end_failed`` knows it)."""
+        return self.note_error(record.index, decode_error(f))
+
+    def note_error(self, index: int, error: BaseException) -> BaseException:
+        """``error`` is the one recorded at ``index``: raised by this attempt, or replayed."""
+        with self._lock:
+            self._errors[index] = error
+        return error
+
+    def end_failed(self, error: BaseException) -> None:
+        """The attempt failed with ``error``. If the task's last record is a step error and ``error`` is
+        that error (or was raised from it, or while handling it), drop that record: the step ended the
+        attempt, and the next attempt runs it again. A step error the task handled stays recorded (its
+        step ran to its end), even when the worker dies right after: only an attempt that failed with it
+        drops it. An error with records after it stays too: dropping it would drop them."""
+        if self.failure is not None or not self.loaded:
+            return
+        with self._lock:
+            last = max((r.index for r in self._history), default=None)
+            recorded = self._errors.get(last) if last is not None else None
+        if last is None or recorded is None or not _raised_from(error, recorded):
+            return
+        task_id, fence = self.task_id, self.fence
+
+        def drop(store: Store) -> bool:
+            return store.drop_steps(task_id, fence, last)
+
+        try:
+            self._store_call(drop)
+        except OnwardError:
+            return  # the worker stopped or lost the claim: the record stays, replayed as the error next time
+        with self._lock:
+            self._history = [r for r in self._history if r.index != last]
+            self._errors.pop(last, None)
+
     def record(self, index: int, name: str, kind: str, serializer: str, seconds: float,
-               payload: bytes | Callable[[float], bytes]) -> bytes:
+               payload: bytes | Callable[[float], bytes], error: BaseException | None = None) -> bytes:
         """Commit one record (durable when this returns). ``payload`` may be a function of the store's
-        clock, evaluated inside the commit (durable sleeps record their deadline that way). Returns the
-        payload written."""
+        clock, evaluated inside the commit (durable sleeps record their deadline that way). ``error``: the
+        exception an error record holds. Returns the payload written."""
         task_id, fence, attempt, worker = self.task_id, self.fence, self.attempt, self.worker_id
         note = self._replay_note()
 
@@ -177,6 +226,8 @@ class StepLog:
                                             0.0))
             if kind == CHECKPOINT:
                 self._checkpoint = (index, written)
+            if error is not None:
+                self._errors[index] = error
         self._beat()
         return written
 
@@ -256,6 +307,29 @@ class StepLog:
             self._store_call(log)
         except OnwardError:
             pass  # the worker stopped: the journal line is a nicety, the records are what matter
+
+
+def _legacy(record: StepRecord) -> bool:
+    try:
+        return is_legacy_error(unframe(record.data))
+    except StoreError:
+        return False
+
+
+def _raised_from(error: BaseException, cause: BaseException) -> bool:
+    """``error`` is ``cause``, or was raised from it or while handling it (its ``__cause__`` or
+    ``__context__``, at any depth)."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [error]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        if e is cause:
+            return True
+        seen.add(id(e))
+        stack += [e.__cause__, e.__context__]
+    return False
 
 
 def _steps(n: int) -> str:

@@ -140,6 +140,19 @@ REDACTED = "[redacted]"
 HTTPX_MODULES = frozenset({"httpx", "httpx2"})  # the OpenAI and Anthropic SDKs' HTTP client, by either name
 
 
+# An error record's serializer. Since onward drops an error record when the attempt fails with its error
+# (``StepLog.end_failed``), its records carry these names; records named the legacy way ("pickle", "json")
+# were written by earlier versions, which left that record in place and dropped a trailing one at the next
+# load: ``StepLog.load`` still does that for them, so that a task in flight across an upgrade runs on as it
+# would have.
+ERROR_PICKLE, ERROR_JSON = "error-pickle", "error-json"
+LEGACY_ERROR_PICKLE, LEGACY_ERROR_JSON = "pickle", "json"
+
+
+def is_legacy_error(f: Frame) -> bool:
+    return f.serializer in (LEGACY_ERROR_PICKLE, LEGACY_ERROR_JSON)
+
+
 def encode_error(e: BaseException) -> tuple[str, bytes]:
     """An exception as a step's record, so that a replay raises it again and a task that caught it takes
     the same path. Pickled, with every credential header of an HTTP request or response it holds replaced
@@ -153,10 +166,10 @@ def encode_error(e: BaseException) -> tuple[str, bytes]:
             _ErrorPickler(out, rebuild).dump(e)
             data = out.getvalue()
             if isinstance(_load_error(data), type(e)):  # as a replay will load it
-                return "pickle", data
+                return ERROR_PICKLE, data
         except Exception:
             continue
-    return "json", json.dumps({"type": f"{type(e).__module__}.{type(e).__qualname__}",
+    return ERROR_JSON, json.dumps({"type": f"{type(e).__module__}.{type(e).__qualname__}",
                                "message": str(e)}).encode()
 
 
@@ -226,7 +239,7 @@ def _load_error(data: bytes) -> Any:
 
 
 def decode_error(f: Frame) -> BaseException:
-    if f.serializer == "pickle":
+    if f.serializer in (ERROR_PICKLE, LEGACY_ERROR_PICKLE):
         try:
             e = _load_error(f.payload)
             if isinstance(e, BaseException):

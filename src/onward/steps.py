@@ -29,10 +29,10 @@ How it works, and why:
   returns is always the one decoded from its record, on the first run as on replay, so both paths see the
   same value (a tuple comes back as a list under JSON, either way).
 - *Errors.* An exception that escapes a step body (after its retries) is recorded too (kind ``error``) and
-  raised again on replay, so a task that caught it takes the same path. The last record being an error
-  means the attempt most likely ended because of it: the next attempt drops that one record and runs the
-  step again (task retries retry the failed call). onward's own exceptions (cancellation, fencing, drift)
-  are never recorded.
+  raised again on replay, so a task that caught it takes the same path. An attempt that fails with that
+  error while it is the last record drops it as it ends (``StepLog.end_failed``), so the next attempt runs
+  the step again (task retries retry the failed call); a handled error stays, even across a worker's death.
+  onward's own exceptions (cancellation, fencing, drift) are never recorded.
 - *Nesting.* While a step body runs, steps it calls are plain calls: the outer step is the unit recorded.
 - *Stopping.* A step about to run for real first checks the attempt: when the worker is stopping (SIGTERM)
   or the attempt was cancelled, it raises ``Cancelled`` instead of paying for a call whose result could
@@ -65,7 +65,6 @@ from .step_records import (
     VALUE,
     Serializer,
     StepError,
-    decode_error,
     encode_error,
     idempotency_key,
 )
@@ -186,7 +185,7 @@ def _recordable(e: BaseException) -> bool:
 def _replay(log: StepLog, spec: StepSpec, record: StepRecord) -> Any:
     f = log.replayed_one(record)
     if record.kind == ERROR:
-        raise decode_error(f)
+        raise log.replayed_error(record, f)
     if f.serializer != spec.serializer.name:
         raise UsageError(f"step {spec.name} was recorded with serializer {f.serializer!r} but now uses"
                          f" {spec.serializer.name!r}")
@@ -229,7 +228,7 @@ def run_step(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any
         _RUNNING_STEP.reset(token)
         if _recordable(e):
             kind, data = encode_error(e)
-            log.record(index, spec.name, ERROR, kind, time.monotonic() - started, data)
+            log.record(index, spec.name, ERROR, kind, time.monotonic() - started, data, e)
         raise
     _RUNNING_STEP.reset(token)
     payload = spec.serializer.dumps(value)
@@ -265,7 +264,7 @@ async def run_step_async(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any
         _RUNNING_STEP.reset(token)
         if _recordable(e):
             kind, data = encode_error(e)
-            await asyncio.to_thread(log.record, index, spec.name, ERROR, kind, time.monotonic() - started, data)
+            await asyncio.to_thread(log.record, index, spec.name, ERROR, kind, time.monotonic() - started, data, e)
         raise
     _RUNNING_STEP.reset(token)
     payload = spec.serializer.dumps(value)

@@ -139,7 +139,7 @@ class _StreamStep:
     def fail(self, e: BaseException) -> None:
         """The call raised ``e`` before it returned a stream."""
         kind, data = encode_error(e)
-        self.log.record(self.index, self.name, ERROR, kind, time.monotonic() - self.started, data)
+        self.log.record(self.index, self.name, ERROR, kind, time.monotonic() - self.started, data, e)
 
     def fail_midway(self, e: BaseException, encode: Callable[[list[Any]], Any]) -> None:
         """The stream raised ``e`` after the chunks seen so far: both are the record, so that a replay
@@ -147,7 +147,7 @@ class _StreamStep:
         kind, data = encode_error(e)
         record = {"chunks": encode(self.chunks), "error": {"serializer": kind, "data": base64.b64encode(data).decode()}}
         self.log.record(self.index, self.name, ERROR, STREAM_ERROR, time.monotonic() - self.started,
-                        JSON.dumps(record))
+                        JSON.dumps(record), e)
 
 
 class _Recorded:
@@ -166,12 +166,12 @@ def _open(ctx: StepContext, name: str) -> tuple[_StreamStep | None, _Recorded | 
         if record.kind != ERROR:
             return None, _Recorded(JSON.loads(f.payload))
         if f.serializer != STREAM_ERROR:
-            raise decode_error(f)  # raised when the stream was opened: raised there again
+            raise log.replayed_error(record, f)  # raised when the stream was opened: raised there again
         try:
             data = JSON.loads(f.payload)
             error = data["error"]
             inner = Frame(error["serializer"], f.seconds, f.attempt, f.fence, base64.b64decode(error["data"]))
-            return None, _Recorded(data["chunks"], decode_error(inner))
+            return None, _Recorded(data["chunks"], log.note_error(record.index, decode_error(inner)))
         except (KeyError, TypeError, ValueError) as e:
             raise StoreError(f"a recorded stream error is not in the expected form ({e!r})") from None
     ctx.check()  # stopping or cancelled: do not pay for a call whose result could not be kept

@@ -111,8 +111,10 @@ class StepLog:
     def store_now(self) -> float:
         return time.time() + self._clock_offset
 
-    def begin(self, name: str, kind: str) -> tuple[int, StepRecord | None]:
-        """Hand out the next call index; return it with the record to replay there, if any."""
+    def begin(self, name: str, kind: str,
+              mismatch: Callable[[StepRecord], str | None] | None = None) -> tuple[int, StepRecord | None]:
+        """Hand out the next call index; return it with the record to replay there, if any. ``mismatch``
+        tells what makes a record of this name another call's (drift too), None when it fits."""
         if self.failure is not None:
             raise type(self.failure)(str(self.failure))
         with self._lock:
@@ -120,10 +122,14 @@ class StepLog:
             index = self._position
             self._names[name] = count = self._names.get(name, 0) + 1
             record = self._pending.pop(index, None)
-            if record is None or (record.name == name and (
-                    record.kind == kind or (kind == VALUE and record.kind == ERROR))):
-                return index, record
-        self._drift(index, f"{name}#{count}", record)
+            if record is None:
+                return index, None
+            why = None
+            if record.name == name and (record.kind == kind or (kind == VALUE and record.kind == ERROR)):
+                why = None if mismatch is None else mismatch(record)
+                if why is None:
+                    return index, record
+        self._drift(index, f"{name}#{count}" + (f" ({why})" if why else ""), record)
         return index, None
 
     def _drift(self, index: int, called: str, record: StepRecord) -> None:

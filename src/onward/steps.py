@@ -123,6 +123,9 @@ class StepSpec:
     backoff: float = 1.0
     max_backoff: float = 60.0
     serializer: Serializer = JSON
+    # What makes a record of this name at this step's position another call's (None: nothing does), as
+    # ``StepLog.begin`` takes it: e.g. a durable client's call without ``stream`` finding a stream recorded.
+    mismatch: Callable[[StepRecord], str | None] | None = None
 
     def __post_init__(self) -> None:
         # A name is compared with the recorded history on replay, and stored: a number (123) was recorded
@@ -207,7 +210,7 @@ def run_step(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any
     log = ctx.step_log
     if not log.loaded:
         log.load()
-    index, record = log.begin(spec.name, VALUE)
+    index, record = log.begin(spec.name, VALUE, spec.mismatch)
     if record is not None:
         return _replay(log, spec, record)
     ctx.check()  # stopping or cancelled: do not pay for a call whose result could not be kept
@@ -241,7 +244,7 @@ async def run_step_async(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any
     log = ctx.step_log
     if not log.loaded:
         await asyncio.to_thread(log.load)
-    index, record = log.begin(spec.name, VALUE)
+    index, record = log.begin(spec.name, VALUE, spec.mismatch)
     if record is not None:
         return _replay(log, spec, record)
     ctx.check()

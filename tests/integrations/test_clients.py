@@ -369,3 +369,50 @@ def test_an_error_in_the_middle_of_a_stream_replays_after_the_same_chunks(tmp_pa
     assert first[1].startswith("fell back:") and first[1].endswith("after 2 chunks")
     assert replayed == first  # the same chunks, then the same error, of the same class
     assert stub.count() == 1  # the replay made no call
+
+
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+@pytest.mark.parametrize("first_stream", [True, False], ids=["stream-then-call", "call-then-stream"])
+@pytest.mark.parametrize("replay", ["strict", "prefix"])
+def test_switching_stream_on_or_off_across_a_resume_is_drift(tmp_path: Path, stub: Stub, sdk: str,
+                                                              first_stream: bool, replay: str) -> None:
+    """The same create() made with stream=True by one attempt and without it by the next is another call:
+    StepDrift (strict), or the call made again (replay="prefix"). The stream's record was handed to the
+    plain call's decoder (or the other way round): a StoreError saying the record was not in the expected
+    form, under either policy."""
+    if sdk == "openai":
+        client: Any = durable_openai.durable(openai.OpenAI(base_url=stub.base_url, api_key="stub"))
+        create = client.chat.completions.create
+        kwargs: dict[str, Any] = {"model": "m", "messages": ASK}
+    else:
+        client = durable_anthropic.durable(anthropic.Anthropic(base_url=stub.url, api_key="stub"))
+        create = client.messages.create
+        kwargs = {"model": "m", "max_tokens": 9, "messages": ASK}
+    attempts: list[bool] = []
+    job = Job(str(tmp_path / "job.db"), retry_delay=0, max_attempts=2, log_level=QUIET)
+
+    @job.task(replay=replay)
+    def t(name: str, ctx: object) -> str:
+        stream = first_stream if not attempts else not first_stream
+        attempts.append(stream)
+        if stream:
+            chunks = list(create(**kwargs, stream=True))
+            result = f"{len(chunks)} chunks"
+        else:
+            result = type(create(**kwargs)).__name__
+        if len(attempts) == 1:
+            raise RuntimeError("fail the first attempt, after its call")
+        return result
+
+    job.add(["t"])
+    summary = job.run()
+    row = job.store.task("t")
+    job.close()
+    assert row is not None
+    if replay == "strict":
+        assert summary.exit_code != 0 and (row.error or "").startswith("StepDrift:"), row.error
+        assert "stream=True" in (row.error or "")
+        assert stub.count() == 1  # the drift was found before any call
+    else:
+        assert summary.exit_code == 0, row.error
+        assert stub.count() == 2  # the recorded call was dropped and made again, in its new form

@@ -25,8 +25,9 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import OnwardError, StoreError
 from ..step_log import StepLog
-from ..step_records import ERROR, JSON, VALUE, Frame, decode_error, encode_error, idempotency_key
+from ..step_records import ERROR, JSON, VALUE, Frame, decode_error, encode_error, idempotency_key, unframe
 from ..steps import StepContext, StepSpec, active_context, current_step_key, run_step, run_step_async
+from ..store.base import StepRecord
 
 T = TypeVar("T")
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -89,6 +90,33 @@ class ModelCodec:
             raise StoreError(f"a recorded {self.package} stream is not in the expected form ({e!r})") from None
 
 
+# How a stream's record begins (``encode_chunks`` as the JSON serializer writes it), and a call's record
+# does not: a call with or without ``stream=True`` has one step name (records written before the two were
+# told apart must still replay), so the record's form is what tells them apart.
+_STREAM_RECORD = b'{"types":'
+
+
+def is_stream_record(record: StepRecord) -> bool:
+    """``record`` is a stream's (its chunks, or the error it raised after some), not a call's value. An error
+    raised when the call was made is either's."""
+    f = unframe(record.data)
+    if record.kind == ERROR:
+        return f.serializer == STREAM_ERROR
+    return f.payload.startswith(_STREAM_RECORD)
+
+
+def recorded_as_stream(record: StepRecord) -> str | None:
+    """The mismatch of a call without ``stream=True`` (``StepSpec.mismatch``)."""
+    return "without stream=True, where a stream was recorded" if is_stream_record(record) else None
+
+
+def recorded_as_call(record: StepRecord) -> str | None:
+    """The mismatch of a call with ``stream=True``."""
+    if record.kind == ERROR or is_stream_record(record):
+        return None
+    return "with stream=True, where a call without it was recorded"
+
+
 def with_idempotency_key(kwargs: dict[str, Any], key: str) -> dict[str, Any]:
     """``kwargs`` of an SDK call plus the step's key as an ``Idempotency-Key`` header (unless the caller set
     one): a server that deduplicates answers the call re-sent after a crash from its cache."""
@@ -100,18 +128,20 @@ def with_idempotency_key(kwargs: dict[str, Any], key: str) -> dict[str, Any]:
 
 # --- one call, one step -----------------------------------------------------------------------------------
 def durable_call(name: str, call: Callable[[str | None], T], encode: Callable[[T], Any],
-                 decode: Callable[[Any], T]) -> T:
+                 decode: Callable[[Any], T], mismatch: Callable[[StepRecord], str | None] | None = None) -> T:
     """``call(key)`` as the durable step ``name``: inside a task, recorded as ``encode(result)`` (JSON) and
-    returned as ``decode`` of the record; ``key`` is the step's idempotency key (None outside a task)."""
+    returned as ``decode`` of the record; ``key`` is the step's idempotency key (None outside a task).
+    ``mismatch``: what makes a record of that name another call's (``StepSpec.mismatch``)."""
     ctx = active_context()
     if ctx is None:
         return call(None)
-    recorded = run_step(ctx, StepSpec(name), lambda: encode(call(current_step_key())), (), {})
+    recorded = run_step(ctx, StepSpec(name, mismatch=mismatch), lambda: encode(call(current_step_key())), (), {})
     return decode(recorded)
 
 
 async def durable_call_async(name: str, call: Callable[[str | None], Awaitable[T]], encode: Callable[[T], Any],
-                             decode: Callable[[Any], T]) -> T:
+                             decode: Callable[[Any], T],
+                             mismatch: Callable[[StepRecord], str | None] | None = None) -> T:
     """``durable_call`` for a coroutine: the commit waits in a thread, not on the event loop."""
     ctx = active_context()
     if ctx is None:
@@ -119,7 +149,7 @@ async def durable_call_async(name: str, call: Callable[[str | None], Awaitable[T
 
     async def body() -> Any:
         return encode(await call(current_step_key()))
-    return decode(await run_step_async(ctx, StepSpec(name), body, (), {}))
+    return decode(await run_step_async(ctx, StepSpec(name, mismatch=mismatch), body, (), {}))
 
 
 # --- a stream, one step -----------------------------------------------------------------------------------
@@ -160,7 +190,7 @@ class _Recorded:
 def _open(ctx: StepContext, name: str) -> tuple[_StreamStep | None, _Recorded | None]:
     """Take the stream's call index: (the step to run, None) or (None, what was recorded)."""
     log = ctx.step_log
-    index, record = log.begin(name, VALUE)
+    index, record = log.begin(name, VALUE, recorded_as_call)
     if record is not None:
         f = log.replayed_one(record)
         if record.kind != ERROR:

@@ -16,6 +16,7 @@ from .calls import (
     durable_call_async,
     durable_stream,
     durable_stream_async,
+    recorded_as_stream,
     with_idempotency_key,
 )
 
@@ -80,7 +81,8 @@ class DurableResource:
 
 def durable_method(method: Callable[..., Any], spec: SdkSpec, name: str, is_async: bool) -> Callable[..., Any]:
     """``method`` (an SDK create call, sync or async) as a step named ``name`` (``openai.chat.completions.
-    create``): its result recorded with the SDK's classes, ``stream=True`` recorded chunk by chunk."""
+    create``): its result recorded with the SDK's classes, ``stream=True`` recorded chunk by chunk. Both
+    have that one name; a stream found where a call was recorded (or the other way round) is drift."""
     codec = spec.codec
 
     def call_with(key: str | None, kwargs: dict[str, Any]) -> Any:
@@ -92,12 +94,13 @@ def durable_method(method: Callable[..., Any], spec: SdkSpec, name: str, is_asyn
             if kwargs.get("stream"):
                 return await durable_stream_async(name, lambda key: call_with(key, kwargs), codec.encode_chunks,
                                                   codec.decode_chunks)
-            return await durable_call_async(name, lambda key: call_with(key, kwargs), codec.encode, codec.decode)
+            return await durable_call_async(name, lambda key: call_with(key, kwargs), codec.encode, codec.decode,
+                                            recorded_as_stream)
         return async_create
 
     @functools.wraps(method)
     def create(**kwargs: Any) -> Any:
         if kwargs.get("stream"):
             return durable_stream(name, lambda key: call_with(key, kwargs), codec.encode_chunks, codec.decode_chunks)
-        return durable_call(name, lambda key: call_with(key, kwargs), codec.encode, codec.decode)
+        return durable_call(name, lambda key: call_with(key, kwargs), codec.encode, codec.decode, recorded_as_stream)
     return create

@@ -416,3 +416,14 @@ def test_switching_stream_on_or_off_across_a_resume_is_drift(tmp_path: Path, stu
     else:
         assert summary.exit_code == 0, row.error
         assert stub.count() == 2  # the recorded call was dropped and made again, in its new form
+
+
+def test_an_answer_with_a_lone_surrogate_is_recorded_and_replays_equal(tmp_path: Path, stub: Stub) -> None:
+    """The model's text ends inside an emoji (the JSON escape "\\ud83d" alone, valid JSON the SDK reads as a
+    lone surrogate). It could not be written as UTF-8: the call was paid again on every attempt, and the
+    task failed with advice (serializer=PICKLE) the durable client does not take."""
+    client = durable_openai.durable(openai.OpenAI(base_url=stub.base_url, api_key="stub"))
+    first, replayed = run_twice(tmp_path, lambda: client.chat.completions.create(model="half-emoji", messages=ASK))
+    assert first.choices[0].message.content.endswith("\ud83d")
+    assert replayed == first
+    assert stub.count() == 1  # recorded once, replayed without a call

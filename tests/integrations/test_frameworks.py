@@ -261,3 +261,52 @@ def test_pydantic_ai_a_model_override_around_the_run_is_kept(tmp_path: Path) -> 
     first, replayed = run_twice(tmp_path, run)
     assert first == replayed == "from the overriding model"
     assert calls == [1]  # asked once: the second attempt replayed it
+
+
+@pytest.mark.parametrize("returns", ["image", "list"])
+def test_pydantic_ai_a_tool_returning_an_image_sends_the_model_an_image(tmp_path: Path, returns: str) -> None:
+    """A tool returning BinaryContent (or a list with an ImageUrl) reaches the model as that content, on the
+    first run as on replay, as it does without onward; it reached it as a JSON dict of base64 text."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent, BinaryContent, ImageUrl
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+
+    from onward.integrations.pydantic_ai import OnwardAgent
+
+    seen: list[Any] = []
+    tool_runs: list[str] = []
+    image = BinaryContent(data=b"\x89PNG\r\n\x1a\nfake", media_type="image/png")
+
+    def respond(messages: list[Any], info: Any) -> ModelResponse:
+        returned = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        if not returned:
+            return ModelResponse(parts=[ToolCallPart("screenshot", {}, tool_call_id="a")])
+        seen.append(returned[-1].content)
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent = Agent(FunctionModel(respond))
+
+    @agent.tool_plain
+    def screenshot() -> Any:
+        tool_runs.append("screenshot")
+        return image if returns == "image" else ["the page:", ImageUrl(url="https://example.com/page.png")]
+
+    agent.run_sync("look")
+    plain = seen.pop()
+    durable = OnwardAgent(agent)
+
+    def body() -> Any:
+        result = durable.run_sync("look")
+        return [p.content for m in result.all_messages() for p in m.parts if isinstance(p, ToolReturnPart)][-1]
+
+    first, replayed = run_twice(tmp_path, body)
+    assert seen == [first]  # the model was asked once (the replay made no request), and saw...
+    assert first == plain or (returns == "image" and isinstance(first, BinaryContent) and first.data == image.data
+                              and first.media_type == image.media_type)  # ...what it sees without onward
+    assert replayed == first
+    assert tool_runs == ["screenshot", "screenshot"]  # the plain run's, and the durable run's once
+    if returns == "image":
+        assert isinstance(first, BinaryContent)
+    else:
+        assert first[0] == "the page:" and isinstance(first[1], ImageUrl)

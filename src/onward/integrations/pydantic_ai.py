@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 try:
     import pydantic_ai  # noqa: F401 - fail here, with the extra to install, rather than at the first run
@@ -35,7 +35,7 @@ except ImportError:
 
 from pydantic import TypeAdapter
 from pydantic_ai.agent import AbstractAgent, WrapperAgent
-from pydantic_ai.messages import ModelMessage, ModelResponse, ToolReturn
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolReturn, UserContent
 from pydantic_ai.models import (
     CompletedStreamedResponse,
     Model,
@@ -109,24 +109,53 @@ class OnwardModel(WrapperModel):
                                         replay_events=True)
 
 
+def _classes(tp: Any) -> tuple[type, ...]:
+    """The classes a type annotation (unions, ``Annotated``) is made of."""
+    if isinstance(tp, type):
+        return (tp,)
+    return tuple(c for arg in get_args(tp) for c in _classes(arg))
+
+
+# What a tool may return that Pydantic AI sends the model as content, not as JSON (an image, a document, ...):
+# the kinds of a user prompt's content, as this version of Pydantic AI has them.
+_CONTENT: TypeAdapter[Any] = TypeAdapter(UserContent)
+_CONTENT_CLASSES = tuple(c for c in _classes(UserContent) if c is not str)
+
+
+def _encode_item(item: Any) -> Any:
+    if isinstance(item, _CONTENT_CLASSES):
+        return {"content": _CONTENT.dump_python(item, mode="json")}
+    return {"value": to_jsonable_python(item)}
+
+
 def _encode_tool_result(result: Any) -> Any:
     if isinstance(result, ToolReturn):  # its parts go to different places: keep it a ToolReturn
         return {"tool_return": _TOOL_RETURN.dump_python(result, mode="json")}
+    if isinstance(result, _CONTENT_CLASSES):
+        return _encode_item(result)
+    if isinstance(result, list | tuple) and any(isinstance(item, _CONTENT_CLASSES) for item in result):
+        return {"contents": [_encode_item(item) for item in result]}
     return {"value": to_jsonable_python(result)}
 
 
 def _decode_tool_result(data: Any) -> Any:
     if "tool_return" in data:
         return _TOOL_RETURN.validate_python(data["tool_return"])
+    if "contents" in data:
+        return [_decode_tool_result(item) for item in data["contents"]]
+    if "content" in data:
+        return _CONTENT.validate_python(data["content"])
     return data["value"]
 
 
 @dataclass
 class OnwardToolset(WrapperToolset[Any]):
     """A toolset whose tool calls, inside an onward task, are durable steps named ``pydantic_ai.tool.NAME``.
-    A tool's return value is recorded as JSON (``pydantic_core.to_jsonable_python``; a ``ToolReturn`` as
-    one) and handed back as decoded from that record on the first run as on replay: a model or dataclass a
-    tool returns comes back as its JSON, which is what the model is sent either way."""
+    A tool's return value is recorded as JSON (``pydantic_core.to_jsonable_python``; a ``ToolReturn``, and
+    multimodal content such as ``BinaryContent`` or ``ImageUrl``, alone or in a list, with Pydantic AI's
+    own types) and handed back as decoded from that record on the first run as on replay: a model or
+    dataclass a tool returns comes back as its JSON, which is what the model is sent either way; an image
+    comes back as the image (a ``BinaryContent`` of an image as Pydantic AI's ``BinaryImage``)."""
 
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: Any) -> Any:
         return await durable_call_async(

@@ -427,3 +427,24 @@ def test_an_answer_with_a_lone_surrogate_is_recorded_and_replays_equal(tmp_path:
     assert first.choices[0].message.content.endswith("\ud83d")
     assert replayed == first
     assert stub.count() == 1  # recorded once, replayed without a call
+
+
+def test_a_replayed_stream_says_which_attributes_it_lacks(tmp_path: Path, stub: Stub) -> None:
+    """A replayed stream has the recorded chunks, not the HTTP response the SDK's stream holds: reading
+    ``stream.response`` fails after a resume, naming why and what the replayed stream offers (it failed
+    with a bare AttributeError)."""
+    client = durable_openai.durable(openai.OpenAI(base_url=stub.base_url, api_key="stub"))
+
+    def body() -> str:
+        stream = client.chat.completions.create(model="m", messages=ASK, stream=True)
+        chunks = list(stream)
+        try:
+            return f"{len(chunks)} chunks, status {stream.response.status_code}"
+        except AttributeError as e:
+            return f"{len(chunks)} chunks, {e}"
+
+    first, replayed = run_twice(tmp_path, body)
+    assert first == "3 chunks, status 200"
+    assert replayed.startswith("3 chunks, ReplayedStream has no 'response': a replayed stream holds the recorded"
+                               " chunks only"), replayed
+    assert stub.count() == 1

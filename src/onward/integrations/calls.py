@@ -251,6 +251,16 @@ class RecordingStream(Generic[T]):
         return getattr(self._stream, name)
 
 
+def _not_recorded(stream: object, name: str) -> AttributeError:
+    """What a replayed stream says of an attribute the SDK's stream has (``response``, ...): only the chunks
+    were recorded, and an HTTP response that was never received cannot be made up."""
+    if name.startswith("__"):
+        return AttributeError(name)
+    return AttributeError(f"{type(stream).__name__} has no {name!r}: a replayed stream holds the recorded chunks"
+                          f" only (iterate it, close() it, use it in a with block); the SDK stream's other"
+                          f" attributes (response, ...) exist only while the call is made")
+
+
 class ReplayedStream(Generic[T]):
     """A recorded stream's chunks, yielded again without a call, then the error the stream raised after
     them, if it did."""
@@ -278,6 +288,9 @@ class ReplayedStream(Generic[T]):
 
     def close(self) -> None:
         pass
+
+    def __getattr__(self, name: str) -> Any:
+        raise _not_recorded(self, name)
 
 
 class AsyncRecordingStream(Generic[T]):
@@ -344,6 +357,9 @@ class AsyncReplayedStream(Generic[T]):
 
     async def close(self) -> None:
         pass
+
+    def __getattr__(self, name: str) -> Any:
+        raise _not_recorded(self, name)
 
 
 def durable_stream(name: str, call: Callable[[str | None], Any], encode: Callable[[list[Any]], Any],

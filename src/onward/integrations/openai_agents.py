@@ -9,9 +9,9 @@ function-tool call is a durable step: recorded when it returns, replayed on resu
     def triage(task, ctx):
         return OnwardRunner.run_sync(agent, task).final_output
 
-How: for the run, the starting agent and the agents it hands off to are cloned with their function tools'
-invocations wrapped (a step named ``openai_agents.tool.NAME``, its value the tool's output as JSON) and
-their models wrapped (``OnwardModel``: a step named ``openai_agents.model``, its value the
+How: for the run, the starting agent and the agents it can hand off to (as an ``Agent`` or through a
+``Handoff`` object) are cloned with their function tools' invocations wrapped (a step named
+``openai_agents.tool.NAME``, its value the tool's output as JSON) and their models wrapped (``OnwardModel``: a step named ``openai_agents.model``, its value the
 ``ModelResponse``); a model named by a string is wrapped through the run's model provider. The agents
 passed in are not changed. Outside a task the run is ``agents.Runner``'s own. Streamed runs are not
 durable: ``run_streamed`` works outside a task and raises ``UsageError`` inside one.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,7 +32,17 @@ try:
 except ImportError:
     raise ImportError("onward.integrations.openai_agents needs openai-agents: pip install 'onward[openai-agents]'") from None
 
-from agents import Agent, FunctionTool, Model, ModelProvider, ModelResponse, ModelSettings, RunConfig, Runner
+from agents import (
+    Agent,
+    FunctionTool,
+    Handoff,
+    Model,
+    ModelProvider,
+    ModelResponse,
+    ModelSettings,
+    RunConfig,
+    Runner,
+)
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
@@ -106,17 +117,41 @@ def durable_tool(tool: Any) -> Any:
 
 
 def durable_agent(agent: Agent[Any], memo: dict[int, Agent[Any]] | None = None) -> Agent[Any]:
-    """A clone of ``agent`` (and of the agents it hands off to) with durable tools and model."""
+    """A clone of ``agent`` (and of every agent it hands off to, as an ``Agent`` or a ``Handoff``) with durable
+    tools and model. ``memo`` maps each agent of the run (and each clone, to itself) to its clone."""
     memo = {} if memo is None else memo
     if id(agent) in memo:
         return memo[id(agent)]
     clone = agent.clone()
-    memo[id(agent)] = clone  # before the handoffs: agents may hand off to each other
+    memo[id(agent)] = memo[id(clone)] = clone  # before the handoffs: agents may hand off to each other
     clone.tools = [durable_tool(t) for t in agent.tools]
     if isinstance(agent.model, Model) and not isinstance(agent.model, OnwardModel):
         clone.model = OnwardModel(agent.model)
-    clone.handoffs = [durable_agent(h, memo) if isinstance(h, Agent) else h for h in agent.handoffs]
+    clone.handoffs = [durable_agent(h, memo) if isinstance(h, Agent) else durable_handoff(h, memo)
+                      for h in agent.handoffs]
     return clone
+
+
+def durable_handoff(handoff: Any, memo: dict[int, Agent[Any]]) -> Any:
+    """A copy of ``handoff`` that hands off to the durable clone of the agent it returns. The handoff's own
+    ``on_invoke_handoff`` still runs (its ``on_handoff`` callback, its input checks), as do its
+    ``input_filter`` and the rest of its settings, which the copy keeps."""
+    if not isinstance(handoff, Handoff):
+        return handoff
+    invoke = handoff.on_invoke_handoff
+
+    async def durable_invoke(ctx: Any, input_json: str) -> Any:
+        target = await invoke(ctx, input_json)
+        return durable_agent(target, memo) if isinstance(target, Agent) else target
+
+    durable = copy.copy(handoff)
+    durable.on_invoke_handoff = durable_invoke
+    # The runner reads the target through this weak reference too (to register its tools before the
+    # handoff): point it at the clone, which the memo keeps alive for the run.
+    target = handoff._agent_ref() if handoff._agent_ref is not None else None
+    if isinstance(target, Agent):
+        durable._agent_ref = weakref.ref(durable_agent(target, memo))
+    return durable
 
 
 def durable_run_config(config: RunConfig | None) -> RunConfig:

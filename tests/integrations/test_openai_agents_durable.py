@@ -1,0 +1,123 @@
+"""The OpenAI Agents SDK under OnwardRunner, on in-process models (no server): every agent the run reaches
+is durable however it is reached, a model call the SDK retries is one step, the wrapped model's retry advice
+is kept, and a tool's output reaches the model as under ``Runner``. Each test runs a real job on a SQLite
+file whose first attempt fails after the run (or is cut short), and counts model calls and tool runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integrations.test_clients import run_twice
+
+pytest.importorskip("agents")
+
+from agents import (  # noqa: E402
+    Agent,
+    HandoffInputData,
+    Model,
+    ModelResponse,
+    RunContextWrapper,
+    function_tool,
+    handoff,
+    set_tracing_disabled,
+)
+from agents.usage import Usage  # noqa: E402
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText  # noqa: E402
+
+from onward.integrations.openai_agents import OnwardRunner  # noqa: E402
+from onward.store import open_store  # noqa: E402
+
+set_tracing_disabled(True)
+
+
+def items(input: Any) -> list[Any]:
+    return input if isinstance(input, list) else [{"role": "user", "content": input}]
+
+
+def tool_call(name: str, args: dict[str, Any], call_id: str) -> ResponseFunctionToolCall:
+    return ResponseFunctionToolCall(type="function_call", name=name, arguments=json.dumps(args), call_id=call_id,
+                                    id="fc_" + call_id, status="completed")
+
+
+def message(text: str) -> ResponseOutputMessage:
+    return ResponseOutputMessage(type="message", id="m1", role="assistant", status="completed",
+                                 content=[ResponseOutputText(type="output_text", text=text, annotations=[])])
+
+
+def answer(output: Any) -> ModelResponse:
+    return ModelResponse(output=[output], usage=Usage(), response_id=None)
+
+
+def outputs(input: Any, prefix: str) -> list[Any]:
+    """The outputs of the tool calls whose id starts with ``prefix`` the model is sent, in order."""
+    return [i["output"] for i in items(input) if isinstance(i, dict) and i.get("type") == "function_call_output"
+            and str(i.get("call_id", "")).startswith(prefix)]
+
+
+class ScriptedModel(Model):
+    """Calls ``tool`` with ``args`` once, then answers with the tool's output; counts its calls in ``calls``."""
+
+    def __init__(self, name: str, calls: list[str], tool: str, args: dict[str, Any]) -> None:
+        self.name, self.calls, self.tool, self.args = name, calls, tool, args
+        self.inputs: list[Any] = []
+
+    async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> ModelResponse:
+        self.calls.append(self.name)
+        self.inputs.append(input)
+        done = outputs(input, self.name + "-")
+        if self.tool and not done:
+            return answer(tool_call(self.tool, self.args, f"{self.name}-1"))
+        return answer(message(f"{self.name}: {done[-1] if done else 'nothing'}"))
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+def step_names(db: Path) -> list[str]:
+    store = open_store(str(db), create=False)
+    task_id = store.task_id("t")
+    assert task_id is not None
+    names = [r.name for r in store.steps(task_id)]
+    store.close()
+    return names
+
+
+# --- F4: every agent the run reaches is durable ----------------------------------------------------------
+def test_an_agent_reached_through_a_handoff_object_is_durable(tmp_path: Path) -> None:
+    calls: list[str] = []
+    handed: list[str] = []
+    filtered: list[int] = []
+
+    @function_tool
+    def multiply(expression: str) -> str:
+        """Multiply 'a * b'."""
+        calls.append("tool")
+        a, b = (int(x) for x in expression.split("*"))
+        return str(a * b)
+
+    def on_handoff(ctx: RunContextWrapper[Any]) -> None:
+        handed.append("b")
+
+    def keep_all(data: HandoffInputData) -> HandoffInputData:
+        filtered.append(len(data.new_items))
+        return data
+
+    b = Agent(name="b", instructions="B", model=ScriptedModel("b", calls, "multiply", {"expression": "6 * 7"}),
+              tools=[multiply])
+    a = Agent(name="a", instructions="A", model=ScriptedModel("a", calls, "go_to_b", {}),
+              handoffs=[handoff(b, tool_name_override="go_to_b", on_handoff=on_handoff, input_filter=keep_all)])
+
+    async def run() -> Any:
+        result = await OnwardRunner.run(a, "6 * 7?")
+        return result.final_output, result.last_agent.name
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed == ("b: 42", "b")
+    assert calls == ["a", "b", "tool", "b"]  # once each: the second attempt replayed B's calls too
+    assert step_names(tmp_path / "job.db") == ["openai_agents.model", "openai_agents.model",
+                                               "openai_agents.tool.multiply", "openai_agents.model"]
+    # The handoff's own settings still apply, on both attempts (they are not calls to record).
+    assert handed == ["b", "b"] and len(filtered) == 2

@@ -20,9 +20,14 @@ from agents import (  # noqa: E402
     HandoffInputData,
     Model,
     ModelResponse,
+    ModelRetryAdvice,
+    ModelRetryAdviceRequest,
+    ModelRetrySettings,
+    ModelSettings,
     RunContextWrapper,
     function_tool,
     handoff,
+    retry_policies,
     set_tracing_disabled,
 )
 from agents.usage import Usage  # noqa: E402
@@ -121,3 +126,51 @@ def test_an_agent_reached_through_a_handoff_object_is_durable(tmp_path: Path) ->
                                                "openai_agents.tool.multiply", "openai_agents.model"]
     # The handoff's own settings still apply, on both attempts (they are not calls to record).
     assert handed == ["b", "b"] and len(filtered) == 2
+
+
+# --- F13, F12: the SDK's own retries of a model call -----------------------------------------------------
+class Overloaded(Exception):
+    """What a provider raises for a call worth trying again (a 429)."""
+
+
+class FlakyModel(ScriptedModel):
+    """A ScriptedModel whose first call fails with Overloaded, which its retry advice says to retry; it
+    counts failed tries as "fail" in ``calls`` and its end-of-run cleanups in ``cleanups``."""
+
+    def __init__(self, calls: list[str], fail: int = 1) -> None:
+        super().__init__("m", calls, "", {})
+        self.fail = fail
+        self.cleanups = 0
+
+    async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> ModelResponse:
+        if self.fail:
+            self.fail -= 1
+            self.calls.append("fail")
+            raise Overloaded("try again")
+        return await super().get_response(system_instructions, input, *args, **kwargs)
+
+    def get_retry_advice(self, request: ModelRetryAdviceRequest) -> ModelRetryAdvice | None:
+        if isinstance(request.error, Overloaded):
+            return ModelRetryAdvice(suggested=True, retry_after=0)
+        return None
+
+    async def _cleanup_on_run_end(self, owner: object) -> None:
+        self.cleanups += 1
+
+
+def provider_suggested() -> ModelSettings:
+    return ModelSettings(retry=ModelRetrySettings(max_retries=2, policy=retry_policies.provider_suggested()))
+
+
+def test_the_wrapped_models_retry_advice_and_cleanup_are_used(tmp_path: Path) -> None:
+    calls: list[str] = []
+    model = FlakyModel(calls)
+    agent = Agent(name="m", model=model, model_settings=provider_suggested())
+
+    async def run() -> Any:
+        return (await OnwardRunner.run(agent, "hello")).final_output
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    # The provider's advice retried the failed try, as under Runner; the answer is replayed after.
+    assert first == replayed == "m: nothing"
+    assert calls == ["fail", "m"]
+    assert model.cleanups == 2  # once per run

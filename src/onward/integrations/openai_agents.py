@@ -39,6 +39,8 @@ from agents import (
     Model,
     ModelProvider,
     ModelResponse,
+    ModelRetryAdvice,
+    ModelRetryAdviceRequest,
     ModelSettings,
     RunConfig,
     Runner,
@@ -78,11 +80,26 @@ class OnwardModel(Model):
             return self.wrapped.get_response(system_instructions, input, settings, *args, **kwargs)
         return await durable_call_async("openai_agents.model", call, _encode_response, _decode_response)
 
+    # Everything else a Model offers is the wrapped model's: the runner asks it for retry advice (a
+    # provider's retry-after, replay safety) and has it release run-scoped resources at the run's end.
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         return self.wrapped.stream_response(*args, **kwargs)
 
+    def get_retry_advice(self, request: ModelRetryAdviceRequest) -> ModelRetryAdvice | None:
+        return self.wrapped.get_retry_advice(request)
+
+    async def _cleanup_on_run_end(self, owner: object) -> None:
+        await self.wrapped._cleanup_on_run_end(owner)
+
     async def close(self) -> None:
         await self.wrapped.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Attributes of the model's own class (an OpenAIResponsesModel's ``model``, ...); not ``wrapped``
+        # itself, which an object being unpickled or copied does not have yet.
+        if name == "wrapped":
+            raise AttributeError(name)
+        return getattr(self.wrapped, name)
 
 
 class OnwardModelProvider(ModelProvider):

@@ -33,6 +33,7 @@ from agents import (  # noqa: E402
 from agents.usage import Usage  # noqa: E402
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText  # noqa: E402
 
+from onward import step  # noqa: E402
 from onward.integrations.openai_agents import OnwardRunner  # noqa: E402
 from onward.store import open_store  # noqa: E402
 
@@ -174,3 +175,60 @@ def test_the_wrapped_models_retry_advice_and_cleanup_are_used(tmp_path: Path) ->
     assert first == replayed == "m: nothing"
     assert calls == ["fail", "m"]
     assert model.cleanups == 2  # once per run
+
+
+def step_kinds(db: Path) -> list[tuple[str, str]]:
+    store = open_store(str(db), create=False)
+    task_id = store.task_id("t")
+    assert task_id is not None
+    kinds = [(r.name, r.kind) for r in store.steps(task_id)]
+    store.close()
+    return kinds
+
+
+class KeyedFlakyModel(FlakyModel):
+    """A FlakyModel that notes the idempotency key each try carries."""
+
+    def __init__(self, calls: list[str], fail: int = 1) -> None:
+        super().__init__(calls, fail)
+        self.keys: list[str] = []
+
+    async def get_response(self, system_instructions: Any, input: Any, model_settings: ModelSettings, *args: Any,
+                           **kwargs: Any) -> ModelResponse:
+        self.keys.append(str((model_settings.extra_headers or {}).get("Idempotency-Key", "")))
+        return await super().get_response(system_instructions, input, model_settings, *args, **kwargs)
+
+
+def test_a_model_call_the_runner_retries_is_one_step(tmp_path: Path) -> None:
+    calls: list[str] = []
+    model = KeyedFlakyModel(calls)
+    agent = Agent(name="m", model=model, model_settings=provider_suggested())
+
+    async def run() -> Any:
+        return (await OnwardRunner.run(agent, "hello")).final_output
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed == "m: nothing"
+    assert calls == ["fail", "m"]  # the second attempt replayed the answer, without a try
+    assert step_kinds(tmp_path / "job.db") == [("openai_agents.model", "value")]  # the try that failed is not
+    assert len(model.keys) == 2 and model.keys[0] == model.keys[1] != ""  # one step: one key for its tries
+
+
+def test_a_model_call_whose_every_try_failed_replays_its_error_without_a_retry(tmp_path: Path) -> None:
+    calls: list[str] = []
+    agent = Agent(name="m", model=FlakyModel(calls, fail=3), model_settings=provider_suggested())
+
+    @step
+    def fallback() -> str:
+        calls.append("fallback")
+        return "fallback"
+
+    async def run() -> Any:
+        try:
+            return (await OnwardRunner.run(agent, "hello")).final_output
+        except Overloaded:
+            return fallback()
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed == "fallback"
+    # Three tries (max_retries=2), then the error, replayed on the second attempt: no try, no retry.
+    assert calls == ["fail", "fail", "fail", "fallback"]
+    assert step_kinds(tmp_path / "job.db") == [("openai_agents.model", "error"), ("fallback", "value")]

@@ -12,7 +12,7 @@ function-tool call is a durable step: recorded when it returns, replayed on resu
 How: for the run, the starting agent and the agents it can hand off to (as an ``Agent`` or through a
 ``Handoff`` object) are cloned with their function tools' invocations wrapped (a step named
 ``openai_agents.tool.NAME``, its value the tool's output as JSON) and their models wrapped (``OnwardModel``: a step named ``openai_agents.model``, its value the
-``ModelResponse``); a model named by a string is wrapped through the run's model provider. The agents
+``ModelResponse``; the tries of a call the runner retries are that one step); a model named by a string is wrapped through the run's model provider. The agents
 passed in are not changed. Outside a task the run is ``agents.Runner``'s own. Streamed runs are not
 durable: ``run_streamed`` works outside a task and raises ``UsageError`` inside one.
 
@@ -21,10 +21,13 @@ Needs ``pip install 'onward[openai-agents]'``.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
+import time
 import weakref
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 try:
@@ -41,6 +44,7 @@ from agents import (
     ModelResponse,
     ModelRetryAdvice,
     ModelRetryAdviceRequest,
+    ModelRetryNormalizedError,
     ModelSettings,
     RunConfig,
     Runner,
@@ -48,8 +52,9 @@ from agents import (
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from ..errors import UsageError
-from ..steps import active_context
+from ..errors import OnwardError, UsageError
+from ..step_records import ERROR, JSON, VALUE, decode_error, encode_error, idempotency_key
+from ..steps import _RUNNING_STEP, StepCall, StepContext, active_context
 from .calls import IDEMPOTENCY_HEADER, durable_call_async
 
 _RESPONSE: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
@@ -63,22 +68,107 @@ def _decode_response(data: Any) -> ModelResponse:
     return _RESPONSE.validate_python(data)
 
 
-class OnwardModel(Model):
-    """A model whose ``get_response`` calls, inside an onward task, are durable steps."""
+MODEL_STEP = "openai_agents.model"
+# Advice for an error replayed from the record: the runner already tried that call as often as it would,
+# so the abort marker vetoes a retry the policy would otherwise make (again, and without a call).
+_FINAL = ModelRetryAdvice(suggested=False, reason="the recorded outcome of this model call",
+                          normalized=ModelRetryNormalizedError(is_abort=True))
 
-    def __init__(self, wrapped: Model) -> None:
+
+@dataclass
+class _Try:
+    """A model call whose last try failed: the runner may try it again, as the same step."""
+
+    ctx: StepContext
+    input: Any
+    error: BaseException
+    index: int = 0  # the step's call index, its key and the time its first try began, when it ran for real
+    key: str = ""
+    started: float = 0.0
+    replayed: bool = False  # the error is the step's record, replayed
+
+    def record(self) -> None:
+        """Record the error as the step's outcome: no try followed it."""
+        if not self.replayed:
+            kind, data = encode_error(self.error)
+            self.ctx.step_log.record(self.index, MODEL_STEP, ERROR, kind, time.monotonic() - self.started, data)
+
+
+class DurableRun:
+    """One run's durable clones (by the id of the agent cloned, and of the clone) and models. The runner
+    retries a failed model call by calling the model again; the tries are one step, so a failed try is
+    recorded only once no try follows it: when the model is called for another request, or at the run's
+    end (``settle``)."""
+
+    def __init__(self) -> None:
+        self.agents: dict[int, Agent[Any]] = {}
+        self.models: list[OnwardModel] = []
+
+    def settle(self) -> None:
+        for model in self.models:
+            failed, model.failed = model.failed, None
+            if failed is not None:
+                failed.record()
+
+
+class OnwardModel(Model):
+    """A model whose ``get_response`` calls, inside an onward task, are durable steps: one step per call,
+    whatever the number of tries the runner makes of it (recorded: the outcome of the last)."""
+
+    def __init__(self, wrapped: Model, run: DurableRun | None = None) -> None:
         self.wrapped = wrapped
+        self.failed: _Try | None = None
+        self.replayed_errors: list[BaseException] = []
+        if run is not None:
+            run.models.append(self)
 
     async def get_response(self, system_instructions: Any, input: Any, model_settings: ModelSettings, *args: Any,
                            **kwargs: Any) -> ModelResponse:
-        def call(key: str | None) -> Any:
-            if key is not None:  # the step's key as a header, for a server that deduplicates
-                headers = {IDEMPOTENCY_HEADER: key, **(model_settings.extra_headers or {})}
-                settings = dataclasses.replace(model_settings, extra_headers=headers)
-            else:
-                settings = model_settings
-            return self.wrapped.get_response(system_instructions, input, settings, *args, **kwargs)
-        return await durable_call_async("openai_agents.model", call, _encode_response, _decode_response)
+        ctx = active_context()
+        if ctx is None:
+            return await self.wrapped.get_response(system_instructions, input, model_settings, *args, **kwargs)
+        log = ctx.step_log
+        if not log.loaded:
+            await asyncio.to_thread(log.load)
+        failed, self.failed = self.failed, None
+        # The runner tries a call again with the very same input list; anything else is another call.
+        if failed is not None and failed.ctx is ctx and failed.input is input:
+            if failed.replayed:  # no call: the record is the call's outcome, whatever the tries
+                self.failed = failed
+                raise failed.error
+            attempt = failed
+        else:
+            if failed is not None:
+                await asyncio.to_thread(failed.record)
+            index, record = log.begin(MODEL_STEP, VALUE)
+            if record is not None:
+                f = log.replayed_one(record)
+                if record.kind == ERROR:
+                    error = decode_error(f)
+                    self.replayed_errors = [error]
+                    self.failed = _Try(ctx, input, error, replayed=True)
+                    raise error
+                return _decode_response(JSON.loads(f.payload))
+            attempt = _Try(ctx, input, error=Exception(), index=index,
+                           key=idempotency_key(log.task, MODEL_STEP, index), started=time.monotonic())
+        ctx.check()  # stopping or cancelled: do not pay for a call whose result could not be kept
+        # The step's key as a header, for a server that deduplicates: the same on every try.
+        headers = {IDEMPOTENCY_HEADER: attempt.key, **(model_settings.extra_headers or {})}
+        settings = dataclasses.replace(model_settings, extra_headers=headers)
+        token = _RUNNING_STEP.set(StepCall(MODEL_STEP, attempt.index, attempt.key))
+        try:
+            response = await self.wrapped.get_response(system_instructions, input, settings, *args, **kwargs)
+        except BaseException as e:
+            if isinstance(e, Exception) and not isinstance(e, OnwardError):  # recordable, as a step's error
+                attempt.error = e
+                self.failed = attempt
+            raise
+        finally:
+            _RUNNING_STEP.reset(token)
+        data = _encode_response(response)
+        await asyncio.to_thread(log.record, attempt.index, MODEL_STEP, VALUE, JSON.name,
+                                time.monotonic() - attempt.started, JSON.dumps(data))
+        return _decode_response(data)
 
     # Everything else a Model offers is the wrapped model's: the runner asks it for retry advice (a
     # provider's retry-after, replay safety) and has it release run-scoped resources at the run's end.
@@ -86,6 +176,8 @@ class OnwardModel(Model):
         return self.wrapped.stream_response(*args, **kwargs)
 
     def get_retry_advice(self, request: ModelRetryAdviceRequest) -> ModelRetryAdvice | None:
+        if any(request.error is e for e in self.replayed_errors):
+            return _FINAL
         return self.wrapped.get_retry_advice(request)
 
     async def _cleanup_on_run_end(self, owner: object) -> None:
@@ -105,11 +197,12 @@ class OnwardModel(Model):
 class OnwardModelProvider(ModelProvider):
     """The run's model provider, its models wrapped in ``OnwardModel``."""
 
-    def __init__(self, wrapped: ModelProvider) -> None:
+    def __init__(self, wrapped: ModelProvider, run: DurableRun | None = None) -> None:
         self.wrapped = wrapped
+        self.run = run
 
     def get_model(self, model_name: str | None) -> Model:
-        return OnwardModel(self.wrapped.get_model(model_name))
+        return OnwardModel(self.wrapped.get_model(model_name), self.run)
 
     async def aclose(self) -> None:
         close = getattr(self.wrapped, "aclose", None)
@@ -133,23 +226,24 @@ def durable_tool(tool: Any) -> Any:
     return durable
 
 
-def durable_agent(agent: Agent[Any], memo: dict[int, Agent[Any]] | None = None) -> Agent[Any]:
+def durable_agent(agent: Agent[Any], run: DurableRun | None = None) -> Agent[Any]:
     """A clone of ``agent`` (and of every agent it hands off to, as an ``Agent`` or a ``Handoff``) with durable
-    tools and model. ``memo`` maps each agent of the run (and each clone, to itself) to its clone."""
-    memo = {} if memo is None else memo
+    tools and model, kept in ``run`` (which maps each agent of the run, and each clone, to the clone)."""
+    run = DurableRun() if run is None else run
+    memo = run.agents
     if id(agent) in memo:
         return memo[id(agent)]
     clone = agent.clone()
     memo[id(agent)] = memo[id(clone)] = clone  # before the handoffs: agents may hand off to each other
     clone.tools = [durable_tool(t) for t in agent.tools]
     if isinstance(agent.model, Model) and not isinstance(agent.model, OnwardModel):
-        clone.model = OnwardModel(agent.model)
-    clone.handoffs = [durable_agent(h, memo) if isinstance(h, Agent) else durable_handoff(h, memo)
+        clone.model = OnwardModel(agent.model, run)
+    clone.handoffs = [durable_agent(h, run) if isinstance(h, Agent) else durable_handoff(h, run)
                       for h in agent.handoffs]
     return clone
 
 
-def durable_handoff(handoff: Any, memo: dict[int, Agent[Any]]) -> Any:
+def durable_handoff(handoff: Any, run: DurableRun) -> Any:
     """A copy of ``handoff`` that hands off to the durable clone of the agent it returns. The handoff's own
     ``on_invoke_handoff`` still runs (its ``on_handoff`` callback, its input checks), as do its
     ``input_filter`` and the rest of its settings, which the copy keeps."""
@@ -159,23 +253,23 @@ def durable_handoff(handoff: Any, memo: dict[int, Agent[Any]]) -> Any:
 
     async def durable_invoke(ctx: Any, input_json: str) -> Any:
         target = await invoke(ctx, input_json)
-        return durable_agent(target, memo) if isinstance(target, Agent) else target
+        return durable_agent(target, run) if isinstance(target, Agent) else target
 
     durable = copy.copy(handoff)
     durable.on_invoke_handoff = durable_invoke
     # The runner reads the target through this weak reference too (to register its tools before the
-    # handoff): point it at the clone, which the memo keeps alive for the run.
+    # handoff): point it at the clone, which ``run`` keeps alive.
     target = handoff._agent_ref() if handoff._agent_ref is not None else None
     if isinstance(target, Agent):
-        durable._agent_ref = weakref.ref(durable_agent(target, memo))
+        durable._agent_ref = weakref.ref(durable_agent(target, run))
     return durable
 
 
-def durable_run_config(config: RunConfig | None) -> RunConfig:
+def durable_run_config(config: RunConfig | None, run: DurableRun | None = None) -> RunConfig:
     config = config if config is not None else RunConfig()
     if isinstance(config.model, Model):
-        return dataclasses.replace(config, model=OnwardModel(config.model))
-    return dataclasses.replace(config, model_provider=OnwardModelProvider(config.model_provider))
+        return dataclasses.replace(config, model=OnwardModel(config.model, run))
+    return dataclasses.replace(config, model_provider=OnwardModelProvider(config.model_provider, run))
 
 
 class OnwardRunner:
@@ -186,16 +280,24 @@ class OnwardRunner:
                   **kwargs: Any) -> Any:
         if active_context() is None:
             return await Runner.run(starting_agent, input, run_config=run_config, **kwargs)
-        return await Runner.run(durable_agent(starting_agent), input, run_config=durable_run_config(run_config),
-                                **kwargs)
+        run = DurableRun()
+        try:
+            return await Runner.run(durable_agent(starting_agent, run), input,
+                                    run_config=durable_run_config(run_config, run), **kwargs)
+        finally:
+            await asyncio.to_thread(run.settle)
 
     @classmethod
     def run_sync(cls, starting_agent: Agent[Any], input: Any, *, run_config: RunConfig | None = None,
                  **kwargs: Any) -> Any:
         if active_context() is None:
             return Runner.run_sync(starting_agent, input, run_config=run_config, **kwargs)
-        return Runner.run_sync(durable_agent(starting_agent), input, run_config=durable_run_config(run_config),
-                               **kwargs)
+        run = DurableRun()
+        try:
+            return Runner.run_sync(durable_agent(starting_agent, run), input,
+                                   run_config=durable_run_config(run_config, run), **kwargs)
+        finally:
+            run.settle()
 
     @classmethod
     def run_streamed(cls, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> Any:

@@ -5,6 +5,7 @@ file whose first attempt fails after the run (or is cut short), and counts model
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from agents import (  # noqa: E402
     ModelRetrySettings,
     ModelSettings,
     RunContextWrapper,
+    Runner,
+    ToolOutputText,
     function_tool,
     handoff,
     retry_policies,
@@ -32,6 +35,7 @@ from agents import (  # noqa: E402
 )
 from agents.usage import Usage  # noqa: E402
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
 
 from onward import step  # noqa: E402
 from onward.integrations.openai_agents import OnwardRunner  # noqa: E402
@@ -232,3 +236,49 @@ def test_a_model_call_whose_every_try_failed_replays_its_error_without_a_retry(t
     # Three tries (max_retries=2), then the error, replayed on the second attempt: no try, no retry.
     assert calls == ["fail", "fail", "fail", "fallback"]
     assert step_kinds(tmp_path / "job.db") == [("openai_agents.model", "error"), ("fallback", "value")]
+
+
+# --- F7, F14: a tool's output reaches the model as under Runner ------------------------------------------
+class Reading:
+    """A tool's return the SDK str()s for the model, and JSON cannot hold."""
+
+    def __init__(self, degrees: int) -> None:
+        self.degrees = degrees
+
+    def __str__(self) -> str:
+        return f"it is {self.degrees} degrees"
+
+
+class Weather(BaseModel):
+    city: str
+    celsius: float
+
+
+@pytest.mark.parametrize(("returned", "sent"), [
+    (Reading(21), "it is 21 degrees"),
+    (Weather(city="Oslo", celsius=3.5), "city='Oslo' celsius=3.5"),
+    ({"city": "Oslo", "celsius": 3.5}, "{'city': 'Oslo', 'celsius': 3.5}"),
+    ((1, 2), "(1, 2)"),
+    (42, "42"),
+    (ToolOutputText(text="sunny"), None),  # a structured output: content items, not text
+])
+def test_a_tools_output_reaches_the_model_as_under_runner(tmp_path: Path, returned: Any, sent: str | None) -> None:
+    calls: list[str] = []
+
+    @function_tool
+    def weather() -> Any:
+        """The weather."""
+        calls.append("tool")
+        return returned
+
+    def make() -> Agent[Any]:
+        return Agent(name="m", model=ScriptedModel("m", calls, "weather", {}), tools=[weather])
+
+    plain = asyncio.run(Runner.run(make(), "weather?")).final_output
+    assert (sent is None or plain == f"m: {sent}") and calls == ["m", "tool", "m"]
+
+    async def run() -> Any:
+        return (await OnwardRunner.run(make(), "weather?")).final_output
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed == plain  # the model was sent the same text, on the first run as on replay
+    assert calls == ["m", "tool", "m"] * 2  # the tool ran once in the task

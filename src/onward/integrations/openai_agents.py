@@ -11,10 +11,12 @@ function-tool call is a durable step: recorded when it returns, replayed on resu
 
 How: for the run, the starting agent and the agents it can hand off to (as an ``Agent`` or through a
 ``Handoff`` object) are cloned with their function tools' invocations wrapped (a step named
-``openai_agents.tool.NAME``, its value the tool's output as JSON) and their models wrapped (``OnwardModel``: a step named ``openai_agents.model``, its value the
-``ModelResponse``; the tries of a call the runner retries are that one step); a model named by a string is wrapped through the run's model provider. The agents
-passed in are not changed. Outside a task the run is ``agents.Runner``'s own. Streamed runs are not
-durable: ``run_streamed`` works outside a task and raises ``UsageError`` inside one.
+``openai_agents.tool.NAME``, its value the tool's output as JSON, or as the text the SDK sends the model
+when JSON would not give the model the same text) and their models wrapped (``OnwardModel``: a step named
+``openai_agents.model``, its value the ``ModelResponse``; the tries of a call the runner retries are that
+one step); a model named by a string is wrapped through the run's model provider. The agents passed in
+are not changed. Outside a task the run is ``agents.Runner``'s own. Streamed runs are not durable:
+``run_streamed`` works outside a task and raises ``UsageError`` inside one.
 
 Needs ``pip install 'onward[openai-agents]'``.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import json
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -39,6 +42,7 @@ from agents import (
     Agent,
     FunctionTool,
     Handoff,
+    ItemHelpers,
     Model,
     ModelProvider,
     ModelResponse,
@@ -49,6 +53,7 @@ from agents import (
     RunConfig,
     Runner,
 )
+from openai.types.responses import ResponseFunctionToolCall
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
@@ -210,6 +215,41 @@ class OnwardModelProvider(ModelProvider):
             await close()
 
 
+_REFUSED = object()  # the SDK refuses a tool's output (it does not fit the tool's declared output schema)
+_MISSING = object()
+
+
+def _sent_to_model(tool: FunctionTool, tool_call: Any, output: Any) -> Any:
+    """What the SDK sends the model for ``output`` of ``tool``: its function_call_output, made by the SDK's
+    own rules (a string as it is, structured outputs as content items, a declared output schema as its
+    JSON, anything else ``str(output)``)."""
+    try:
+        return ItemHelpers.tool_call_output_item(
+            tool_call, output, output_json_schema=tool.output_json_schema,
+            output_type_adapter=getattr(tool, "_output_type_adapter", None))["output"]
+    except Exception:
+        return _REFUSED
+
+
+def _through_json(value: Any) -> Any:
+    try:
+        return json.loads(json.dumps(to_jsonable_python(value)))
+    except (ValueError, TypeError):  # pydantic_core's PydanticSerializationError is a ValueError
+        return _MISSING
+
+
+def _tool_record(tool: FunctionTool, tool_call: Any, output: Any) -> Any:
+    """The tool's output as recorded, and handed to the SDK on the first run as on replay: its JSON if the
+    SDK makes of that what it makes of the output itself (plain data), else the text the SDK would send
+    the model (an object it would ``str()``, a pydantic model, a dataclass). Either way the model is sent
+    what ``Runner`` sends it, and the output need not be JSON-able."""
+    sent = _sent_to_model(tool, tool_call, output)
+    for candidate in (_through_json(output), _through_json(sent)):
+        if candidate is not _MISSING and _sent_to_model(tool, tool_call, candidate) == sent:
+            return candidate
+    return str(output)
+
+
 def durable_tool(tool: Any) -> Any:
     """A copy of ``tool`` whose invocations are steps (function tools only; others are kept as they are)."""
     if not isinstance(tool, FunctionTool):
@@ -218,8 +258,10 @@ def durable_tool(tool: Any) -> Any:
     name = f"openai_agents.tool.{tool.name}"
 
     async def durable_invoke(ctx: Any, arguments: str) -> Any:
-        return await durable_call_async(name, lambda key: invoke(ctx, arguments), to_jsonable_python,
-                                        lambda data: data)
+        tool_call = getattr(ctx, "tool_call", None) or ResponseFunctionToolCall(
+            type="function_call", name=tool.name, arguments=arguments, call_id="")
+        return await durable_call_async(name, lambda key: invoke(ctx, arguments),
+                                        lambda output: _tool_record(tool, tool_call, output), lambda data: data)
 
     durable = copy.copy(tool)
     durable.on_invoke_tool = durable_invoke

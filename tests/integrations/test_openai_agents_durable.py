@@ -282,3 +282,37 @@ def test_a_tools_output_reaches_the_model_as_under_runner(tmp_path: Path, return
     first, replayed = run_twice(tmp_path, run, is_async=True)
     assert first == replayed == plain  # the model was sent the same text, on the first run as on replay
     assert calls == ["m", "tool", "m"] * 2  # the tool ran once in the task
+
+
+# --- F6: a session is refused inside a task --------------------------------------------------------------
+def test_a_session_is_refused_inside_a_task_and_left_untouched(tmp_path: Path) -> None:
+    from agents import SQLiteSession
+
+    from onward import Job
+    from onward.errors import UsageError
+    from onward.log import QUIET
+
+    calls: list[str] = []
+    session = SQLiteSession("conversation", str(tmp_path / "session.db"))
+    agent = Agent(name="m", model=ScriptedModel("m", calls, "", {}))
+    refused: list[str] = []
+    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
+
+    @job.task
+    async def t(name: str, ctx: object) -> str:
+        for run in (lambda: OnwardRunner.run(agent, "hello", session=session),
+                    lambda: asyncio.to_thread(OnwardRunner.run_sync, agent, "hello", session=session)):
+            try:
+                await run()
+            except UsageError as e:
+                refused.append(str(e))
+        return "done"
+
+    job.add(["t"])
+    assert job.run().exit_code == 0
+    job.close()
+    assert len(refused) == 2 and all("session=" in r for r in refused)
+    assert calls == [] and asyncio.run(session.get_items()) == []
+    # Outside a task the session is the SDK's, as under Runner.
+    assert asyncio.run(OnwardRunner.run(agent, "hello", session=session)).final_output == "m: nothing"
+    assert len(asyncio.run(session.get_items())) == 2

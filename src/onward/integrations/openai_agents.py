@@ -16,7 +16,8 @@ when JSON would not give the model the same text) and their models wrapped (``On
 ``openai_agents.model``, its value the ``ModelResponse``; the tries of a call the runner retries are that
 one step); a model named by a string is wrapped through the run's model provider. The agents passed in
 are not changed. Outside a task the run is ``agents.Runner``'s own. Streamed runs are not durable:
-``run_streamed`` works outside a task and raises ``UsageError`` inside one.
+``run_streamed`` works outside a task and raises ``UsageError`` inside one, as does a run given a
+``session=`` (the session is written outside the task's record).
 
 Needs ``pip install 'onward[openai-agents]'``.
 """
@@ -314,6 +315,16 @@ def durable_run_config(config: RunConfig | None, run: DurableRun | None = None) 
     return dataclasses.replace(config, model_provider=OnwardModelProvider(config.model_provider, run))
 
 
+def _refuse_session(kwargs: dict[str, Any]) -> None:
+    """A session (``session=``) is state outside the task's record: the SDK writes each turn to it as the run
+    goes, so a run resumed after a crash would find the first attempt's turns there, add them again and
+    send the model the duplicated conversation. Refused inside a task rather than silently duplicated."""
+    if kwargs.get("session") is not None:
+        raise UsageError("OnwardRunner.run does not take session= inside a task: a resumed run would add the"
+                         " conversation to the session again. Keep the conversation in the task: pass the"
+                         " previous result's to_input_list() plus the new message as the input")
+
+
 class OnwardRunner:
     """``agents.Runner`` whose model and function-tool calls are durable steps inside an onward task."""
 
@@ -322,6 +333,7 @@ class OnwardRunner:
                   **kwargs: Any) -> Any:
         if active_context() is None:
             return await Runner.run(starting_agent, input, run_config=run_config, **kwargs)
+        _refuse_session(kwargs)
         run = DurableRun()
         try:
             return await Runner.run(durable_agent(starting_agent, run), input,
@@ -334,6 +346,7 @@ class OnwardRunner:
                  **kwargs: Any) -> Any:
         if active_context() is None:
             return Runner.run_sync(starting_agent, input, run_config=run_config, **kwargs)
+        _refuse_session(kwargs)
         run = DurableRun()
         try:
             return Runner.run_sync(durable_agent(starting_agent, run), input,

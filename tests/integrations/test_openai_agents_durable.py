@@ -133,6 +133,21 @@ def test_an_agent_reached_through_a_handoff_object_is_durable(tmp_path: Path) ->
     assert handed == ["b", "b"] and len(filtered) == 2
 
 
+
+def test_an_agent_used_as_a_tool_is_one_step(tmp_path: Path) -> None:
+    calls: list[str] = []
+    b = Agent(name="b", model=ScriptedModel("b", calls, "", {}))
+    a = Agent(name="a", model=ScriptedModel("a", calls, "ask_b", {"input": "hi"}),
+              tools=[b.as_tool("ask_b", "Ask B.")])
+
+    async def run() -> Any:
+        return (await OnwardRunner.run(a, "hello")).final_output
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed == "a: b: nothing"
+    assert calls == ["a", "b", "a"]  # B's nested run is recorded as the tool's output: replayed, not run
+    assert step_names(tmp_path / "job.db") == ["openai_agents.model", "openai_agents.tool.ask_b",
+                                               "openai_agents.model"]
+
 # --- F13, F12: the SDK's own retries of a model call -----------------------------------------------------
 class Overloaded(Exception):
     """What a provider raises for a call worth trying again (a 429)."""

@@ -302,7 +302,8 @@ def durable_handoff(handoff: Any, run: DurableRun) -> Any:
     durable.on_invoke_handoff = durable_invoke
     # The runner reads the target through this weak reference too (to register its tools before the
     # handoff): point it at the clone, which ``run`` keeps alive.
-    target = handoff._agent_ref() if handoff._agent_ref is not None else None
+    ref = getattr(handoff, "_agent_ref", None)  # absent from SDK versions before it
+    target = ref() if ref is not None else None
     if isinstance(target, Agent):
         durable._agent_ref = weakref.ref(durable_agent(target, run))
     return durable

@@ -968,7 +968,7 @@ def test_a_planted_error_record_cannot_run_code_in_the_worker_that_resumes(tmp_p
     with sqlite3.connect(db) as c:
         (data,) = c.execute("SELECT data FROM steps WHERE kind = 'error'").fetchone()
         head = bytes(data).partition(b"\n")[0]
-        assert head.startswith(b"pickle ")
+        assert head.startswith(b"error-pickle ")
         c.execute("UPDATE steps SET data = ? WHERE kind = 'error'", (head + b"\n" + pickle.dumps(Payload()),))
     c.close()
     assert run_onward("retry", "--db", db, "t").returncode == 0

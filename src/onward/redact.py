@@ -26,12 +26,20 @@ def redact_url(text: str) -> str:
     return _KEYWORD_PASSWORD.sub(r"\g<head>***", _URL_PASSWORD.sub(r"\g<head>***@", text))
 
 
+MIN_PIECE = 4  # the shortest part of a password after an "@" that is hidden on its own (url_secrets)
+
+
 def url_secrets(text: str) -> list[str]:
     """Every form in which the password of a URL in ``text`` (and $PGPASSWORD) could show up in a text: as
-    written, percent-decoded, unquoted for a quoted ``password='…'``, and up to its first "@"."""
+    written, percent-decoded, unquoted for a quoted ``password='…'``, up to its first "@", and after it."""
     found = [m["password"] for pattern in (_URL_PASSWORD, _KEYWORD_PASSWORD) for m in pattern.finditer(text)]
     found += [raw[1:-1] for raw in found if len(raw) >= 2 and raw[0] == raw[-1] == "'"]
     found += [raw.split("@", 1)[0] for raw in found]  # libpq reads up to the first "@", and quotes that
+    # ... and takes what follows it for the host, which a driver's message then quotes ("failed to resolve
+    # host 'Tr0ub4dor@127.0.0.1'"): every piece after an "@" too. Not the shortest: a piece of a few
+    # characters would be replaced wherever it occurs, and the message would say nothing.
+    found += [piece for raw in found for at in _at_signs(raw)
+              for piece in (raw[at + 1:], raw[at + 1:].split("@", 1)[0]) if len(piece) >= MIN_PIECE]
     if os.environ.get("PGPASSWORD"):
         found.append(os.environ["PGPASSWORD"])
     if not found:
@@ -40,6 +48,10 @@ def url_secrets(text: str) -> list[str]:
 
     secrets = {s for raw in found for s in (raw, unquote(raw)) if s}
     return sorted(secrets, key=len, reverse=True)  # longest first: a secret may contain a shorter one
+
+
+def _at_signs(text: str) -> list[int]:
+    return [i for i, c in enumerate(text) if c == "@"]
 
 
 def scrub(text: str, secrets: Sequence[str]) -> str:

@@ -80,6 +80,22 @@ def test_an_unparsable_url_never_prints_its_password_in_the_error(command: str, 
     assert token not in text and f"{pgutil.PG_USER}:***@" in text, text
 
 
+@pytest.mark.parametrize("password", ["hunter2@{token}", "p#ss@w%rd{token}", "a@b@{token}@c"])
+@pytest.mark.parametrize("command", ["status", "metrics", "jobs", "logs", "run"])
+def test_a_password_with_an_unencoded_at_sign_never_shows_after_it(command: str, password: str) -> None:
+    """libpq takes a password up to its first "@" and the rest for the host, which its error then quotes
+    ("failed to resolve host 'Tr0ub4dor@127.0.0.1'"): that tail was printed in every command's error."""
+    token = uuid.uuid4().hex[:10]
+    url = (f"postgresql://{pgutil.PG_USER}:{password.format(token=token)}@{pgutil.PG_HOST}:{pgutil.PG_PORT}/"
+           f"{pgutil.ADMIN_DB}")
+    args = {"run": ["run", "--", "true"]}.get(command, [command])
+    r = run_onward(*args[:1], "--db", url, *args[1:])
+    text = (r.stdout + r.stderr).decode()
+    assert r.returncode == 2, text
+    assert text.startswith("onward: error: ") and text.count("\n") == 1, text
+    assert token not in text, text
+
+
 @pytest.mark.parametrize("scheme", ["mysql", "sqlite", "POSTGRESQL", "https"])
 def test_a_store_url_of_the_wrong_kind_never_prints_its_password_in_the_error(scheme: str, tmp_path: Path) -> None:
     token = uuid.uuid4().hex[:10]

@@ -435,6 +435,12 @@ def _run_cli(argv: list[str] | None) -> int:
         _say_error(e.format_message())
         return e.exit_code
     except SystemExit as e:
+        if type(sys.stdout).__name__.endswith("PacifyFlushWrapper"):
+            # click's own answer to a reader that went away (EPIPE), even outside standalone mode: it wraps
+            # the streams and exits 1, the status of "a task asked for is unknown or not done". It is no
+            # error here either (`onward metrics | head -1`), as below.
+            quiet_broken_pipe()
+            return 0
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BrokenPipeError:
         quiet_broken_pipe()

@@ -141,3 +141,19 @@ def test_service_install_dry_run_exits_0(tmp_path: Path) -> None:
     done = run_onward("service", "install", "--name", "j", "--dry-run", "--", "true", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert b"[Service]" in done.stdout
+
+
+@pytest.mark.parametrize("args", [["jobs"], ["metrics"], ["status", "--json"], ["status", "--watch"], ["list"],
+                                  ["logs"]])
+def test_a_reader_that_goes_away_early_is_exit_0_and_says_nothing(job: Path, args: list[str]) -> None:
+    """`onward metrics | head -1` under `set -o pipefail`: the reader closing its end is no error. click
+    answers it itself, even outside standalone mode, with exit 1 (a task unknown or not done) for every
+    command that did not catch it first (jobs, metrics, status on a store with a worker, --watch)."""
+    import subprocess
+
+    p = subprocess.Popen(onward_argv(*args), cwd=job, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # before anything is written: its first write meets a closed pipe
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 0, err
+    assert err == b""

@@ -38,15 +38,19 @@ class Progress:
     rate: float  # tasks finished per second, recently
     eta_seconds: int | None  # None: cannot be told
     no_worker: bool = False  # nobody is working: say so instead of an ETA
+    # Cancelled tasks are finished but no failure (README): counted apart, and named only when there are some.
+    cancelled: int = 0
 
     @property
     def finished(self) -> int:
-        return min(self.done + self.failed, self.total)
+        return min(self.done + self.failed + self.cancelled, self.total)
 
     def words(self) -> str:
         """The bar's text: counts, percentage, rate and ETA (or why there is none)."""
         pct = 100 * self.finished / self.total if self.total else 100.0
-        text = f"{self.finished}/{self.total} {pct:.1f}%  done {self.done}  failed {self.failed}  {self.rate:.1f}/s"
+        cancelled = f"  cancelled {self.cancelled}" if self.cancelled else ""
+        text = (f"{self.finished}/{self.total} {pct:.1f}%  done {self.done}  failed {self.failed}{cancelled}"
+                f"  {self.rate:.1f}/s")
         if self.no_worker:
             return text + "  no worker running"
         return text + "  eta " + ("-" if self.eta_seconds is None else duration(self.eta_seconds))
@@ -56,7 +60,7 @@ def progress_of_status(report: dict[str, Any]) -> Progress:
     """The bar's figures from ``status_dict``'s report (what ``onward status --json`` prints)."""
     eta = report["eta_seconds"]
     return Progress(total=int(report["total"]), done=int(report[DONE]),
-                    failed=int(report[FAILED]) + int(report.get(CANCELLED, 0)),
+                    failed=int(report[FAILED]), cancelled=int(report.get(CANCELLED, 0)),
                     rate=float(report["rate_per_second"]), eta_seconds=eta if isinstance(eta, int) else None,
                     no_worker=eta is None and not report["workers_alive"])
 
@@ -75,9 +79,9 @@ def bar_line(progress: Progress, width: int) -> str:
 class RunBar:
     """The bar under ``onward run``'s log lines on a terminal: log lines are written above it (through
     ``Log.pinned``), and a thread redraws it every REDRAW_SECONDS from ``read()``, which returns the
-    worker's latest estimate (total, done, failed, left) without touching the store."""
+    worker's latest estimate (total, done, failed, cancelled, left) without touching the store."""
 
-    def __init__(self, stream: TextIO, read: Callable[[], tuple[int, int, int, int]]) -> None:
+    def __init__(self, stream: TextIO, read: Callable[[], tuple[int, int, int, int, int]]) -> None:
         self.stream = stream
         self.read = read
         self._lock = threading.Lock()
@@ -111,18 +115,19 @@ class RunBar:
 
     def _draw(self) -> None:
         try:
-            total, done, failed, left = self.read()
+            total, done, failed, cancelled, left = self.read()
         except Exception:  # noqa: BLE001 - a figure read mid-update must never stop the worker
             return
         now = time.monotonic()
-        finished = done + failed
+        finished = done + failed + cancelled
         self._history.append((now, finished))
         while len(self._history) > 2 and self._history[0][0] < now - RATE_WINDOW_SECONDS:
             self._history.popleft()
         first_at, first_finished = self._history[0]
         rate = (finished - first_finished) / (now - first_at) if now - first_at >= 1.0 else 0.0
         eta = (0 if not left else math.ceil(left / rate) if rate > 0 else None)
-        progress = Progress(total=total, done=done, failed=failed, rate=max(rate, 0.0), eta_seconds=eta)
+        progress = Progress(total=total, done=done, failed=failed, rate=max(rate, 0.0), eta_seconds=eta,
+                            cancelled=cancelled)
         try:
             width = os.get_terminal_size(self.stream.fileno()).columns
         except (OSError, ValueError):
@@ -139,17 +144,17 @@ class RunBar:
 
 
 def run_bar_reader(counts_seen: Callable[[], tuple[dict[str, int], int, int]],
-                   tally: Callable[[], tuple[int, int]]) -> Callable[[], tuple[int, int, int, int]]:
+                   tally: Callable[[], tuple[int, int]]) -> Callable[[], tuple[int, int, int, int, int]]:
     """``RunBar.read`` for a worker: the store's counts as of its last heartbeat, moved on by the tasks it
     finished itself since (``tally``: done and failed for good so far; ``counts_seen``: the counts and the
-    tally when they were read)."""
-    def read() -> tuple[int, int, int, int]:
+    tally when they were read). Returns (total, done, failed, cancelled, left)."""
+    def read() -> tuple[int, int, int, int, int]:
         counts, done_then, failed_then = counts_seen()
         done_now, failed_now = tally()
         total = sum(counts.values())
         done = counts.get(DONE, 0) + done_now - done_then
-        failed = counts.get(FAILED, 0) + counts.get(CANCELLED, 0) + failed_now - failed_then
+        failed = counts.get(FAILED, 0) + failed_now - failed_then
         left = max(counts.get(PENDING, 0) + counts.get(RUNNING, 0) - (done_now - done_then)
                    - (failed_now - failed_then), 0)
-        return total, min(done, total), failed, left
+        return total, min(done, total), failed, counts.get(CANCELLED, 0), left
     return read

@@ -315,3 +315,24 @@ def test_watch_says_paused_while_the_job_is_paused(store_url: str) -> None:
     finally:
         store.close()
     assert one_line().rstrip().endswith(" workers 0 paused")
+
+
+def test_the_bar_counts_cancelled_tasks_apart_from_failed_ones(tmp_path: Path) -> None:
+    """Cancelled tasks are finished and no failure (README): the bar said "failed 3" for 3 cancelled and none
+    failed, under the counts line saying "failed 0 cancelled 3"."""
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "a", "b", "c", "d", "e").returncode == 0
+    assert run_onward("cancel", "--db", db, "a", "b", "c").returncode == 0
+    term = Terminal(columns=100)
+    watch = subprocess.Popen(onward_argv("status", "--db", db, "--watch", "--interval", "0.2"),
+                             stdout=term.follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             env=terminal_env())
+    term.start_reading()
+    try:
+        wait_for(lambda: BAR.search(term.text) is not None, 30, "the bar to be drawn")
+    finally:
+        watch.send_signal(signal.SIGINT)
+        watch.wait(30)
+        term.close()
+    (bar,) = {line.strip() for line in term.text.splitlines() if BAR.search(line)}
+    assert "3/5 60.0%  done 0  failed 0  cancelled 3" in bar, bar

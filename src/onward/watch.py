@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .errors import StoreError
+from .errors import StoreError, StoreGone
 from .log import iso_time, printable
 from .progress import Progress, bar_line, duration, progress_of_status
 from .status import cut_middle, status_dict
@@ -74,7 +74,12 @@ def _reports(store: Store, interval: float) -> Iterator[tuple[dict[str, Any], st
         started = time.monotonic()
         trouble = None
         try:
-            store.idle()
+            try:
+                store.idle()
+            except StoreGone:
+                # The file at the store's location was deleted or replaced: show what is there now, as a watch
+                # on PostgreSQL does once a dropped schema is made again (its connection finds the new one).
+                store = _open_again(store)
             report = status_dict(store)
         except StoreError as e:
             if report is None:
@@ -83,6 +88,16 @@ def _reports(store: Store, interval: float) -> Iterator[tuple[dict[str, Any], st
         if report is not None:
             yield report, trouble
         time.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+def _open_again(gone: Store) -> Store:
+    """The store now at ``gone``'s location, in place of ``gone`` (closed); ``StoreMissing`` (a
+    ``StoreError``: said over the last report, and tried again next tick) while there is none."""
+    from .store import open_store
+
+    fresh = open_store(gone.url, create=False, job=gone.job)
+    gone.close()
+    return fresh
 
 
 def plain_line(report: dict[str, Any], trouble: str | None = None) -> str:

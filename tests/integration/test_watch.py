@@ -13,6 +13,7 @@ import struct
 import subprocess
 import termios
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -336,3 +337,51 @@ def test_the_bar_counts_cancelled_tasks_apart_from_failed_ones(tmp_path: Path) -
         term.close()
     (bar,) = {line.strip() for line in term.text.splitlines() if BAR.search(line)}
     assert "3/5 60.0%  done 0  failed 0  cancelled 3" in bar, bar
+
+
+def next_line_with(process: subprocess.Popen[bytes], needle: str, timeout: float = 20) -> str:
+    """The next line ``process`` prints that holds ``needle``, waiting at most ``timeout`` seconds."""
+    import select
+
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([process.stdout], [], [], left)[0], f"no line with {needle!r}"
+        line = process.stdout.readline().decode()
+        if needle in line:
+            return line
+
+
+def test_watch_and_logs_follow_notice_a_store_deleted_or_replaced_under_them(tmp_path: Path) -> None:
+    """Left running beside a job, they showed the deleted file's state for ever (the watch: "paused" and 3
+    tasks, while the store at that path had 5 and was not paused; logs -f: silence). The watch now says the
+    store is gone while none is there, and shows the new one once it is; logs -f stops with one line."""
+    db = tmp_path / "s.db"
+    assert run_onward("add", "--db", str(db), "a", "b", "c").returncode == 0
+    assert run_onward("pause", "--db", str(db)).returncode == 0
+    watch = subprocess.Popen(onward_argv("status", "--db", str(db), "--watch", "--interval", "0.1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ)
+    logs = subprocess.Popen(onward_argv("logs", "--db", str(db), "-f"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=os.environ)
+    assert watch.stdout is not None and logs.stdout is not None
+    try:
+        assert " total 3 " in watch.stdout.readline().decode()
+        assert b"paused" in logs.stdout.readline() + logs.stdout.readline()  # the journal so far: added, paused
+        for path in tmp_path.glob("s.db*"):
+            path.unlink()
+        line = next_line_with(watch, "store unavailable")
+        assert "total 3" in line and "no onward store" in line, line  # the last report stands, and says so
+        assert run_onward("add", "--db", str(db), "v", "w", "x", "y", "z").returncode == 0
+        line = next_line_with(watch, " total 5 ")
+        assert "store unavailable" not in line and "paused" not in line, line
+        assert logs.wait(timeout=30) == 2
+        err = logs.stderr.read().decode() if logs.stderr else ""
+        assert err.count("\n") == 1 and "while this process was using it; stopping" in err, err
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        watch.communicate(timeout=30)
+        if logs.poll() is None:
+            logs.kill()
+            logs.wait()
+    assert watch.returncode == 0

@@ -355,7 +355,7 @@ class PostgresStore(SqlStore):
             return  # unreachable right now: renewals report that; only the server's answer can say "gone"
         if found != self._identity:
             what = "was dropped" if found is None else "was replaced (dropped and created again)"
-            raise StoreGone(f"store {self.url}: its schema \"onward\" {what} while this worker was using it;"
+            raise StoreGone(f"store {self.url}: its schema \"onward\" {what} while this process was using it;"
                             " stopping")
 
     def now(self) -> float:

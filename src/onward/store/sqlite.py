@@ -344,6 +344,9 @@ class SqliteStore(SqlStore):
 
     def idle(self) -> None:
         if not os.path.lexists(unsynced_mark(self.path)) and not isinstance(self._db, _NotConnected):
+            # A reader left running (status --watch, logs -f) kept showing a file deleted or replaced under
+            # it, for ever: one stat a look says so (StoreGone), as the contract asks.
+            self.check_still_there()
             if self._guarded_for_mark:  # another process rewrote the log since (it removes the mark after)
                 self._log_suspect = self._guarded_for_mark = False
                 self._unguard_log()
@@ -643,7 +646,7 @@ class SqliteStore(SqlStore):
 
     def _gone(self, found: tuple[int, int] | None) -> StoreGone:
         what = "was deleted" if found is None else "was replaced by another file"
-        return StoreGone(f"store {self.path} {what} while this worker was using it; stopping")
+        return StoreGone(f"store {self.path} {what} while this process was using it; stopping")
 
     def wakeup_fd(self) -> int | None:
         return None  # one file, no server to signal: idle workers poll (with backoff, at most 1 s)

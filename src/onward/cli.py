@@ -10,7 +10,6 @@ a database server down): supervisors restart it later.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -31,7 +30,7 @@ from .errors import (
     UsageError,
     WedgedTask,
 )
-from .log import NORMAL, QUIET, VERBOSE, Log, iso_time
+from .log import NORMAL, QUIET, VERBOSE, Log, iso_time, json_line
 from .pipes import quiet_broken_pipe, unavailable_line
 from .store.base import STATES
 
@@ -181,7 +180,7 @@ def status(db: str | None, job: str, as_json: bool, watch: bool, interval: float
     finally:
         store.close()
     if as_json:
-        click.echo(json.dumps(report, ensure_ascii=False))
+        click.echo(json_line(report))
     else:
         render_status(report)
 
@@ -205,7 +204,7 @@ def list_(db: str | None, job: str, state: str | None, long_: bool, as_json: boo
     try:
         for row in store.iter_tasks(state):
             if as_json:
-                out.write(json.dumps(task_json(row), ensure_ascii=False) + "\n")
+                out.write(json_line(task_json(row)) + "\n")
             elif long_:
                 out.write(f"{row.state}\t{row.attempts}\t{iso_time(row.added_at)}\t{iso_time(row.finished_at)}\t{row.name}\n")
             else:
@@ -303,7 +302,7 @@ def logs(db: str | None, job: str, task: str | None, last: int | None, since: st
     from .store import open_store
 
     def show(event: Event) -> str:
-        return json.dumps(event_json(event), ensure_ascii=False) if as_json else format_event(event)
+        return json_line(event_json(event)) if as_json else format_event(event)
 
     try:
         store = _open_when_there(db, job) if follow else open_store(db, create=False, job=job)

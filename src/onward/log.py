@@ -28,6 +28,14 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
 
 
+def json_line(value: object) -> str:
+    """``value`` as one line of JSON for a terminal or a pipe (``--json`` outputs): UTF-8 text kept as it
+    is, but every character ``printable`` escapes written as a JSON escape (U+202E as ``\\u202e``), which
+    ``json.dumps`` leaves raw for DEL, the C1 controls, the line separators and the bidi overrides. Reads
+    back as the same value."""
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m[0]):04x}", json.dumps(value, ensure_ascii=False))
+
+
 def quote(text: str, limit: int = 200) -> str:
     """A task text as it appears in a log line: JSON-quoted (so it stays on one line), cut if long."""
     if len(text) > limit:

@@ -149,7 +149,7 @@ def print_plain_status(db: str | None, job: str | None, as_json: bool) -> bool:
 
 
 def plain_json(report: dict[str, Any]) -> str:
-    """``json.dumps(report, ensure_ascii=False)``, written here without loading json when every value is
+    """``log.json_line(report)``, written here without loading json when every value is
     one that json writes plainly: None, a boolean, an int or a finite float (as its ``repr``), an empty
     list, or a text of printable characters without ``"`` or ``\\`` (json escapes only those and control
     characters). Such is the plain status's report, nearly always: `onward status --json` then spares
@@ -160,9 +160,9 @@ def plain_json(report: dict[str, Any]) -> str:
     for key, value in report.items():
         key_text, value_text = _plain_json_value(key), _plain_json_value(value)
         if key_text is None or value_text is None:
-            import json
+            from .log import json_line
 
-            return json.dumps(report, ensure_ascii=False)
+            return json_line(report)
         fields.append(f"{key_text}: {value_text}")
     return "{" + ", ".join(fields) + "}"
 

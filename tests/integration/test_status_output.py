@@ -51,10 +51,20 @@ def test_escape_sequences_in_a_task_stderr_are_printed_escaped_but_stored_raw(tm
     assert_no_raw_controls(journal.stdout.decode())
     assert "\\x1b[2J\\x1b]0;pwned\\x07" in journal.stdout.decode()
 
-    # The stored error is data: --json keeps it (JSON-escaped), and so does the task's name.
-    report = json.loads(run_onward("status", "--db", db, "--json").stdout)
+    # The stored error is data: --json keeps it (JSON-escaped), and so does the task's name. Every --json
+    # output escapes what `printable` escapes, U+202E included (json.dumps wrote it raw: a terminal showing
+    # the line reordered it).
+    outputs = {args: run_onward(*args[:1], "--db", db, *args[1:]) for args in (
+        ("status", "--json"), ("logs", "--json"), ("list", "--json"))}
+    for args, r in outputs.items():
+        assert r.returncode == 0, (args, r.stderr)
+        assert_no_raw_controls(r.stdout.decode())
+        assert "\\u202e" in r.stdout.decode(), args
+    report = json.loads(outputs[("status", "--json")].stdout)
     (error,) = [e for e in report["errors"] if e["kind"] == "failed"]
     assert "\x1b[2J\x1b]0;pwned\x07" in error["error"] and error["task"] == hostile_name
+    (listed,) = [json.loads(line) for line in outputs[("list", "--json")].stdout.splitlines()]
+    assert listed["name"] == hostile_name, listed
 
 
 def status_json(db: str) -> dict[str, Any]:

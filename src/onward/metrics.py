@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .status import status_dict
+from .status import SILENT_WORKER_SECONDS, status_dict
 from .store.base import STATES
 
 if TYPE_CHECKING:
@@ -80,7 +80,10 @@ def job_metrics(report: dict[str, Any], totals: Any) -> Iterator[Metric]:
                                   "Seconds since each live worker's last heartbeat.",
                                   labels=["job", "worker", "host", "pid"])
     for w in report["workers"]:
-        if w["alive"] is not False:
+        # Live as workers_alive counts them: alive by their pid here, by a heartbeat under a minute elsewhere.
+        # A worker on another host that died without a word was exported for ever (its age growing), a new
+        # series for each such death; its death shows in workers_alive.
+        if w["alive"] if w["alive"] is not None else w["heartbeat_age"] < SILENT_WORKER_SECONDS:
             heartbeat.add_metric([job, str(w["id"]), str(w["host"]), str(w["pid"])], float(w["heartbeat_age"]))
     yield heartbeat
 

@@ -142,3 +142,24 @@ def test_metrics_label_each_job_and_refuse_a_missing_store(tmp_path: Path) -> No
     missing = run_onward("metrics", "--db", str(tmp_path / "none.db"))
     assert missing.returncode == 2 and missing.stdout == b"" and missing.stderr.count(b"\n") == 1
     assert not (tmp_path / "none.db").exists()
+
+
+def test_a_worker_on_another_host_silent_for_long_is_no_live_worker_in_the_metrics(tmp_path: Path) -> None:
+    """A worker that died on another host without a word stayed in onward_worker_heartbeat_age_seconds
+    ("each live worker") for ever, its age growing, one new series per death, while workers_alive said 0.
+    Live is what workers_alive counts: by pid here, by a heartbeat under a minute elsewhere."""
+    import sqlite3
+    import time
+
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "a").returncode == 0
+    now = time.time()
+    with sqlite3.connect(db) as c:  # two workers of another host, as their rows would be: one silent for 2 h
+        for pid, heartbeat_at in ((1001, now - 7200), (1002, now)):
+            c.execute("INSERT INTO workers (host, host_key, pid, pid_start, started_at, heartbeat_at, job_id)"
+                      " VALUES ('otherhost', 'otherhost-key', ?, 1, ?, ?, 1)", (pid, now - 8000, heartbeat_at))
+    c.close()
+    samples = scrape(db)
+    shown = {labels["pid"] for labels, _ in samples["onward_worker_heartbeat_age_seconds"]}
+    assert shown == {"1002"}, samples["onward_worker_heartbeat_age_seconds"]
+    assert samples["onward_workers_alive"][0][1] == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from .errors import UsageError
 from .log import NORMAL, QUIET, VERBOSE
@@ -119,7 +120,7 @@ OPTIONAL_SETTINGS = frozenset({"timeout", "lease", "stall_timeout"})
 LOG_LEVELS = (QUIET, NORMAL, VERBOSE)
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     """An int or a float, and not a bool: True is an int to Python, but ``heartbeat=True`` or
     ``concurrency=True`` is a slip, never a setting (concurrency and max_attempts refused it first)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -54,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload
 
+from .config import is_number
 from .errors import OnwardError, UsageError
 from .step_log import REPLAY_POLICIES, STRICT, StepLog
 from .step_records import (
@@ -145,8 +146,7 @@ class StepSpec:
             raise UsageError(f"step {self.name!r}: max_attempts must be a whole number, at least 1 (got {self.max_attempts!r})")
         for what in ("backoff", "max_backoff"):
             value = getattr(self, what)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
+            if not is_number(value) or not math.isfinite(value) or value < 0:
                 raise UsageError(f"step {self.name!r}: {what} must be a finite number of seconds, 0 or more"
                                  f" (got {value!r:.60})")
         if not all(isinstance(kind, type) and issubclass(kind, BaseException)

@@ -17,6 +17,7 @@ import json
 import math
 from typing import Any
 
+from .config import is_number
 from .errors import NotSent, UnknownTask, UsageError, WaitTimeout
 from .store.base import Store
 
@@ -72,8 +73,7 @@ def _seconds(what: str, value: object, or_none: bool = False) -> int | float:
     """``value`` if it is a number, not NaN nor infinite, and at most MAX_WAIT_SECONDS; ``UsageError``
     naming ``what`` otherwise. Left as it came (the callers check its lower bound before making it a
     float: an int too big for one would raise OverflowError there)."""
-    # bool is an int to Python, but True seconds is a slip, as everywhere else onward takes a number.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):  # True seconds is a slip, as everywhere else onward takes a number
         takes = "a number of seconds" + (" or None" if or_none else "")
         raise UsageError(f"{what} must be {takes}, not {type(value).__name__}: {value!r:.60}")
     if isinstance(value, float) and not math.isfinite(value):

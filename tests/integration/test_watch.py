@@ -71,6 +71,16 @@ def terminal_env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, "TERM": "xterm"}
 
 
+def watch_on_a_terminal(db: str, columns: int) -> tuple[Terminal, subprocess.Popen[bytes]]:
+    """`onward status --watch --interval 0.2` on a terminal ``columns`` wide, its output being read."""
+    term = Terminal(columns=columns)
+    watch = subprocess.Popen(onward_argv("status", "--db", db, "--watch", "--interval", "0.2"),
+                             stdout=term.follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             env=terminal_env())
+    term.start_reading()
+    return term, watch
+
+
 @contextmanager
 def worker_holding(db: str, gate: Path, concurrency: int = 2) -> Iterator[subprocess.Popen[bytes]]:
     """A worker whose tasks run until ``gate`` exists."""
@@ -98,11 +108,7 @@ def test_watch_redraws_in_place_on_a_terminal_and_ends_cleanly_on_ctrl_c(tmp_pat
     assert run_onward("add", "--db", db, long_url, "short-task", "later-1", "later-2").returncode == 0
     with worker_holding(db, tmp_path / "gate") as worker:
         wait_for(lambda: running_count(db) == 2, 30, "both tasks to run")
-        term = Terminal(columns=80)
-        watch = subprocess.Popen(onward_argv("status", "--db", db, "--watch", "--interval", "0.2"),
-                                 stdout=term.follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                 env=terminal_env())
-        term.start_reading()
+        term, watch = watch_on_a_terminal(db, columns=80)
         try:
             # Three draws of the view: the first, and two redraws in place (the cursor moved back up).
             wait_for(lambda: term.text.count("workers (1)") >= 3, 30, "the view to be redrawn")
@@ -324,11 +330,7 @@ def test_the_bar_counts_cancelled_tasks_apart_from_failed_ones(tmp_path: Path) -
     db = str(tmp_path / "s.db")
     assert run_onward("add", "--db", db, "a", "b", "c", "d", "e").returncode == 0
     assert run_onward("cancel", "--db", db, "a", "b", "c").returncode == 0
-    term = Terminal(columns=100)
-    watch = subprocess.Popen(onward_argv("status", "--db", db, "--watch", "--interval", "0.2"),
-                             stdout=term.follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             env=terminal_env())
-    term.start_reading()
+    term, watch = watch_on_a_terminal(db, columns=100)
     try:
         wait_for(lambda: BAR.search(term.text) is not None, 30, "the bar to be drawn")
     finally:

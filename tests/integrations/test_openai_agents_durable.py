@@ -96,7 +96,15 @@ def step_names(db: Path) -> list[str]:
     return names
 
 
-# --- F4: every agent the run reaches is durable ----------------------------------------------------------
+def final_outputs_of_two_attempts(tmp_path: Path, agent: Agent) -> list[Any]:
+    """``OnwardRunner.run(agent, "hello")``'s final output in a task's first attempt, which then fails, and
+    in the second, which replays (``run_twice``)."""
+    async def run() -> Any:
+        return (await OnwardRunner.run(agent, "hello")).final_output
+    return run_twice(tmp_path, run, is_async=True)
+
+
+# --- every agent the run reaches is durable ----------------------------------------------------------
 def test_an_agent_reached_through_a_handoff_object_is_durable(tmp_path: Path) -> None:
     calls: list[str] = []
     handed: list[str] = []
@@ -140,15 +148,13 @@ def test_an_agent_used_as_a_tool_is_one_step(tmp_path: Path) -> None:
     a = Agent(name="a", model=ScriptedModel("a", calls, "ask_b", {"input": "hi"}),
               tools=[b.as_tool("ask_b", "Ask B.")])
 
-    async def run() -> Any:
-        return (await OnwardRunner.run(a, "hello")).final_output
-    first, replayed = run_twice(tmp_path, run, is_async=True)
+    first, replayed = final_outputs_of_two_attempts(tmp_path, a)
     assert first == replayed == "a: b: nothing"
     assert calls == ["a", "b", "a"]  # B's nested run is recorded as the tool's output: replayed, not run
     assert step_names(tmp_path / "job.db") == ["openai_agents.model", "openai_agents.tool.ask_b",
                                                "openai_agents.model"]
 
-# --- F13, F12: the SDK's own retries of a model call -----------------------------------------------------
+# --- the SDK's own retries of a model call -----------------------------------------------------
 class Overloaded(Exception):
     """What a provider raises for a call worth trying again (a 429)."""
 
@@ -187,9 +193,7 @@ def test_the_wrapped_models_retry_advice_and_cleanup_are_used(tmp_path: Path) ->
     model = FlakyModel(calls)
     agent = Agent(name="m", model=model, model_settings=provider_suggested())
 
-    async def run() -> Any:
-        return (await OnwardRunner.run(agent, "hello")).final_output
-    first, replayed = run_twice(tmp_path, run, is_async=True)
+    first, replayed = final_outputs_of_two_attempts(tmp_path, agent)
     # The provider's advice retried the failed try, as under Runner; the answer is replayed after.
     assert first == replayed == "m: nothing"
     assert calls == ["fail", "m"]
@@ -223,9 +227,7 @@ def test_a_model_call_the_runner_retries_is_one_step(tmp_path: Path) -> None:
     model = KeyedFlakyModel(calls)
     agent = Agent(name="m", model=model, model_settings=provider_suggested())
 
-    async def run() -> Any:
-        return (await OnwardRunner.run(agent, "hello")).final_output
-    first, replayed = run_twice(tmp_path, run, is_async=True)
+    first, replayed = final_outputs_of_two_attempts(tmp_path, agent)
     assert first == replayed == "m: nothing"
     assert calls == ["fail", "m"]  # the second attempt replayed the answer, without a try
     assert step_kinds(tmp_path / "job.db") == [("openai_agents.model", "value")]  # the try that failed is not
@@ -253,7 +255,7 @@ def test_a_model_call_whose_every_try_failed_replays_its_error_without_a_retry(t
     assert step_kinds(tmp_path / "job.db") == [("openai_agents.model", "error"), ("fallback", "value")]
 
 
-# --- F7, F14: a tool's output reaches the model as under Runner ------------------------------------------
+# --- a tool's output reaches the model as under Runner ------------------------------------------
 class Reading:
     """A tool's return the SDK str()s for the model, and JSON cannot hold."""
 
@@ -299,7 +301,7 @@ def test_a_tools_output_reaches_the_model_as_under_runner(tmp_path: Path, return
     assert calls == ["m", "tool", "m"] * 2  # the tool ran once in the task
 
 
-# --- F6: a session is refused inside a task --------------------------------------------------------------
+# --- a session is refused inside a task --------------------------------------------------------------
 def test_a_session_is_refused_inside_a_task_and_left_untouched(tmp_path: Path) -> None:
     from agents import SQLiteSession
 

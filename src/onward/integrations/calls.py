@@ -332,21 +332,18 @@ class AsyncRecordingStream(Generic[T]):
 
 
 class AsyncReplayedStream(Generic[T]):
-    """``ReplayedStream`` for ``async for``."""
+    """``ReplayedStream`` for ``async for``: the same chunks, then the same error."""
 
     def __init__(self, chunks: list[T], error: BaseException | None = None) -> None:
-        self._chunks, self._error = iter(chunks), error
+        self._replayed = ReplayedStream(chunks, error)
 
     def __aiter__(self) -> AsyncReplayedStream[T]:
         return self
 
     async def __anext__(self) -> T:
         try:
-            return next(self._chunks)
+            return next(self._replayed)
         except StopIteration:
-            if self._error is not None:
-                error, self._error = self._error, None
-                raise error from None
             raise StopAsyncIteration from None
 
     async def __aenter__(self) -> AsyncReplayedStream[T]:

@@ -165,6 +165,13 @@ def is_legacy_error(f: Frame) -> bool:
     return f.serializer in (LEGACY_ERROR_PICKLE, LEGACY_ERROR_JSON)
 
 
+def recordable(e: BaseException) -> bool:
+    """An exception a step's record keeps (and a replay raises again): not onward's own (cancellation,
+    fencing, drift), nor what is no error of the step's (KeyboardInterrupt, SystemExit, a task's
+    cancellation)."""
+    return isinstance(e, Exception) and not isinstance(e, OnwardError)
+
+
 def encode_error(e: BaseException) -> tuple[str, bytes]:
     """An exception as a step's record, so that a replay raises it again and a task that caught it takes
     the same path. Pickled, with every credential header of an HTTP request or response it holds replaced

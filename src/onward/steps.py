@@ -68,6 +68,7 @@ from .step_records import (
     StepError,
     encode_error,
     idempotency_key,
+    recordable,
 )
 from .store.base import StepRecord
 
@@ -181,10 +182,6 @@ def _retryable(spec: StepSpec, e: BaseException, tries: int) -> bool:
     return tries < spec.max_attempts and isinstance(e, spec.retry_on) and not isinstance(e, OnwardError)
 
 
-def _recordable(e: BaseException) -> bool:
-    return isinstance(e, Exception) and not isinstance(e, OnwardError)
-
-
 def _replay(log: StepLog, spec: StepSpec, record: StepRecord) -> Any:
     f = log.replayed_one(record)
     if record.kind == ERROR:
@@ -229,7 +226,7 @@ def run_step(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any
                 tries += 1
     except BaseException as e:
         _RUNNING_STEP.reset(token)
-        if _recordable(e):
+        if recordable(e):
             kind, data = encode_error(e)
             log.record(index, spec.name, ERROR, kind, time.monotonic() - started, data, e)
         raise
@@ -265,7 +262,7 @@ async def run_step_async(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any
                 tries += 1
     except BaseException as e:
         _RUNNING_STEP.reset(token)
-        if _recordable(e):
+        if recordable(e):
             kind, data = encode_error(e)
             await asyncio.to_thread(log.record, index, spec.name, ERROR, kind, time.monotonic() - started, data, e)
         raise

@@ -23,9 +23,19 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from ..errors import OnwardError, StoreError
+from ..errors import StoreError
 from ..step_log import StepLog
-from ..step_records import ERROR, JSON, VALUE, Frame, decode_error, encode_error, idempotency_key, unframe
+from ..step_records import (
+    ERROR,
+    JSON,
+    VALUE,
+    Frame,
+    decode_error,
+    encode_error,
+    idempotency_key,
+    recordable,
+    unframe,
+)
 from ..steps import StepContext, StepSpec, active_context, current_step_key, run_step, run_step_async
 from ..store.base import StepRecord
 
@@ -208,10 +218,6 @@ def _open(ctx: StepContext, name: str) -> tuple[_StreamStep | None, _Recorded | 
     return _StreamStep(log, name, index), None
 
 
-def _recordable(e: BaseException) -> bool:
-    return isinstance(e, Exception) and not isinstance(e, OnwardError)
-
-
 class RecordingStream(Generic[T]):
     """A stream whose chunks are handed on as they arrive and committed as one step at its end. Other
     attributes (``response``, ...) are the wrapped stream's."""
@@ -232,7 +238,7 @@ class RecordingStream(Generic[T]):
             self._step.commit(self._encode)
             raise
         except BaseException as e:
-            if _recordable(e):
+            if recordable(e):
                 self._step.fail_midway(e, self._encode)
             raise
         self._step.chunks.append(chunk)
@@ -312,7 +318,7 @@ class AsyncRecordingStream(Generic[T]):
             await asyncio.to_thread(self._step.commit, self._encode)
             raise
         except BaseException as e:
-            if _recordable(e):
+            if recordable(e):
                 await asyncio.to_thread(self._step.fail_midway, e, self._encode)
             raise
         self._step.chunks.append(chunk)
@@ -375,7 +381,7 @@ def durable_stream(name: str, call: Callable[[str | None], Any], encode: Callabl
     try:
         stream = call(step.key)
     except BaseException as e:
-        if _recordable(e):
+        if recordable(e):
             step.fail(e)
         raise
     return RecordingStream(stream, step, encode)
@@ -396,7 +402,7 @@ async def durable_stream_async(name: str, call: Callable[[str | None], Awaitable
     try:
         stream = await call(step.key)
     except BaseException as e:
-        if _recordable(e):
+        if recordable(e):
             await asyncio.to_thread(step.fail, e)
         raise
     return AsyncRecordingStream(stream, step, encode)

@@ -58,8 +58,8 @@ from openai.types.responses import ResponseFunctionToolCall
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from ..errors import OnwardError, UsageError
-from ..step_records import ERROR, JSON, VALUE, decode_error, encode_error, idempotency_key
+from ..errors import UsageError
+from ..step_records import ERROR, JSON, VALUE, decode_error, encode_error, idempotency_key, recordable
 from ..steps import _RUNNING_STEP, StepCall, StepContext, active_context
 from .calls import IDEMPOTENCY_HEADER, durable_call_async
 
@@ -165,7 +165,7 @@ class OnwardModel(Model):
         try:
             response = await self.wrapped.get_response(system_instructions, input, settings, *args, **kwargs)
         except BaseException as e:
-            if isinstance(e, Exception) and not isinstance(e, OnwardError):  # recordable, as a step's error
+            if recordable(e):
                 attempt.error = e
                 self.failed = attempt
             raise

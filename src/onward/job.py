@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any, TypeVar, overload
 
 from . import results, waits
@@ -114,6 +114,12 @@ class Job:
         """Run until no task is pending or running (or a stop signal). Resumes where it left off."""
         if self._fn is None:
             raise UsageError("no task function: decorate one with @job.task")
+        # A misspelt setting is refused like a wrong value, in one line that names what run() takes, not with
+        # dataclasses' "RunConfig.__init__() got an unexpected keyword argument".
+        known = [f.name for f in fields(RunConfig)]
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise UsageError(f"run() has no setting {unknown[0]!r}; it takes {', '.join(known)}")
         config = replace(self.config, **overrides)
         marker = marker_path(self.keep_awake)
         # Marked as this job's, as the CLI's --out is: two jobs writing one folder would overwrite each other's

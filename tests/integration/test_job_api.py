@@ -410,6 +410,19 @@ def test_a_run_setting_of_the_wrong_type_is_refused_before_any_task_runs(
     job.close()
 
 
+def test_a_misspelt_run_setting_is_refused_in_one_line_before_any_task_runs(tmp_path: Path) -> None:
+    """``job.run(concurency=4)`` raised dataclasses' TypeError about ``RunConfig.__init__``; it is a usage
+    error naming the setting and what run() takes, and nothing runs."""
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET)
+    ran: list[str] = []
+    job.task(ran.append)
+    job.add(["a"])
+    with pytest.raises(UsageError, match=r"run\(\) has no setting 'concurency'; it takes concurrency, "):
+        job.run(concurency=4)
+    assert ran == [] and job.store.counts()["pending"] == 1
+    job.close()
+
+
 @pytest.mark.parametrize(("value", "says"), [(float("nan"), "max retry delay must be a finite number of seconds"),
                                              (-1.0, "max retry delay cannot be negative")])
 def test_a_max_retry_delay_that_is_not_a_finite_number_of_seconds_is_refused(value: float, says: str) -> None:

@@ -21,16 +21,18 @@ def mark_dead_workers(store: Store, worker_id: int) -> None:
             store.worker_stopped(w.worker_id, f"died: worker {w.worker_id} pid {w.owner.pid} is gone")
 
 
-def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: Log) -> None:
+def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: Log, *,
+                      expired_leases: bool = True) -> None:
     """Take back tasks whose owner died or whose lease expired; ``ours``: the task ids this worker runs
-    (a claim of ours whose commit we never heard back about is not among them, and is taken back too)."""
+    (a claim of ours whose commit we never heard back about is not among them, and is taken back too).
+    Without ``expired_leases`` (just after this worker was frozen), only those whose owner is known dead."""
     for task in store.running_tasks():
         if task.worker_id == worker_id and task.task_id in ours:
             continue
         alive = owner_alive(task.owner) if task.owner is not None else False
         if alive is False:
             reason = "owner died"
-        elif task.lease_expired:
+        elif task.lease_expired and expired_leases:
             reason = "lease expired"
         else:
             continue

@@ -134,6 +134,9 @@ class Runner:
         self._marker_held = False  # this worker made the keep-awake marker exist
         self._waits_seen = False  # the job had waiting tasks at the last heartbeat, or one parked here since
         self._wake_due_at = 0.0  # monotonic time before which waits' deadlines are not looked at again
+        # After this worker was frozen: monotonic time before which it takes over no task by its lease's expiry
+        # (see _loop). Tasks of owners known dead are taken back at once as ever.
+        self._lease_takeovers_from = 0.0
         # Held by whichever thread takes a turn (see the module's docstring). Once a tick is due
         # (_tick_due_at), a task's thread hands its outcome to the loop instead of taking the turn itself.
         self._turn = threading.Lock()
@@ -353,6 +356,11 @@ class Runner:
                 except StoreError as e:
                     self.log.warning(f"could not journal the pause: {e}")
                 next_tick = self._tick_due_at = now
+                # Whatever froze this process (a sandbox pause) may have frozen the other workers of this job
+                # too: their leases ran out meanwhile, but they are alive and renew at their first turn after
+                # the thaw, as this one does now. Taking their tasks over in the moment before would kill live
+                # commands and count an attempt for nothing. Give them a lease's time to renew first.
+                self._lease_takeovers_from = now + cfg.lease_seconds
             last_turn = now
             if now >= next_tick:
                 self._tick()
@@ -739,7 +747,8 @@ class Runner:
         return paused
 
     def _reclaim_abandoned(self) -> None:
-        reclaim_abandoned(self.store, self.worker_id, self.attempts, self.log)
+        reclaim_abandoned(self.store, self.worker_id, self.attempts, self.log,
+                          expired_leases=time.monotonic() >= self._lease_takeovers_from)
 
     def _nothing_left(self) -> bool:
         """Nothing pending, running or waiting anywhere. Other workers' running tasks keep this one

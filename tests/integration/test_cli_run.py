@@ -483,6 +483,82 @@ def test_paused_worker_loses_its_lease_and_cannot_commit(
     assert status(db)["done"] == 1
 
 
+def _descendants(pid: int) -> list[int]:
+    with contextlib.suppress(FileNotFoundError):
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return []
+
+
+@contextmanager
+def all_frozen(workers: list[int]) -> Iterator[None]:
+    """Freeze workers and everything below them with the cgroup v1 freezer, as a sandbox pause freezes the
+    whole job. Each worker goes in first, so that whatever it starts meanwhile is born inside."""
+    if not (FREEZER / "cgroup.procs").exists() or os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("the cgroup v1 freezer is needed in CI")
+        pytest.skip("needs root and the cgroup v1 freezer")
+    group = FREEZER / f"onward-test-{os.getpid()}-all"
+    group.mkdir()
+    try:
+        todo = list(workers)
+        while todo:
+            pid = todo.pop()
+            with contextlib.suppress(ProcessLookupError, OSError):
+                (group / "cgroup.procs").write_text(str(pid))
+            todo += _descendants(pid)
+        (group / "freezer.state").write_text("FROZEN")
+        wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10, "the freeze")
+        yield
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+
+        def moved_out() -> bool:  # the commands go on forking inside until each of them is moved out
+            members = (group / "cgroup.procs").read_text().split()
+            for member in members:
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    (FREEZER / "cgroup.procs").write_text(member)
+            return not members
+
+        wait_for(moved_out, 10, "every process to leave the freezer's group")
+        group.rmdir()
+
+
+def test_a_whole_job_frozen_past_its_leases_goes_on_without_taking_its_own_tasks_over(store_url: str,
+                                                                                      tmp_path: Path) -> None:
+    """A sandbox pause freezes every worker of the job at once. After the thaw every lease has run out, but
+    every owner is alive and renews at once: no worker may take another's task over in the moment before
+    (that killed live commands, counted attempts for nothing and ran tasks twice). Each task runs once."""
+    n = 4
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    run_onward("add", "--db", store_url, *[f"t{i}" for i in range(n)])
+    script = (f'echo "start $ONWARD_TASK $ONWARD_ATTEMPT" >> {marks}; '
+              f'while [ ! -e {gate} ]; do sleep 0.05; done; echo "end $ONWARD_TASK $ONWARD_ATTEMPT" >> {marks}')
+    lease = 2.0
+    workers = [popen_onward("run", "--db", store_url, "--concurrency", "2", "--heartbeat", "0.5", "--lease",
+                            str(lease), "--", "sh", "-c", script) for _ in range(2)]
+    try:
+        wait_for(lambda: marks.exists() and len(marks.read_text().splitlines()) == n, 30, "every task to start")
+        with all_frozen([w.pid for w in workers]):
+            wait_for(lambda: all(t["heartbeat_age"] > lease + 0.5 for t in status(store_url)["tasks_running"]),
+                     30, "every lease to run out while the job is frozen")
+        gate.touch()
+        results = [w.communicate(timeout=60) for w in workers]
+    finally:
+        gate.touch()
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+    for w, (_, err) in zip(workers, results, strict=True):
+        assert w.returncode == 0, err
+        assert b"resumed after" in err, err
+        assert b"reclaimed" not in err and b"fenced" not in err and b"attempt failed" not in err, err
+    assert sorted(marks.read_text().splitlines()) == sorted(
+        [f"start t{i} 1" for i in range(n)] + [f"end t{i} 1" for i in range(n)])
+    st = status(store_url)
+    assert (st["done"], st["total"]) == (n, n)
+
+
 def test_status_shows_a_running_task(tmp_path: Path) -> None:
     db = str(tmp_path / "s.db")
     run_onward("add", "--db", db, "slow", "later")

@@ -339,15 +339,18 @@ class Runner:
         cfg = self.config
         idle_wait = 0.01
         next_tick = self._tick_due_at = time.monotonic() + cfg.heartbeat
-        last_turn = time.monotonic()
+        last_turn, last_wall = time.monotonic(), time.time()
         while True:
-            now = time.monotonic()
+            now, wall = time.monotonic(), time.time()
             if self._lane_error is not None:
                 raise self._lane_error
             self.notifier.watchdog()
-            gap = now - last_turn
             # The loop never sleeps past a tick; a much longer gap means the process was not running. A gap
-            # longer than the lease is reported whatever the heartbeat: the leases may be gone.
+            # longer than the lease is reported whatever the heartbeat: the leases may be gone. The wall clock
+            # too: a VM or sandbox resumed from a snapshot may count none of its pause on the monotonic clock,
+            # then have its wall clock set forward, and leases are kept in wall-clock time (SQLite: this
+            # machine's, PostgreSQL: the server's, which may have been paused along).
+            gap = max(now - last_turn, wall - last_wall)
             if gap > min(max(2.0, 2 * cfg.heartbeat), cfg.lease_seconds):
                 # The whole process was frozen (sandbox pause, SIGSTOP): leases may have expired meanwhile.
                 self.log.warning(f"resumed after {gap:.1f} s pause; renewing leases now")
@@ -361,7 +364,7 @@ class Runner:
                 # the thaw, as this one does now. Taking their tasks over in the moment before would kill live
                 # commands and count an attempt for nothing. Give them a lease's time to renew first.
                 self._lease_takeovers_from = now + cfg.lease_seconds
-            last_turn = now
+            last_turn, last_wall = now, wall
             if now >= next_tick:
                 self._tick()
                 next_tick = self._tick_due_at = now + self._tick_period()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -557,6 +558,76 @@ def test_a_whole_job_frozen_past_its_leases_goes_on_without_taking_its_own_tasks
         [f"start t{i} 1" for i in range(n)] + [f"end t{i} 1" for i in range(n)])
     st = status(store_url)
     assert (st["done"], st["total"]) == (n, n)
+
+
+def wall_clock_shifter(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The environment that moves a process's wall clock (CLOCK_REALTIME only) forward by the seconds written
+    in the returned file, as a VM resumed from a snapshot sees it: its monotonic clock counted none of the
+    pause, then its wall clock is set. A small LD_PRELOAD library (tests/data/walljump.c), built here."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("a C compiler is needed in CI")
+        pytest.skip("needs a C compiler")
+    lib, offset = tmp_path / "walljump.so", tmp_path / "wall-offset"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(Path(__file__).parents[1] / "data" /
+                                                                       "walljump.c"), "-ldl"], check=True)
+    offset.write_text("0\n")
+    return {"LD_PRELOAD": str(lib), "WALLJUMP_FILE": str(offset)}, offset
+
+
+def test_a_wall_clock_jump_after_a_resume_is_a_pause_and_takes_no_live_task_over(tmp_path: Path) -> None:
+    """The whole job resumed, its wall clock set a minute forward and its monotonic clock not: every SQLite
+    lease (kept in wall-clock time) ran out at once. Each worker must notice the jump as a pause and renew at
+    once, and none may take the others' live tasks over meanwhile. Each task runs once."""
+    db = str(tmp_path / "s.db")
+    n = 4
+    marks, gate = tmp_path / "marks", tmp_path / "gate"
+    clock_env, offset = wall_clock_shifter(tmp_path)
+    run_onward("add", "--db", db, *[f"t{i}" for i in range(n)])
+    script = (f'echo "start $ONWARD_TASK $ONWARD_ATTEMPT" >> {marks}; '
+              f'while [ ! -e {gate} ]; do sleep 0.05; done; echo "end $ONWARD_TASK $ONWARD_ATTEMPT" >> {marks}')
+    workers = [subprocess.Popen(onward_argv("run", "--db", db, "--concurrency", "2", "--heartbeat", "0.5", "--lease",
+                                            "2", "--", "sh", "-c", script), env=env(**clock_env),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    try:
+        wait_for(lambda: marks.exists() and len(marks.read_text().splitlines()) == n, 30, "every task to start")
+        offset.write_text("60\n")
+        for w in workers:
+            assert w.stderr is not None
+            os.set_blocking(w.stderr.fileno(), False)
+        seen = [b"", b""]
+
+        def both_resumed() -> bool:
+            for i, w in enumerate(workers):
+                assert w.stderr is not None
+                seen[i] += w.stderr.read() or b""
+            return all(b"resumed after" in err for err in seen)
+
+        wait_for(both_resumed, 30, "both workers to notice the jump")
+
+        def renewed() -> bool:  # seen on the shifted clock, as the workers keep it
+            r = run_onward("status", "--db", db, "--json", env=clock_env)
+            return r.returncode == 0 and all(t["heartbeat_age"] < 2 for t in json.loads(r.stdout)["tasks_running"])
+
+        wait_for(renewed, 30, "every lease to be renewed after the jump")
+        gate.touch()
+        for i, w in enumerate(workers):
+            w.wait(60)
+            assert w.stderr is not None
+            seen[i] += w.stderr.read() or b""
+    finally:
+        gate.touch()
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+    for w, err in zip(workers, seen, strict=True):
+        assert w.returncode == 0, err
+        assert b"reclaimed" not in err and b"fenced" not in err and b"attempt failed" not in err, err
+    assert sorted(marks.read_text().splitlines()) == sorted(
+        [f"start t{i} 1" for i in range(n)] + [f"end t{i} 1" for i in range(n)])
+    assert (status(db)["done"], status(db)["total"]) == (n, n)
 
 
 def test_status_shows_a_running_task(tmp_path: Path) -> None:

@@ -3,12 +3,17 @@
 Sandboxes that pause when idle look for a marker file (by convention ``~/.sandboxer/keep-awake``) and stay
 awake while it exists. onward creates it while the store has pending or running work and a worker is
 alive, and removes it when nothing is left to do, or when the last live worker leaves.
+
+One marker may be shared by workers of several jobs and stores (the conventional path is shared by every
+one of them): each worker that holds it keeps a shared lock (``flock``) on it, and one that lets it go
+removes it only when no other worker holds it. A lock dies with its process, so a killed worker's marker
+is never held by it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import fcntl
 import os
 import stat
 
@@ -66,7 +71,7 @@ def _not_a_marker(path: str) -> str | None:
         head = os.read(fd, len(MARKER_TEXT))
     finally:
         os.close(fd)
-    if head and head != MARKER_TEXT:
+    if head and not MARKER_TEXT.startswith(head):  # (a prefix: read while another worker writes it)
         return "holds something other than a keep-awake marker"
     return None
 
@@ -91,52 +96,111 @@ def _check_marker_path(path: str) -> None:
         raise UsageError(f"keep-awake marker {path} cannot be created: {parent} is not writable")
 
 
+# How many times ``hold`` looks again when the marker it opened was being removed by another worker.
+HOLD_TRIES = 20
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open on ``fd`` (not removed, nor replaced, since)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _open_marker(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+
+
 class KeepAwake:
     def __init__(self, path: str, log: Log) -> None:
         self.path = path
         self.log = log
-        self._held = False
+        self._fd: int | None = None  # the marker, open and under our shared lock, while we hold it
         self._failure: str | None = None  # the last failure warned about, so a full disk warns once
 
     def hold(self, store: str) -> None:
-        """Make sure the marker exists (it may have been removed by a worker that finished). A marker that
-        cannot be written (a full disk) is a warning, never a reason to stop the work it is there for."""
-        if self._held and os.path.exists(self.path):
+        """Make sure the marker exists (it may have been removed by a worker that finished), and hold it: a
+        shared lock on it tells every other worker sharing it that it is still wanted. A marker that cannot
+        be written (a full disk) is a warning, never a reason to stop the work it is there for."""
+        if self._fd is not None and _same_file(self._fd, self.path):
             return
+        self.leave()
         why = _not_a_marker(self.path)
         if why:  # put there since this worker started
             self._warn(f"keep-awake marker {self.path} {why} now; left as it is, the work goes on")
             return
-        tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
-            create_private_folders(os.path.dirname(os.path.abspath(self.path)))
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, f"onward pid={os.getpid()} store={store}\n".encode())
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)  # appears whole: a reader never sees a half-written marker
+            for _ in range(HOLD_TRIES):
+                fd = _open_marker(self.path)
+                if fd is None:
+                    self._create(store)
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:  # another worker is removing it: once gone, it is made anew
+                    os.close(fd)
+                    continue
+                if not _same_file(fd, self.path):
+                    os.close(fd)
+                    continue
+                self._fd = fd
+                self._failure = None
+                return
         except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             self._warn(f"cannot write the keep-awake marker {self.path}: {e.strerror}; the work goes on")
             return
-        self._held = True
-        self._failure = None
+        self._warn(f"keep-awake marker {self.path} kept being removed by another worker; trying again at the"
+                   " next heartbeat")
+
+    def _create(self, store: str) -> None:
+        """Create the marker unless it exists (then another worker made it a moment ago: it is shared)."""
+        create_private_folders(os.path.dirname(os.path.abspath(self.path)))
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return
+        try:
+            os.write(fd, f"onward pid={os.getpid()} store={store}\n".encode())
+        finally:
+            os.close(fd)
+
+    def leave(self) -> None:
+        """Stop holding the marker without removing it (another worker still has work to keep awake for)."""
+        if self._fd is not None:
+            # Unlocked before it is closed: a process this worker made and that has not exec'd yet (a command
+            # made ahead, see onward.clonespawn) shares the open file, and with it the lock, until then.
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
 
     def release(self) -> None:
+        """Let the marker go, and remove it unless another worker holds it."""
+        self.leave()
         why = _not_a_marker(self.path)
         if why:  # put there since this worker started: not ours to remove
             self._warn(f"keep-awake marker {self.path} {why} now; left as it is")
-            self._held = False
             return
         try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+            fd = _open_marker(self.path)
+            if fd is None:
+                return
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return  # held by a worker of another job or store sharing it: that worker removes it
+                if _same_file(fd, self.path):
+                    os.unlink(self.path)
+            finally:
+                os.close(fd)
         except OSError as e:
             self._warn(f"cannot remove the keep-awake marker {self.path}: {e.strerror}")
-        self._held = False
 
     def _warn(self, text: str) -> None:
         if text != self._failure:

@@ -326,6 +326,11 @@ class Runner:
             self._release_keep_awake(self.summary.counts)
         except OnwardError as e:
             self.log.warning(f"could not record the stop: {e}")
+        finally:
+            if self.keep_awake is not None:
+                # Left in place or removed: either way no longer held by this worker (Job.run may return into a
+                # process that lives on, whose lock would keep every other worker from removing it).
+                self.keep_awake.leave()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name

@@ -383,6 +383,33 @@ def test_keep_awake_stays_while_another_worker_has_work(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def test_keep_awake_shared_by_two_jobs_stays_until_both_are_done(tmp_path: Path) -> None:
+    """One marker for two jobs (the sandbox's conventional path is shared by every job and store): the job
+    that finishes first must not remove it while the other still works, not even for a heartbeat."""
+    db = str(tmp_path / "s.db")
+    marker = tmp_path / "keep-awake"
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    run_onward("add", "--db", db, "--job", "a", "quick")
+    run_onward("add", "--db", db, "--job", "b", "slow")
+    b = popen_onward("run", "--db", db, "--job", "b", "--keep-awake", str(marker), "--", "sh", "-c",
+                     f"touch {started}; while [ ! -e {gate} ]; do sleep 0.02; done")
+    try:
+        wait_for(started.exists, 20, "job b's task to start")
+        assert marker.exists()
+        a = run_onward("run", "--db", db, "--job", "a", "--keep-awake", str(marker), "--", "true")
+        assert a.returncode == 0, a.stderr
+        assert marker.exists(), "job a finished and removed the marker while job b still works"
+        gate.touch()
+        _, err = b.communicate(timeout=30)
+        assert b.returncode == 0, err
+    finally:
+        gate.touch()
+        if b.poll() is None:
+            b.kill()
+            b.wait()
+    assert not marker.exists(), "the last job to finish removes the marker"
+
+
 def test_two_workers_share_one_store(tmp_path: Path) -> None:
     db = str(tmp_path / "s.db")
     n = 200

@@ -28,13 +28,14 @@ SANDBOX_MARKER = "keep-awake"
 def marker_path(flag: str | None) -> str | None:
     """The marker to keep: the flag, else $ONWARD_KEEP_AWAKE, else ~/.sandboxer/keep-awake when the
     ~/.sandboxer folder exists, else none. Raises ``UsageError`` for a marker that could never be a file."""
-    path = _chosen_marker(flag)
+    path = chosen_marker(flag)
     if path:
         _check_marker_path(path)
     return path
 
 
-def _chosen_marker(flag: str | None) -> str | None:
+def chosen_marker(flag: str | None) -> str | None:
+    """The marker ``onward run --keep-awake flag`` keeps, without checking it (see ``marker_path``)."""
     if flag:
         return flag
     env = os.environ.get("ONWARD_KEEP_AWAKE")

@@ -98,6 +98,7 @@ from onward.cgroups import sweep_dead_workers
 from onward.child_watch import Watchdog, exit_fd, exited, receive
 from onward.errors import StoreError, UsageError
 from onward.gate import START_GATE, Gate
+from onward.keepawake import KeepAwake, chosen_marker
 from onward.log import Log
 from onward.notify import PROGRESS_FIELD
 from onward.proc import (
@@ -328,6 +329,7 @@ class Supervisor:
                 elif len(restarts) >= self.max_restarts:
                     log(f"giving up after {len(restarts)} restarts within {self.window:g} s "
                         f"(--max-restarts {self.max_restarts}): the worker keeps dying, last by {cause}")
+                    self._let_marker_go()
                     return 1
                 else:
                     restarts.append(now)
@@ -352,6 +354,7 @@ class Supervisor:
                     self._journal(journal, cause)
                     log(f"{signal.Signals(self._stop_signal or signal.SIGTERM).name} received while waiting to "
                         "restart; not restarting")
+                    self._let_marker_go()
                     return exit_code(returncode)
                 self.last_status, self.progressed = None, False
                 if early is not None and exited(early.proc.pid):
@@ -367,6 +370,17 @@ class Supervisor:
             standby, self._standby = self._standby, None
             if standby is not None:
                 self._drop(standby)  # no restart will need it
+
+    def _let_marker_go(self) -> None:
+        """No worker of ours runs again, and the last one died without a word (else it let the keep-awake marker
+        go itself): remove its marker unless another worker holds it, so that a job nobody works on no longer
+        keeps the sandbox awake. Only for ``onward run`` itself: the marker it would have used is known."""
+        if onward_run_span(self.command) is None:
+            return
+        found = find_run_option(self.command, "--keep-awake")
+        path = chosen_marker(found[2] if found else None)
+        if path:
+            KeepAwake(path, _log).release()
 
     # --- the standby ---------------------------------------------------------------------------------
     def _start_standby(self, notify_path: str) -> Standby | None:

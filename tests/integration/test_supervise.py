@@ -757,6 +757,42 @@ def test_a_worker_that_dies_without_settling_a_task_is_still_given_up_on(
     assert "giving up after 2 restarts" in job.log and "made progress" not in job.log
 
 
+def test_giving_up_on_a_crash_loop_lets_the_keep_awake_marker_go(supervised: Callable[..., Supervised],
+                                                                 tmp_path: Path) -> None:
+    """Once the supervisor gives up, no worker will run the job: a marker its killed workers left must not keep
+    the sandbox awake for ever. One that another job's live worker holds stays."""
+    (tmp_path / "t.txt").write_text("a\n")
+    marker = tmp_path / "awake" / "keep-awake"
+    job = supervised(["--max-restarts", "1", "--restart-delay", "0.05"],
+                     ["--tasks", "t.txt", "--max-attempts", "9", "--keep-awake", str(marker), "--", "sleep", "60"])
+    for n in range(1, 3):
+        os.kill(job.ready(n), signal.SIGKILL)
+        if n == 1:
+            assert marker.exists(), "a killed worker's marker stays while its supervisor restarts it"
+    assert job.proc.wait(30) == 1, job.log
+    assert "giving up after 1 restarts" in job.log
+    assert not marker.exists(), job.log
+    # The same, while a worker of another job holds the marker: it is left to that worker.
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    assert run_onward("add", "--job", "other", "b", cwd=tmp_path).returncode == 0
+    other = subprocess.Popen(onward_argv("run", "--job", "other", "--keep-awake", str(marker), "--", "sh", "-c",
+                                         f"touch {started}; while [ ! -e {gate} ]; do sleep 0.02; done"),
+                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": SRC}, stderr=subprocess.PIPE)
+    try:
+        wait_for(started.exists, 30, "the other job's task to start")
+        job = supervised(["--max-restarts", "1", "--restart-delay", "0.05"],
+                         ["--max-attempts", "9", "--keep-awake", str(marker), "--", "sleep", "60"])
+        for n in range(1, 3):
+            os.kill(job.ready(n), signal.SIGKILL)
+        assert job.proc.wait(30) == 1, job.log
+        assert marker.exists(), "the other job's worker still holds the marker"
+    finally:
+        gate.touch()
+        other.communicate(timeout=30)
+    assert other.returncode == 0
+    assert not marker.exists()
+
+
 # --- secrets ---------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def url_with_a_password() -> Iterator[tuple[str, str]]:

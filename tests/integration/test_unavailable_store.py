@@ -60,6 +60,39 @@ def test_a_postgres_server_down_at_start_exits_75_and_supervise_resumes_when_it_
 
 
 @pytest.mark.postgres
+def test_a_server_whose_only_free_slots_are_for_superusers_is_busy_not_misconfigured(tmp_path: Path) -> None:
+    """A role that is not a superuser, on a server whose free connections are all reserved for superusers,
+    is refused with "remaining connection slots are reserved …" (SQLSTATE 53300, as "too many clients"):
+    the server is full, so exit 75 and a restart, not exit 2 (a usage error nobody restarts). It exited 2."""
+    with pgutil.private_cluster() as cluster:
+        with cluster.admin() as admin:
+            admin.execute("CREATE ROLE worker LOGIN")
+            admin.execute("CREATE DATABASE onward OWNER worker")
+            admin.execute("ALTER SYSTEM SET superuser_reserved_connections = 97")  # of max_connections = 100
+        cluster.restart()
+        url = cluster.url("onward").replace(f"{pgutil.PG_USER}@", "worker@")
+        tasks = tmp_path / "tasks.txt"
+        tasks.write_text("a\nb\n")
+        import psycopg
+
+        held = [psycopg.connect(url) for _ in range(3)]  # every slot a role like this one may have
+        try:
+            full = run_onward("run", "--db", url, "--tasks", str(tasks), "--", "true")
+        finally:
+            for conn in held:
+                conn.close()
+        assert full.returncode == 75, full.stderr
+        lines = full.stderr.decode().strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("onward: error: ") and "reserved" in lines[0], lines
+        # The slots free again, the same command runs the job.
+        again = run_onward("run", "--db", url, "--tasks", str(tasks), "--", "true")
+        assert again.returncode == 0, again.stderr
+        store = open_store(url, create=False)
+        assert store.counts()[DONE] == 2
+        store.close()
+
+
+@pytest.mark.postgres
 def test_a_database_that_does_not_exist_is_still_a_configuration_error() -> None:
     with pgutil.private_cluster() as cluster:
         done = run_onward("status", "--db", cluster.url("no_such_database"))

@@ -88,6 +88,11 @@ _AWAY_OR_BUSY = (
     "server closed the connection", "connection reset", "terminating connection", "broken pipe",
     "no such file or directory",  # a Unix socket that is not there while the server is down
     "starting up", "shutting down", "in recovery mode", "not yet accepting", "too many",
+    # All connections taken but those kept for superusers (53300 as "too many clients", but worded apart:
+    # "remaining connection slots are reserved for non-replication superuser connections" up to 15, "...
+    # reserved for roles with the SUPERUSER attribute" since 16): busy, not misconfigured.
+    "connection slots are reserved",
+    "could not fork new process",  # the server out of processes or memory for a new backend
 )
 
 

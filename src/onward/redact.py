@@ -18,12 +18,27 @@ _URL_PASSWORD = re.compile(
     r"(?P<head>\b[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<password>\S*?|[^/\n]*?)@(?=[^@\s]*(?:\s|$))",
     re.IGNORECASE)
 _KEYWORD_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<password>'(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+# A text that is one URL (a store location as given, one argument) rather than free text: its password runs
+# from "scheme://user:" to the last "@", whatever it holds. Free text cannot be read so (see above), and there a
+# password holding both a space and a "/" (a malformed URL, which libpq refuses and quotes) was not found at all.
+# One URL: the text starts with it (or with "NAME=" before it) and nothing after its host is whitespace.
+_WHOLE_URL_PASSWORD = re.compile(r"\A(?:[^\s=]*=)?[a-z][a-z0-9+.-]*://[^:/?#@\s]*:(?P<password>.*)@[^@\s]*\Z",
+                                 re.IGNORECASE | re.DOTALL)
 
 
 def redact_url(text: str) -> str:
     """``text`` with the password of every URL in it (in the user part or a ``password=`` parameter)
     replaced by ``***``."""
     return _KEYWORD_PASSWORD.sub(r"\g<head>***", _URL_PASSWORD.sub(r"\g<head>***@", text))
+
+
+def redact_one_url(url: str) -> str:
+    """``redact_url`` for a text that is a single URL (or one argument holding one, ``--db=URL``): its whole
+    password is hidden, up to the last "@", even where ``redact_url`` cannot tell where it ends."""
+    whole = _WHOLE_URL_PASSWORD.search(url)
+    if whole is not None:
+        url = url[:whole.start("password")] + "***" + url[whole.end("password"):]
+    return redact_url(url)
 
 
 MIN_PIECE = 4  # the shortest part of a password after an "@" that is hidden on its own (url_secrets)
@@ -33,6 +48,9 @@ def url_secrets(text: str) -> list[str]:
     """Every form in which the password of a URL in ``text`` (and $PGPASSWORD) could show up in a text: as
     written, percent-decoded, unquoted for a quoted ``password='…'``, up to its first "@", and after it."""
     found = [m["password"] for pattern in (_URL_PASSWORD, _KEYWORD_PASSWORD) for m in pattern.finditer(text)]
+    whole = _WHOLE_URL_PASSWORD.search(text)
+    if whole is not None:  # ``text`` is one URL: its password runs to the last "@" (see redact_one_url)
+        found.append(whole["password"])
     found += [raw[1:-1] for raw in found if len(raw) >= 2 and raw[0] == raw[-1] == "'"]
     found += [raw.split("@", 1)[0] for raw in found]  # libpq reads up to the first "@", and quotes that
     # ... and takes what follows it for the host, which a driver's message then quotes ("failed to resolve
@@ -40,6 +58,9 @@ def url_secrets(text: str) -> list[str]:
     # characters would be replaced wherever it occurs, and the message would say nothing.
     found += [piece for raw in found for at in _at_signs(raw)
               for piece in (raw[at + 1:], raw[at + 1:].split("@", 1)[0]) if len(piece) >= MIN_PIECE]
+    # libpq also ends the user part at a "/" before any "@", and quotes what lies around it ("unexpected spaces
+    # found in "my pw"" for "my pw/x"): the pieces between "/"s too.
+    found += [piece for raw in found if "/" in raw for piece in raw.split("/") if len(piece) >= MIN_PIECE]
     if os.environ.get("PGPASSWORD"):
         found.append(os.environ["PGPASSWORD"])
     if not found:

@@ -109,7 +109,7 @@ from onward.proc import (
     reap_orphans,
     set_child_subreaper,
 )
-from onward.redact import redact_url, scrub, url_secrets
+from onward.redact import redact_one_url, redact_url, scrub, url_secrets
 from onward.store import DEFAULT_DB, is_postgres_url, load_backend, open_store
 
 # systemd's own default RestartSec. The delay is not what stops a crash loop (the backoff and
@@ -390,6 +390,11 @@ class Supervisor:
         proc = self._spawn(notify_path, first=False, gate=gate)
         return None if proc is None else Standby(proc, gate, time.monotonic())
 
+    def _shown_command(self) -> str:
+        # Word by word: a word holding a store URL is one URL, whose password is hidden whole however it is
+        # written (a space and a "/" in it defeat the rule for free text, see redact.redact_one_url).
+        return redact_url(shlex.join(redact_one_url(word) for word in self.command))
+
     def _take_standby(self, notify_path: str) -> Standby | None:
         """The worker for this restart, waiting at its gate: the standby, or one started now (there was none
         yet, or it ended on its own); None when the command is not ``onward run`` itself (it is started
@@ -406,7 +411,7 @@ class Supervisor:
     def _let_through(self, standby: Standby) -> subprocess.Popen[bytes]:
         """Open the standby's gate: from now on it is the worker."""
         standby.gate.open()
-        log(f"worker {standby.proc.pid} started: {redact_url(shlex.join(self.command))} (the standby, started"
+        log(f"worker {standby.proc.pid} started: {self._shown_command()} (the standby, started"
             f" {time.monotonic() - standby.since:.1f} s before)")
         return standby.proc
 
@@ -452,9 +457,9 @@ class Supervisor:
             if gate is not None:
                 gate.started()
         if gate is None:
-            log(f"worker {child.pid} started: {redact_url(shlex.join(self.command))}")
+            log(f"worker {child.pid} started: {self._shown_command()}")
         else:
-            log(f"standby {child.pid} started, waiting at its start gate: {redact_url(shlex.join(self.command))}")
+            log(f"standby {child.pid} started, waiting at its start gate: {self._shown_command()}")
         return child
 
     # --- watching one child --------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_a_password_with_hash_or_question_mark_never_shows_in_ps_log_or_status(
             assert word not in text, text
 
 
-@pytest.mark.parametrize("password", ["my pw", "a b%zz", "x y@z"])
+@pytest.mark.parametrize("password", ["my pw", "a b%zz", "x y@z", "sp ace/x", "s/la sh@x"])
 @pytest.mark.parametrize("command", ["status", "run", "add"])
 def test_an_unparsable_url_never_prints_its_password_in_the_error(command: str, password: str) -> None:
     token = uuid.uuid4().hex[:10]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from onward.redact import redact_url, scrub, url_secrets
+from onward.redact import redact_one_url, redact_url, scrub, url_secrets
 
 HOST = "@127.0.0.1:5432/jobs"
 
@@ -56,3 +56,17 @@ def test_text_without_a_password_is_left_alone() -> None:
 def test_two_urls_on_one_line_keep_their_hosts() -> None:
     text = "copy postgresql://a:pw1@h1/db to postgresql://b:p w2@h2/db"
     assert redact_url(text) == "copy postgresql://a:***@h1/db to postgresql://b:***@h2/db"
+
+
+@pytest.mark.parametrize("password", ["my pw/Secr3t", "a/b c@Secr3t", "Secr3t pw/x", "mix#@% '\"/?&=:Secr3t"])
+def test_one_url_hides_a_password_with_both_a_space_and_a_slash(password: str) -> None:
+    """In free text a password cannot be told from what follows when it holds both a space and a "/"; a
+    store location is one URL, so its password runs to the last "@". Such a password was shown whole."""
+    url = f"postgresql://postgres:{password}{HOST}"
+    assert redact_one_url(url) == f"postgresql://postgres:***{HOST}"
+    assert redact_one_url(f"--db={url}") == f"--db=postgresql://postgres:***{HOST}"
+    secrets = url_secrets(url)
+    assert password in secrets
+    # What libpq quotes from such a URL: the part before the first "/", or the path after it.
+    for quoted in password.split("/"):
+        assert "Secr3t" not in scrub(f'unexpected spaces found in "{quoted}{HOST}"', secrets)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import StoreError
-from ..redact import hide_secrets_in_argv, redact_url, scrub, url_secrets
+from ..redact import hide_secrets_in_argv, redact_one_url, scrub, url_secrets
 
 APP_NAME = "onward"  # application_name of every connection (see events_bound in postgres.sql)
 RECONNECT_BACKOFF = (0.05, 1.0)  # first and longest wait between reconnection attempts (s)
@@ -206,7 +206,7 @@ class Target:
         self.pg = psycopg_module()
         self.secrets = url_secrets(url)
         hide_secrets_in_argv(self.secrets)
-        self.shown = redact_url(url)
+        self.shown = redact_one_url(url)
         try:
             given = self.pg.conninfo.conninfo_to_dict(url)
             extra = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}

@@ -107,6 +107,9 @@ class Attempt:
         self.cancel_reason: str | None = None
         self.cancelled_at: float | None = None
         self.fenced = False  # the lease was lost: whatever happens, commit nothing
+        # Monotonic time by which the attempt must have ended, whatever the grace: set when its lease runs out
+        # unrenewed (Leases), since another worker may take the task over once it has.
+        self.must_end_by: float | None = None
 
     @property
     def cancelled(self) -> bool:

@@ -85,4 +85,8 @@ class Leases:
             if not attempt.fenced:
                 attempt.fenced = True
                 attempt.cancel("lease ran out: could not reach the store to renew it")
+                # A command's process group is killed at once; a Python task's thread cannot be, and may
+                # ignore its cancellation: half of the margin left is its grace, then the worker exits (the
+                # runner's deadlines), so that it never runs on beside the attempt that takes the task over.
+                attempt.must_end_by = self.valid_until - self.fence_margin / 2
                 self.log.warning(f"lease ran out task={quote(attempt.claim.name)}: stopped, not committing it")

@@ -656,7 +656,10 @@ class Runner:
             for attempt in list(self.attempts.values()):
                 attempt.abandon(f"stopped by {self._stop_requested} after {cfg.grace:g}s grace")
         for attempt in list(self.attempts.values()):
-            if attempt.unresponsive(now, cfg.grace):
+            grace = cfg.grace
+            if attempt.must_end_by is not None and attempt.cancelled_at is not None:
+                grace = min(grace, attempt.must_end_by - attempt.cancelled_at)  # its lease runs out soon
+            if attempt.unresponsive(now, grace):
                 # A Python task ignored its cancellation: a thread cannot be killed, so the worker exits
                 # with an error and its supervisor starts a clean one (the attempt is already counted).
                 raise WedgedTask(attempt.claim.name, attempt.cancel_reason or "cancelled")
@@ -668,6 +671,8 @@ class Runner:
         cfg = self.config
         for attempt in self.attempts.values():
             if attempt.cancelled:
+                if attempt.must_end_by is not None and attempt.must_end_by > now:
+                    deadline = min(deadline, attempt.must_end_by)  # a task that must be gone by then
                 continue
             if cfg.timeout is not None:
                 deadline = min(deadline, attempt.started + cfg.timeout)

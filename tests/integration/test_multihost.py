@@ -297,3 +297,83 @@ def test_hosts_cut_off_or_killed_mid_run_lose_nothing_and_complete_nothing_twice
                    for line in texts[1].splitlines()), f"host 1 never said it gave up {name}"
     # ... and moved on: it completed other tasks once it could reach the server again.
     assert any(e.host == "onward-h1" and e.at > reconnected_at for e in done), "host 1 did nothing after reconnecting"
+
+
+# A Python task run by the Job API: a thread, which cannot be killed. It writes a line (host, time) every
+# 0.05 s for 8 s and never looks at its cancellation.
+PY_WORKER = """
+import socket, sys, time
+from onward import Job
+job = Job(sys.argv[1])
+@job.task(max_attempts=5)
+def handle(task, ctx):
+    for _ in range(160):
+        with open(sys.argv[2], "a") as f:
+            f.write(f"{socket.gethostname()} {time.time():.6f}\\n")
+        time.sleep(0.05)
+    return "ok"
+job.run(heartbeat=float(sys.argv[3]))
+"""
+
+
+@pytest.fixture
+def two_hosts() -> Iterator[Hosts]:
+    _prerequisites()
+    with Hosts(2) as made:
+        yield made
+
+
+def test_a_cut_off_python_task_that_ignores_its_cancellation_never_overlaps_the_takeover(two_hosts: Hosts,
+                                                                                        tmp_path: Path) -> None:
+    """Host 1 runs a Python task that never checks for cancellation, and is cut off the network. Its lease
+    runs out unrenewed: a command would be killed, a thread cannot be, so the worker must exit before the
+    lease expires on the server. It exited only after --grace (10 s), and the task ran on beside the attempt
+    that host 2 started once the lease expired (seen here: 4 s of both hosts' side effects interleaved)."""
+    hosts = two_hosts
+    side = tmp_path / "side.log"
+    script = tmp_path / "worker.py"
+    script.write_text(PY_WORKER)
+    heartbeat = 1.0  # lease 3 s
+    listen = ["127.0.0.1"] + [hosts.server_address(i) for i in (1, 2)]
+    with pgutil.private_cluster(listen=listen, trust=[str(hosts.net)]) as cluster:
+        local_url = cluster.url(cluster.create_database("onward"))
+        store = open_store(local_url)
+        store.add(["only"])
+        store.close()
+        sql = cluster.admin("onward")
+        workers: dict[int, subprocess.Popen[bytes]] = {}
+        logs = {i: tmp_path / f"h{i}.log" for i in (1, 2)}
+
+        def start(i: int) -> None:
+            url = f"postgresql://{pgutil.PG_USER}@{hosts.server_address(i)}:{cluster.port}/onward"
+            with open(logs[i], "wb") as err:
+                workers[i] = subprocess.Popen(
+                    hosts.command(i, [sys.executable, str(script), url, str(side), str(heartbeat)]),
+                    env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            start(1)
+            wait_for(lambda: running_on(sql, "onward-h1") and side.exists(), 60, "host 1 to run the task")
+            hosts.cut(1)
+            start(2)
+            assert workers[2].wait(120) == 0, logs[2].read_text()
+            hosts.reconnect(1)
+            code_1 = workers[1].wait(60)
+        finally:
+            for p in workers.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        assert sql.execute("SELECT state FROM onward.tasks").fetchall() == [(DONE,)]
+        journal = sql.execute("SELECT e.kind, w.host FROM onward.events AS e LEFT JOIN onward.workers AS w"
+                              " ON w.id = e.worker_id WHERE e.kind IN ('done', 'reclaimed')").fetchall()
+        sql.close()
+    assert ("done", "onward-h2") in journal, journal
+    lines = [line.split() for line in side.read_text().splitlines()]
+    h1 = [float(at) for host, at in lines if host == "onward-h1"]
+    h2 = [float(at) for host, at in lines if host == "onward-h2"]
+    assert h1 and h2
+    print(f"host 1's last side effect {min(h2) - max(h1):.3f} s before host 2's first")
+    assert max(h1) < min(h2), f"host 1's task ran on {max(h1) - min(h2):.2f} s after host 2 took it over"
+    # Host 1's worker gave up on its own, cut off as it was: it exited, since it cannot stop the thread.
+    text_1 = logs[1].read_text()
+    assert code_1 != 0 and "ignored cancellation (lease ran out" in text_1, text_1

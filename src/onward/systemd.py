@@ -315,7 +315,11 @@ def _require_systemd() -> None:
         raise UsageError("systemctl not found")
 
 
-def _systemctl(*args: str) -> str:
+def _systemctl(*args: str, unit: str | None = None) -> str:
+    """``systemctl ARGS [-- UNIT]``: the unit after ``--``, so that a name starting with "-" (which systemd
+    accepts, and ``unit_name`` too) is not taken for an option."""
+    if unit is not None:
+        args = (*args, "--", unit)
     done = subprocess.run(["systemctl", *args], capture_output=True, text=True)
     if done.returncode != 0:
         message = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
@@ -371,9 +375,9 @@ def install(name: str, command: Sequence[str], user: str | None = None, workdir:
     service = unit.service
     path = write_unit(unit, unit_dir)
     _systemctl("daemon-reload")
-    _systemctl("enable", service)
+    _systemctl("enable", unit=service)
     # restart, not start: a reinstall over a running service must take the new unit into use
-    _systemctl("restart", service)
+    _systemctl("restart", unit=service)
     return path
 
 
@@ -385,13 +389,13 @@ def uninstall(name: str, unit_dir: str = UNIT_DIR, env_dir: str = ENV_DIR) -> st
     if not os.path.exists(path):
         raise UsageError(f"no unit file {path}")
     _require_systemd()
-    _systemctl("disable", "--now", service)
+    _systemctl("disable", "--now", unit=service)
     os.unlink(path)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(environment_file_path(service, env_dir))
     _systemctl("daemon-reload")
     # Forget a failed state and restart counter of the unit that no longer exists; absent is fine.
-    subprocess.run(["systemctl", "reset-failed", service], capture_output=True)
+    subprocess.run(["systemctl", "reset-failed", "--", service], capture_output=True)
     return path
 
 
@@ -424,8 +428,8 @@ def service_status(name: str) -> ServiceStatus:
     """ActiveState, SubState, MainPID, NRestarts, Result and StatusText from ``systemctl show``."""
     service = unit_name(name)
     _require_systemd()
-    values = parse_show(_systemctl("show", service, "-p", "LoadState", "-p", "ActiveState", "-p", "SubState",
-                                   "-p", "MainPID", "-p", "NRestarts", "-p", "Result", "-p", "StatusText"))
+    values = parse_show(_systemctl("show", "-p", "LoadState", "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
+                                   "-p", "NRestarts", "-p", "Result", "-p", "StatusText", unit=service))
     if values.get("LoadState") == "not-found":
         raise UsageError(f"no such service: {service}")
     pid = int(values.get("MainPID") or 0)

@@ -1,0 +1,37 @@
+"""`onward service install|status|uninstall` against a real systemd (PID 1 of a container booted with
+systemd-nspawn, as in test_systemd_e2e.py): what they do with names, inputs and units of their own and of
+others, checked in the container's /etc/systemd/system and through systemctl.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.test_systemd_e2e import ONWARD, SRC, Container, container
+
+pytestmark = pytest.mark.systemd
+
+__all__ = ["container"]  # the module's container, booted once for these tests
+
+UNIT_DIR = "/etc/systemd/system"
+
+
+def exists(container: Container, path: str) -> bool:
+    return container.run("test", "-e", path, check=False).returncode == 0
+
+
+def test_a_name_starting_with_a_dash_is_installed_queried_and_uninstalled(container: Container) -> None:
+    # systemd accepts "-job.service"; systemctl must not take it for an option.
+    job = container.work / "dash"
+    job.mkdir()
+    (job / "tasks.txt").write_text("a\n")
+    install = container.run(*ONWARD, "service", "install", "--name=-job", "--workdir", str(job), "--env",
+                            f"PYTHONPATH={SRC}", "--", *ONWARD, "run", "--db", "job.db", "--tasks", "tasks.txt",
+                            "--", "true", check=False)
+    assert install.returncode == 0, install.stderr
+    assert container.run("systemctl", "is-enabled", "--", "-job.service").stdout.strip() == "enabled"
+    status = container.run(*ONWARD, "service", "status", "--", "-job", check=False)
+    assert status.returncode == 0 and status.stdout.startswith("-job.service: "), status
+    removed = container.run(*ONWARD, "service", "uninstall", "--", "-job", check=False)
+    assert removed.returncode == 0, removed.stderr
+    assert not exists(container, f"{UNIT_DIR}/-job.service")

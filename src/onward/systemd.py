@@ -14,7 +14,7 @@ systemd as root before it starts the worker): a store URL with a password given 
 (it becomes ``ONWARD_DB``, so it is never in the worker's command line either), any other command word
 holding a URL with a password (``${ONWARD_SECRET_N}`` in ``ExecStart``, which systemd expands to the same
 single word), and every ``--env`` (or carried ``ONWARD_DB``) whose value holds a URL with a password or
-whose name says it is one (``SECRET_NAME``: PASSWORD, TOKEN, KEY ...). ``--dry-run`` shows them as ``***``.
+whose name says it is one (``SECRET_NAME``: PGPASSWORD, API_TOKEN, APIKEY ...). ``--dry-run`` shows them as ``***``.
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Words that need no quotes in ExecStart (after doubling % and $).
 _PLAIN_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./{}-]+")
 _ENV_FILE_SPECIAL = re.compile(r'["\\`$]')
-# An --env variable whose name says that its value is a secret.
-SECRET_NAME = re.compile(r"(^|_)(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN|KEY|CREDENTIALS?|AUTH)(_|$)", re.IGNORECASE)
+# An --env variable whose name says that its value is a secret: a name part that ends with one of these
+# words, so that PGPASSWORD (libpq's own, which onward's PostgreSQL store reads), MYSQL_PWD and APIKEY are
+# secrets as well as API_TOKEN. A harmless name taken for a secret only moves to the private file.
+SECRET_NAME = re.compile(r"(PASSWORD|PASSWD|PASS|PWD|PASSPHRASE|SECRET|TOKEN|KEY|CREDENTIALS?|AUTH)(_|$)",
+                         re.IGNORECASE)
 
 
 def unit_name(name: str) -> str:

@@ -283,3 +283,19 @@ def test_the_job_is_passed_on_to_the_worker() -> None:
     assert "ONWARD_JOB" not in own  # the command names its job: nothing to carry
     with pytest.raises(UsageError, match="bad job name"):
         systemd.render_unit("j", ONWARD + ["run", "--", "true"], environ={"ONWARD_JOB": "../x"})
+
+
+def test_libpq_and_other_run_together_secret_names_stay_out_of_the_unit(tmp_path: Path) -> None:
+    # PGPASSWORD is how the README says a PostgreSQL store's password may be given; the unit is world-readable
+    # and --dry-run prints it.
+    names = ["PGPASSWORD", "MYSQL_PWD", "DBPASS", "APIKEY", "GITHUBTOKEN", "CLIENTSECRET_V2"]
+    done = run_onward("service", "install", "--name", "job", *[f"--env={n}=s3cret-{n}" for n in names],
+                      "--env", "LANG=C", "--dry-run", "--", *ONWARD, "run", "--db", "postgresql://u@h/db", "--",
+                      "true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout.decode()
+    assert "s3cret" not in shown, shown
+    assert all(f"# {n}=***" in shown for n in names), shown
+    assert 'Environment="LANG=C"' in shown
+    unit = systemd.render_unit("job", ONWARD + ["run", "--", "true"], env=[f"{n}=s3cret-{n}" for n in names])
+    assert sorted(unit.secrets) == sorted(names) and "s3cret" not in unit.text

@@ -157,6 +157,9 @@ class Unit:
     text: str
     environment_file: str
     secrets: dict[str, str]
+    workdir: str  # WorkingDirectory=, absolute
+    executable: str  # ExecStart's program, absolute
+    user: str | None  # User=, None for root
 
     def environment_file_text(self) -> str:
         """The EnvironmentFile: one ``KEY="VALUE"`` line each, quoted by systemd's rules for such files (a
@@ -306,7 +309,8 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
         "WantedBy=multi-user.target",
         "",
     ]
-    return Unit(service=service, text="\n".join(lines), environment_file=environment_file, secrets=secrets)
+    return Unit(service=service, text="\n".join(lines), environment_file=environment_file, secrets=secrets,
+                workdir=workdir, executable=words[0], user=user)
 
 
 # --- systemctl -------------------------------------------------------------------------------------------
@@ -374,6 +378,7 @@ def install(name: str, command: Sequence[str], user: str | None = None, workdir:
     Returns the unit file's path."""
     unit = render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, grace=grace,
                        env_dir=env_dir, job=job)
+    _check_startable(unit)
     _require_systemd()
     service = unit.service
     path = write_unit(unit, unit_dir)
@@ -382,6 +387,23 @@ def install(name: str, command: Sequence[str], user: str | None = None, workdir:
     # restart, not start: a reinstall over a running service must take the new unit into use
     _systemctl("restart", unit=service)
     return path
+
+
+def _check_startable(unit: Unit) -> None:
+    """Refuse, before anything is written, what would make every start of the unit fail at once (systemd's
+    CHDIR, EXEC or USER failures): the unit would be left installed and enabled, failed after its start
+    limit, for input that can be checked here. The command runs on this machine."""
+    if not os.path.isdir(unit.workdir):
+        raise UsageError(f"the working directory {unit.workdir} does not exist (give --workdir)")
+    if not (os.path.isfile(unit.executable) and os.access(unit.executable, os.X_OK)):
+        raise UsageError(f"{unit.executable}: not an executable file")
+    if unit.user is not None and not unit.user.isdigit():  # a bare uid needs no entry in the user database
+        import pwd
+
+        try:
+            pwd.getpwnam(unit.user)
+        except KeyError:
+            raise UsageError(f"no such user: {unit.user}") from None
 
 
 def uninstall(name: str, unit_dir: str = UNIT_DIR, env_dir: str = ENV_DIR) -> str:

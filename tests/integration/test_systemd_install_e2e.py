@@ -35,3 +35,20 @@ def test_a_name_starting_with_a_dash_is_installed_queried_and_uninstalled(contai
     removed = container.run(*ONWARD, "service", "uninstall", "--", "-job", check=False)
     assert removed.returncode == 0, removed.stderr
     assert not exists(container, f"{UNIT_DIR}/-job.service")
+
+
+def test_a_unit_that_could_never_start_is_refused_and_nothing_is_installed(container: Container) -> None:
+    job = container.work / "never"
+    job.mkdir()
+    cases = {
+        "the working directory": (["--workdir", str(job / "missing")], [*ONWARD, "run", "--", "true"]),
+        "not an executable file": (["--workdir", str(job)], [str(job / "no-such-program"), "x"]),
+        "no such user": (["--workdir", str(job), "--user", "no-such-user"], [*ONWARD, "run", "--", "true"]),
+    }
+    for i, (said, (options, command)) in enumerate(cases.items()):
+        unit = f"onward-never-{i}.service"
+        done = container.run(*ONWARD, "service", "install", "--name", unit, *options, "--", *command, check=False)
+        assert done.returncode == 2, (said, done.returncode, done.stderr)
+        assert done.stderr.startswith("onward: error: ") and said in done.stderr and done.stderr.count("\n") == 1
+        assert not exists(container, f"{UNIT_DIR}/{unit}"), said
+        assert container.run("systemctl", "is-enabled", unit, check=False).stdout.strip() != "enabled"

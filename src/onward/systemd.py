@@ -50,6 +50,8 @@ STOP_MARGIN = 10.0  # TimeoutStopSec = grace + this: time to terminate the tasks
 # Options of ``onward run`` naming files, made absolute in ExecStart (the service runs elsewhere).
 PATH_OPTIONS = ("--db", "--tasks", "--out", "--keep-awake")
 
+# The first line of every unit onward writes: how install and uninstall tell its units from an admin's.
+WRITTEN_BY = "# Written by `onward service install`."
 # A unit name as systemd accepts it (unit_name_is_valid), without templates: "@" needs an instance.
 _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\-]+")
 _USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
@@ -261,7 +263,7 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
     environment_file = environment_file_path(service, env_dir)
 
     lines = [
-        "# Written by `onward service install`. After editing: systemctl daemon-reload",
+        WRITTEN_BY + " After editing: systemctl daemon-reload",
         "[Unit]",
         f"Description=onward worker {service[: -len('.service')]}",
         "After=network-online.target",
@@ -381,6 +383,7 @@ def install(name: str, command: Sequence[str], user: str | None = None, workdir:
     _check_startable(unit)
     _require_systemd()
     service = unit.service
+    _refuse_foreign_unit(service, os.path.join(unit_dir, service))
     path = write_unit(unit, unit_dir)
     _systemctl("daemon-reload")
     _systemctl("enable", unit=service)
@@ -406,13 +409,40 @@ def _check_startable(unit: Unit) -> None:
             raise UsageError(f"no such user: {unit.user}") from None
 
 
+def _written_by_onward(path: str) -> bool:
+    """Whether ``path`` is a unit file that onward wrote: a regular file (not an alias or a mask, which are
+    symlinks) starting with ``WRITTEN_BY``."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.readline().startswith(WRITTEN_BY)
+
+
+def _refuse_foreign_unit(service: str, path: str) -> None:
+    """Refuse to install over a unit onward did not write: an admin's file (or alias, or mask) at ``path``
+    would be replaced, and a unit of the same name elsewhere (a packaged ``/lib/systemd/system`` one, a
+    runtime one) would be overridden by ``path`` and then restarted as the worker: the service it ran is
+    stopped."""
+    if os.path.lexists(path):
+        if not _written_by_onward(path):
+            raise UsageError(f"{path} was not written by onward service install; choose another --name,"
+                             " or remove it first")
+        return
+    values = parse_show(_systemctl("show", "-p", "LoadState", "-p", "FragmentPath", unit=service))
+    if values.get("LoadState", "not-found") != "not-found" and values.get("FragmentPath") != path:
+        where = values.get("FragmentPath") or values["LoadState"]
+        raise UsageError(f"{service} is already a unit of this machine ({where}); choose another --name")
+
+
 def uninstall(name: str, unit_dir: str = UNIT_DIR, env_dir: str = ENV_DIR) -> str:
     """Stop and disable the service, remove its unit file and EnvironmentFile, reload systemd. Returns the
-    removed unit file's path."""
+    removed unit file's path. A unit file onward did not write is left alone, and so is its service."""
     service = unit_name(name)
     path = os.path.join(unit_dir, service)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise UsageError(f"no unit file {path}")
+    if not _written_by_onward(path):
+        raise UsageError(f"{path} was not written by onward service install; not removing it")
     _require_systemd()
     _systemctl("disable", "--now", unit=service)
     os.unlink(path)

@@ -52,3 +52,42 @@ def test_a_unit_that_could_never_start_is_refused_and_nothing_is_installed(conta
         assert done.stderr.startswith("onward: error: ") and said in done.stderr and done.stderr.count("\n") == 1
         assert not exists(container, f"{UNIT_DIR}/{unit}"), said
         assert container.run("systemctl", "is-enabled", unit, check=False).stdout.strip() != "enabled"
+
+
+ADMIN_UNIT = "[Unit]\nDescription=an admin's own service\n[Service]\nExecStart=/bin/sleep infinity\n"
+
+
+def test_a_unit_onward_did_not_write_is_neither_replaced_nor_removed(container: Container) -> None:
+    job = container.work / "foreign"
+    job.mkdir()
+    (job / "tasks.txt").write_text("a\n")
+    command = [*ONWARD, "run", "--db", "job.db", "--tasks", "tasks.txt", "--", "true"]
+    # An admin's unit in /etc/systemd/system, and a packaged-like one elsewhere on the unit path (/run),
+    # both running.
+    for path in (f"{UNIT_DIR}/admin.service", "/run/systemd/system/packaged.service"):
+        container.run("sh", "-c", 'printf %s "$1" > "$2"', "sh", ADMIN_UNIT, path)
+    container.run("systemctl", "daemon-reload")
+    container.run("systemctl", "start", "admin.service", "packaged.service")
+    pids = {unit: container.show(unit)["MainPID"] for unit in ("admin.service", "packaged.service")}
+    for unit, path in (("admin.service", f"{UNIT_DIR}/admin.service"),
+                       ("packaged.service", "/run/systemd/system/packaged.service")):
+        done = container.run(*ONWARD, "service", "install", "--name", unit, "--workdir", str(job), "--env",
+                             f"PYTHONPATH={SRC}", "--", *command, check=False)
+        assert done.returncode == 2 and "choose another --name" in done.stderr, (unit, done.stderr)
+        assert container.run("cat", path).stdout == ADMIN_UNIT
+        state = container.show(unit)
+        assert state["ActiveState"] == "active" and state["MainPID"] == pids[unit], (unit, state)
+    assert not exists(container, f"{UNIT_DIR}/packaged.service")
+    done = container.run(*ONWARD, "service", "uninstall", "admin", check=False)
+    assert done.returncode == 2 and "not written by onward" in done.stderr, done.stderr
+    assert container.run("cat", f"{UNIT_DIR}/admin.service").stdout == ADMIN_UNIT
+    assert container.show("admin.service")["MainPID"] == pids["admin.service"]
+
+    # Its own unit, onward installs again over (the new command is taken into use) and removes.
+    for tasks in ("a\n", "b\n"):
+        (job / "tasks.txt").write_text(tasks)
+        container.run(*ONWARD, "service", "install", "--name", "mine", "--workdir", str(job), "--env",
+                      f"PYTHONPATH={SRC}", "--", *command)
+    container.run(*ONWARD, "service", "uninstall", "mine")
+    assert not exists(container, f"{UNIT_DIR}/mine.service")
+    container.run("systemctl", "stop", "admin.service", "packaged.service")

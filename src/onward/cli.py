@@ -463,7 +463,14 @@ def _run_cli(argv: list[str] | None) -> int:
 
 
 def cli_main() -> None:
-    sys.exit(entry())
+    code = entry()
+    if code == 75 and os.environ.get("SYSTEMD_EXEC_PID") == str(os.getpid()):
+        # The main process of a systemd service (systemd sets SYSTEMD_EXEC_PID to the pid it started): see
+        # onward.systemd.space_unavailable_exit.
+        from .systemd import space_unavailable_exit
+
+        space_unavailable_exit()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

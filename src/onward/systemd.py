@@ -46,6 +46,13 @@ ENV_DIR = "/etc/onward"  # the units' EnvironmentFiles, holding their secrets
 DEFAULT_WATCHDOG = 30.0  # WatchdogSec unless --watchdog says otherwise (0: none)
 DEFAULT_GRACE = RunConfig.grace  # onward run's --grace default
 STOP_MARGIN = 10.0  # TimeoutStopSec = grace + this: time to terminate the tasks and record the stop
+# The unit's start limit: more than START_LIMIT_BURST starts within START_LIMIT_INTERVAL seconds leave it
+# failed for good, as a crash loop that `onward supervise` gives up on.
+START_LIMIT_INTERVAL = DEFAULT_WINDOW
+START_LIMIT_BURST = DEFAULT_MAX_RESTARTS + 1
+# A worker that exits 75 (store or output unavailable) lives at least this long (seconds): see
+# space_unavailable_exit. More than INTERVAL / BURST, so that BURST + 1 such starts span more than INTERVAL.
+UNAVAILABLE_SPACING = START_LIMIT_INTERVAL / (START_LIMIT_BURST - 1)
 
 # Options of ``onward run`` naming files, made absolute in ExecStart (the service runs elsewhere).
 PATH_OPTIONS = ("--db", "--tasks", "--out", "--keep-awake")
@@ -269,8 +276,8 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
         "After=network-online.target",
         "Wants=network-online.target",
         "# Give up (state failed) after as many restarts in as short a time as `onward supervise` would.",
-        f"StartLimitIntervalSec={_timespan(DEFAULT_WINDOW)}",
-        f"StartLimitBurst={DEFAULT_MAX_RESTARTS + 1}",
+        f"StartLimitIntervalSec={_timespan(START_LIMIT_INTERVAL)}",
+        f"StartLimitBurst={START_LIMIT_BURST}",
         "",
         "[Service]",
         "# onward run speaks sd_notify: READY=1 once its store is open, STATUS=, WATCHDOG=1 from its main loop.",
@@ -313,6 +320,43 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
     ]
     return Unit(service=service, text="\n".join(lines), environment_file=environment_file, secrets=secrets,
                 workdir=workdir, executable=words[0], user=user)
+
+
+def space_unavailable_exit() -> None:
+    """Called by the main process of a systemd service about to exit 75: wait until it has lived
+    ``UNAVAILABLE_SPACING`` seconds. systemd restarts status 75 (Restart=on-failure) after RestartSec=100ms,
+    but counts every start toward the start limit: a worker that finds its database server down exits in
+    a fraction of a second, and without this wait the unit was failed for good within 3 s of an outage
+    (6 starts), and stayed failed when the server came back. Spaced so, systemd restarts it for as long as
+    the outage lasts, and it resumes within this spacing of the server's return; a crash loop (any other
+    status) still hits the limit. ``onward supervise`` needs none of this: it backs off itself, and never
+    counts these restarts.
+
+    A stop (SIGTERM, SIGINT) ends the wait at once; a watchdog, if one is armed already, is kept fed."""
+    import signal
+    import time
+
+    from onward.notify import Notifier
+    from onward.proc import pid_start_time
+
+    started = pid_start_time(os.getpid())
+    if started is None:
+        return
+    lived = time.clock_gettime(time.CLOCK_BOOTTIME) - started / os.sysconf("SC_CLK_TCK")
+    until = time.monotonic() + UNAVAILABLE_SPACING - lived
+    if until <= time.monotonic():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    notifier = Notifier.from_env()
+    notifier.status(f"store or output unavailable; exiting with status 75 in {until - time.monotonic():.0f} s,"
+                    " to be restarted")
+    try:
+        while (left := until - time.monotonic()) > 0:
+            notifier.watchdog()
+            time.sleep(min(left, notifier.watchdog_every or left))
+    finally:
+        notifier.close()
 
 
 # --- systemctl -------------------------------------------------------------------------------------------

@@ -5,9 +5,11 @@ others, checked in the container's /etc/systemd/system and through systemctl.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from tests.integration.test_systemd_e2e import ONWARD, SRC, Container, container
+from tests.integration.test_systemd_e2e import ONWARD, SRC, Container, container, wait_for
 
 pytestmark = pytest.mark.systemd
 
@@ -91,3 +93,42 @@ def test_a_unit_onward_did_not_write_is_neither_replaced_nor_removed(container: 
     container.run(*ONWARD, "service", "uninstall", "mine")
     assert not exists(container, f"{UNIT_DIR}/mine.service")
     container.run("systemctl", "stop", "admin.service", "packaged.service")
+
+
+@pytest.mark.postgres
+def test_a_database_outage_at_start_outlasts_the_start_limit_and_the_job_resumes(container: Container) -> None:
+    # Status 75 is restarted by the unit (Restart=on-failure), but systemd counts every start toward the
+    # start limit (6 in 60 s): a worker that exits 75 at once used it up in 3 s and the unit stayed failed
+    # after the server came back.
+    from onward.store import open_store
+    from onward.store.base import DONE
+    from tests import pgutil
+
+    job = container.work / "outage"
+    job.mkdir()
+    unit = "onward-outage.service"
+    with pgutil.private_cluster() as cluster:
+        url = cluster.url(cluster.create_database("onward"))
+        store = open_store(url)
+        store.add([f"t{i}" for i in range(5)])
+        store.close()
+        cluster.ctl("stop")
+        container.run(*ONWARD, "service", "install", "--name", unit, "--workdir", str(job), "--env",
+                      f"PYTHONPATH={SRC}", "--", *ONWARD, "run", "--db", url, "--", "true",
+                      check=False)  # `restart` reports the failed start
+        outage_began = time.monotonic()
+        # Longer than the start limit's 6 starts could last at 0.1 s apart plus a worker's start-up, and
+        # beyond a whole StartLimitIntervalSec: the unit must still be trying.
+        wait_for(lambda: time.monotonic() - outage_began > 65 or container.show(unit)["ActiveState"] == "failed",
+                 90, "65 s of outage")
+        state = container.show(unit)
+        assert state["ActiveState"] != "failed", (state, container.journal(unit)[-3000:])
+        assert int(state["NRestarts"]) >= 4, state  # it did keep trying
+        cluster.ctl("start")
+        wait_for(lambda: container.show(unit)["ActiveState"] in ("inactive", "failed"), 60, "the job to end")
+        state = container.show(unit)
+        assert state["Result"] == "success", (state, container.journal(unit)[-3000:])
+        store = open_store(url, create=False)
+        assert store.counts()[DONE] == 5
+        store.close()
+    container.run(*ONWARD, "service", "uninstall", unit)

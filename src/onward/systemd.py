@@ -426,14 +426,25 @@ def install(name: str, command: Sequence[str], user: str | None = None, workdir:
                        env_dir=env_dir, job=job)
     _check_startable(unit)
     _require_systemd()
+    _require_writable(unit_dir)
     service = unit.service
     _refuse_foreign_unit(service, os.path.join(unit_dir, service))
-    path = write_unit(unit, unit_dir)
+    try:
+        path = write_unit(unit, unit_dir)
+    except PermissionError as exc:  # /etc/onward, say, where the unit folder was writable
+        raise UsageError(f"cannot write {exc.filename}: {exc.strerror} (install services as root)") from None
     _systemctl("daemon-reload")
     _systemctl("enable", unit=service)
     # restart, not start: a reinstall over a running service must take the new unit into use
     _systemctl("restart", unit=service)
     return path
+
+
+def _require_writable(unit_dir: str) -> None:
+    """A user who may not write the unit folder (not root) is told so in one line, before anything is done,
+    rather than by a traceback half-way."""
+    if not os.access(unit_dir, os.W_OK):
+        raise UsageError(f"cannot write to {unit_dir}: install and uninstall services as root")
 
 
 def _check_startable(unit: Unit) -> None:
@@ -488,6 +499,7 @@ def uninstall(name: str, unit_dir: str = UNIT_DIR, env_dir: str = ENV_DIR) -> st
     if not _written_by_onward(path):
         raise UsageError(f"{path} was not written by onward service install; not removing it")
     _require_systemd()
+    _require_writable(unit_dir)  # before the service is stopped: its unit file could not be removed
     _systemctl("disable", "--now", unit=service)
     os.unlink(path)
     with contextlib.suppress(FileNotFoundError):

@@ -132,3 +132,19 @@ def test_a_database_outage_at_start_outlasts_the_start_limit_and_the_job_resumes
         assert store.counts()[DONE] == 5
         store.close()
     container.run(*ONWARD, "service", "uninstall", unit)
+
+
+def test_a_user_who_cannot_write_the_units_is_told_so_in_one_line(container: Container) -> None:
+    job = container.work / "not-root"
+    job.mkdir()
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    container.run(*ONWARD, "service", "install", "--name", "theirs", "--workdir", str(job), "--env",
+                  f"PYTHONPATH={SRC}", "--", *ONWARD, "run", "--db", "job.db", "--", "true", check=False)
+    for args in (["install", "--name", "mine", "--workdir", "/tmp", "--env", "API_TOKEN=t0k", "--", "/bin/true"],
+                 ["uninstall", "theirs"]):
+        done = container.run(*as_nobody, *ONWARD, "service", *args, check=False)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr == f"onward: error: cannot write to {UNIT_DIR}: install and uninstall services as root\n"
+    assert not exists(container, f"{UNIT_DIR}/mine.service") and not exists(container, "/etc/onward/mine.env")
+    assert exists(container, f"{UNIT_DIR}/theirs.service")
+    container.run(*ONWARD, "service", "uninstall", "theirs")

@@ -82,7 +82,7 @@ def test_other_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("version, error, message", [
     ("99", SchemaTooNew, "schema version 99, newer than this onward"),
-    ("0", SchemaTooOld, "onward db upgrade"),
+    ("1", SchemaTooOld, "onward db upgrade"),  # (0 is no version at all: see test_schema_version.py)
 ])
 def test_other_schema_versions_are_refused(tmp_path: Path, version: str, error: type, message: str) -> None:
     path = tmp_path / "s.db"

@@ -60,7 +60,15 @@ from .pgconn import (
 )
 from .rows import event_of
 from .sql import load_queries, migration
-from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version, translating
+from .sqlbase import (
+    SCHEMA_VERSION,
+    JournalRow,
+    SqlStore,
+    added_message,
+    check_schema_version,
+    parse_schema_version,
+    translating,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -509,10 +517,10 @@ def _schema_version(conn: psycopg.Connection[Any], url: str) -> int | None:
     rows = dict(conn.execute(Q["schema_meta"]).fetchall())
     if rows.get("app") != "onward" or "schema_version" not in rows:
         raise foreign
-    try:
-        return int(rows["schema_version"])
-    except ValueError:
-        raise foreign from None
+    version = parse_schema_version(str(rows["schema_version"]))
+    if version is None:  # (a version below 1 sent the upgrade looking for a migration that does not exist)
+        raise foreign
+    return version
 
 
 def _migrate(conn: psycopg.Connection[Any], url: str, *, create: bool) -> int:

@@ -81,6 +81,15 @@ def stall_ms(lease_seconds: float, ceiling_ms: int | None = None) -> int:
     return ms if ceiling_ms is None else min(ceiling_ms, ms)
 
 
+def parse_schema_version(text: str) -> int | None:
+    """The schema version a store's meta table records, or None when the text is not one: a whole number
+    from 1 up, in plain digits. Anything else (a damaged or hand-edited meta row) would name no migration
+    to start from, and must be refused as a damaged store, not upgraded from."""
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        return None
+    return int(text)
+
+
 def check_schema_version(found: int, wanted: int, where: str) -> None:
     """Refuse a store whose schema version is not ``wanted`` (the backend's ``SCHEMA_VERSION``, passed in
     so that it is read when the check runs), with the one message that says what to do."""

@@ -47,7 +47,14 @@ from ..proc import hostname
 from .base import DONE, FENCED_DETAIL, Claim, Event, Lease, Stats, StepRecord
 from .rows import event_of
 from .sql import migration
-from .sqlbase import SCHEMA_VERSION, JournalRow, SqlStore, added_message, check_schema_version
+from .sqlbase import (
+    SCHEMA_VERSION,
+    JournalRow,
+    SqlStore,
+    added_message,
+    check_schema_version,
+    parse_schema_version,
+)
 from .sqlite_locks import (
     close_beside,
     connected,
@@ -308,7 +315,14 @@ class SqliteStore(SqlStore):
         rows = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN ('app', 'schema_version')"))
         if rows.get("app") != "onward" or "schema_version" not in rows:
             raise NotAStore(f"not an onward store: {self.path} is another SQLite database")
-        return int(rows["schema_version"])
+        version = parse_schema_version(str(rows["schema_version"]))
+        if version is None:
+            # int() of it raised out of every command as a traceback, and a version below 1 sent the upgrade
+            # looking for a migration that does not exist.
+            shown = ascii(str(rows["schema_version"])[:40])
+            raise CorruptStore(f"store {self.path} is corrupt (its schema version {shown} is not a version number);"
+                               " it was left untouched")
+        return version
 
     def close(self) -> None:
         self._close_files()

@@ -77,7 +77,9 @@ class QuickRead:
                 raise NotPlain
             self._db.execute("BEGIN")
             meta = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN ('app', 'schema_version')"))
-            if meta.get("app") != "onward" or int(meta.get("schema_version", 0)) != SCHEMA_VERSION:
+            # Compared as text, as SqliteStore writes it: any other spelling goes the long way, which refuses
+            # what is not a version number.
+            if meta.get("app") != "onward" or meta.get("schema_version") != str(SCHEMA_VERSION):
                 raise NotPlain
             found = self._db.execute(Q["find_job"], {"name": job}).fetchone()
             if found is None:

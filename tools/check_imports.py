@@ -14,7 +14,8 @@ list of modules, so that new modules are checked without editing this file:
    store needs: error types, process identity (the owner of a claim), one-line logging, hiding
    passwords in messages (``redact``), and creating private folders (``folders``).
 4. One door to the store: no module above ``onward/store/`` imports a backend module itself; they go
-   through ``onward.store`` (``open_store``, ``exists``, ``upgrade``), which picks the backend by URL.
+   through ``onward.store`` (``open_store``, ``list_jobs``, ``exists``, ``upgrade``), which picks the
+   backend by URL.
 
 Usage: ``python tools/check_imports.py [SRC]`` (SRC defaults to ``src`` next to this folder). Prints one
 line per violation and exits 1, or exits 0 silently.

@@ -122,13 +122,9 @@ def cancel_command(db: str | None, job: str, tasks: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per job, one per line.")
 def jobs_command(db: str | None, as_json: bool) -> None:
     """The jobs of the store, with their task counts and whether they are paused."""
-    from .store import DEFAULT_JOB, open_store
+    from .store import list_jobs
 
-    store = open_store(db, create=False, job=DEFAULT_JOB)  # every store has it (the schema creates it)
-    try:
-        jobs = store.jobs()
-    finally:
-        store.close()
+    jobs = list_jobs(db)  # (not through the job "default": a store need not hold it)
     out = sys.stdout
     if as_json:
         for j in jobs:
@@ -138,6 +134,6 @@ def jobs_command(db: str | None, as_json: bool) -> None:
     columns = ("job", "paused", "total", *STATES)
     rows = [(j.name, "yes" if j.paused else "no", str(sum(j.counts.values())), *(str(j.counts[s]) for s in STATES))
             for j in jobs]
-    widths = [max(len(col), *(len(row[i]) for row in rows)) for i, col in enumerate(columns)]
+    widths = [max([len(col), *(len(row[i]) for row in rows)]) for i, col in enumerate(columns)]  # (rows: maybe none)
     for row in (columns, *rows):
         out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")

@@ -113,6 +113,7 @@ def test_jobs_by_option_and_by_onward_job(tmp_path: Path) -> None:
     assert "job nightly" in assert_same("status", "--db", db, "--job", "nightly", quick=True)
     assert_same("status", "--db", db, "--job=nightly", "--json", quick=True)
     assert "job nightly" in assert_same("status", "--db", db, quick=True, env={"ONWARD_JOB": "nightly"})
+    add(db, "z")  # makes the job "default" (a store holds it only once something made it)
     assert_same("status", "--db", db, quick=True, env={"ONWARD_JOB": ""})  # empty: the default job
     # A job that is not there, and a name that breaks the rule: the full command's errors.
     assert "no job 'other'" in assert_same("status", "--db", db, "--job", "other", quick=False)

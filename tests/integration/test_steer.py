@@ -214,14 +214,12 @@ def test_named_jobs_in_one_store_are_isolated(store_url: str, tmp_path: Path) ->
     r = run_onward("jobs", "--db", store_url, "--json")
     assert r.returncode == 0, r.stderr
     jobs = {j["job"]: j for j in map(json.loads, r.stdout.decode().splitlines())}
-    assert set(jobs) == {"default", "alpha", "beta"}
+    assert set(jobs) == {"alpha", "beta"}  # no job "default": nothing made it
     assert (jobs["alpha"]["done"], jobs["alpha"]["paused"]) == (3, False)
     assert (jobs["beta"]["done"], jobs["beta"]["pending"], jobs["beta"]["paused"]) == (3, 1, True)
-    assert jobs["default"]["total"] == 0
     table = run_onward("jobs", "--db", store_url).stdout.decode().splitlines()
     assert table[0].split() == ["job", "paused", "total", "pending", "running", "waiting", "done", "failed", "cancelled"]
-    assert [line.split()[:3] for line in table[1:]] == [["alpha", "no", "3"], ["beta", "yes", "4"],
-                                                        ["default", "no", "0"]]
+    assert [line.split()[:3] for line in table[1:]] == [["alpha", "no", "3"], ["beta", "yes", "4"]]
     # A paused job's worker claims nothing: it waits (here, stopped by SIGTERM once it said so).
     with workers(command_worker(store_url, side, "--job", "beta"), logs=tmp_path) as (w,):
         wait_for(lambda: "job paused" in w.log, 30, "the worker to see its job paused")
@@ -281,7 +279,7 @@ def test_supervise_passes_its_job_on_to_the_worker(tmp_path: Path) -> None:
                                                                         "true"), input=b"a\nb\n")
     assert r.returncode == 0, r.stderr
     jobs = {j["job"]: j for j in map(json.loads, run_onward("jobs", "--db", db, "--json").stdout.splitlines())}
-    assert jobs["nightly"]["done"] == 2 and jobs["default"]["total"] == 0
+    assert jobs["nightly"]["done"] == 2 and "default" not in jobs
     r = run_onward("supervise", "--job", "../x", "--", "true")
     assert r.returncode == 2 and r.stderr.decode().count("\n") == 1
 
@@ -296,4 +294,6 @@ def test_supervise_records_restarts_in_its_job(tmp_path: Path) -> None:
     assert r.returncode == 1, r.stderr
     assert seen.read_text().splitlines() == ["nightly", "nightly"]
     assert status(db, "--job", "nightly")["restarts"] == 1
-    assert status(db)["restarts"] == 0
+    # None in the job "default": supervise did not even make that job to journal one there.
+    r = run_onward("status", "--db", db, "--json")
+    assert r.returncode == 2 and b"no job 'default'" in r.stderr, r.stderr

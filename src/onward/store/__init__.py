@@ -2,8 +2,8 @@
 one module per backend.
 
 ``store_url`` says which forms a store location may take (every other form is refused, so that a typo never
-becomes a file of that name). ``open_store``, ``exists`` and ``upgrade`` are the only doors to a backend:
-nothing outside this package imports one.
+becomes a file of that name). ``open_store``, ``list_jobs``, ``exists`` and ``upgrade`` are the only doors to
+a backend: nothing outside this package imports one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 # `onward status` on a plain store loads this package and little else (see onward.status.print_plain_status).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .base import Store
+    from .base import JobRow, Store
     from .postgres import PostgresStore
 
 DEFAULT_DB = ".onward/onward.db"
@@ -104,6 +104,28 @@ def open_store(url: str | None = None, *, create: bool = True, job: str | None =
     return SqliteStore(url, create=create, job=job)
 
 
+def list_jobs(url: str | None = None) -> list[JobRow]:
+    """Every job of the store at ``url`` (``onward jobs``), read through a handle of no job: a store holds
+    the job ``default`` only once a run or an add made it (or when it was upgraded from before named jobs).
+    Raises what ``open_store(create=False)`` raises, ``StoreMissing`` where there is no store."""
+    from .sqlbase import NO_JOB
+
+    url = store_url(url)
+    store: Store
+    if is_postgres_url(url):
+        from .postgres import PostgresStore
+
+        store = PostgresStore(url, create=False, job=NO_JOB)
+    else:
+        from .sqlite import SqliteStore
+
+        store = SqliteStore(url, create=False, job=NO_JOB)
+    try:
+        return store.jobs()
+    finally:
+        store.close()
+
+
 # A store opened by this process ahead of need (open_ahead): its location, its job, the store.
 _ahead: tuple[str, str, PostgresStore] | None = None
 
@@ -190,5 +212,5 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Store", "open_store", "exists", "upgrade", "store_url", "job_name", "DEFAULT_DB", "DEFAULT_JOB",
+__all__ = ["Store", "open_store", "list_jobs", "exists", "upgrade", "store_url", "job_name", "DEFAULT_DB", "DEFAULT_JOB",
            "is_postgres_url"]

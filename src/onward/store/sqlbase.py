@@ -51,6 +51,8 @@ PAGE_SIZE = 1000
 # the runner works with, at least the first figure. The runner stops its tasks a third of a lease before the
 # lease runs out, so a call stuck for longer than a quarter could leave it no time to do so.
 STALL_FLOOR_MS = 250
+# The job of a handle opened for no job (store.list_jobs): never a job's name (job_name refuses it).
+NO_JOB = ""
 NO_TASK_ID = 1 << 62  # above every task id: task_page()'s ``until`` when none is given
 # task_page() reads pending tasks from their index (and sorts them) up to this many; beyond, they are common
 # enough for a walk along the ids to fill a page soon.
@@ -308,6 +310,9 @@ class SqlStore:
         """Find this handle's job, creating it (with its counts) when ``create``; ``StoreMissing`` when there
         is no such job and ``create`` is false. Run once, when the store is opened."""
         self._activity_kept = {}
+        if self.job == NO_JOB:
+            self._job_id = 0  # no job has that id: such a handle (store.list_jobs) reads what spans the jobs
+            return
         row = self._exec("find_job", {"name": self.job}).fetchone()
         if row is None:
             if not create:

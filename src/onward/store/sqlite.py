@@ -48,6 +48,7 @@ from .base import DONE, FENCED_DETAIL, Claim, Event, Lease, Stats, StepRecord
 from .rows import event_of
 from .sql import migration
 from .sqlbase import (
+    NO_JOB,
     SCHEMA_VERSION,
     JournalRow,
     SqlStore,
@@ -905,7 +906,7 @@ def exists(url: str) -> bool:
 def upgrade(url: str) -> tuple[int, int]:
     """``onward db upgrade``: create the store, or bring its schema to this onward's version. Returns the
     versions before (0: there was no store) and after. Refuses a newer store (``SchemaTooNew``)."""
-    store = SqliteStore(url, upgrade=True)
+    store = SqliteStore(url, upgrade=True, job=NO_JOB)  # (an upgrade makes no job, as PostgreSQL's makes none)
     store.close()
     return store.upgraded_from, SCHEMA_VERSION
 

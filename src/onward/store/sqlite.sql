@@ -120,6 +120,9 @@ UPDATE tasks SET furthest_step = (SELECT max(idx) FROM steps WHERE steps.task_id
 -- key changes are rebuilt (SQLite cannot drop a constraint); the journal and the workers only gain a
 -- column, whose default 1 costs no rewrite (every insert names its job). Also: the final state
 -- 'cancelled', and the flag asking a running task's worker to cancel it.
+-- A store that holds nothing yet (a new one, which runs every migration in turn) gets no job "default":
+-- a job is made by the first run or add that names it, and one nobody made would be listed by `onward
+-- jobs` and exported by `onward metrics` for ever, with no task. Its count rows go with it.
 CREATE TABLE jobs (
     id         INTEGER PRIMARY KEY,
     name       TEXT    NOT NULL UNIQUE,
@@ -127,8 +130,9 @@ CREATE TABLE jobs (
     created_at REAL    NOT NULL
 );
 INSERT INTO jobs (id, name, created_at)
-VALUES (1, 'default', coalesce((SELECT at FROM events ORDER BY id LIMIT 1),
-                               (julianday('now') - 2440587.5) * 86400.0));
+SELECT 1, 'default', coalesce((SELECT at FROM events ORDER BY id LIMIT 1), (julianday('now') - 2440587.5) * 86400.0)
+ WHERE EXISTS (SELECT 1 FROM tasks) OR EXISTS (SELECT 1 FROM events) OR EXISTS (SELECT 1 FROM workers)
+    OR EXISTS (SELECT 1 FROM sources) OR EXISTS (SELECT 1 FROM steps);
 
 CREATE TABLE tasks_v3 (
     id           INTEGER PRIMARY KEY,
@@ -182,8 +186,8 @@ CREATE TABLE counts_v3 (
     n      INTEGER NOT NULL,
     PRIMARY KEY (job_id, state)
 ) WITHOUT ROWID;
-INSERT INTO counts_v3 (job_id, state, n) SELECT 1, state, n FROM counts;
-INSERT INTO counts_v3 (job_id, state, n) VALUES (1, 'cancelled', 0);
+INSERT INTO counts_v3 (job_id, state, n) SELECT 1, state, n FROM counts WHERE EXISTS (SELECT 1 FROM jobs);
+INSERT INTO counts_v3 (job_id, state, n) SELECT 1, 'cancelled', 0 WHERE EXISTS (SELECT 1 FROM jobs);
 DROP TABLE counts;
 ALTER TABLE counts_v3 RENAME TO counts;
 CREATE TRIGGER tasks_state_counted AFTER UPDATE OF state ON tasks

@@ -10,8 +10,8 @@ function-tool call is a durable step: recorded when it returns, replayed on resu
         return OnwardRunner.run_sync(agent, task).final_output
 
 How: for the run, the starting agent and the agents it can hand off to (as an ``Agent`` or through a
-``Handoff`` object) are cloned with their function tools' invocations wrapped (a step named
-``openai_agents.tool.NAME``, its value the tool's output as JSON, or as the text the SDK sends the model
+``Handoff`` object) are cloned with their function tools' invocations, and those of their MCP servers'
+tools, wrapped (a step named ``openai_agents.tool.NAME``, its value the tool's output as JSON, or as the text the SDK sends the model
 when JSON would not give the model the same text) and their models wrapped (``OnwardModel``: a step named
 ``openai_agents.model``, its value the ``ModelResponse``; the tries of a call the runner retries are that
 one step); a model named by a string is wrapped through the run's model provider. The agents passed in
@@ -279,11 +279,28 @@ def durable_agent(agent: Agent[Any], run: DurableRun | None = None) -> Agent[Any
     clone = agent.clone()
     memo[id(agent)] = memo[id(clone)] = clone  # before the handoffs: agents may hand off to each other
     clone.tools = [durable_tool(t) for t in agent.tools]
+    _durable_mcp_tools(clone)
     if isinstance(agent.model, Model) and not isinstance(agent.model, OnwardModel):
         clone.model = OnwardModel(agent.model, run)
     clone.handoffs = [durable_agent(h, run) if isinstance(h, Agent) else durable_handoff(h, run)
                       for h in agent.handoffs]
     return clone
+
+
+def _durable_mcp_tools(clone: Agent[Any]) -> None:
+    """Make the clone's MCP tools durable too. The SDK lists an agent's MCP servers' tools as function tools
+    at run time (``get_all_tools`` calls ``get_mcp_tools`` every turn), so they are not in ``agent.tools``
+    and a call of one (a side effect on the server) would run again on resume. The clone's
+    ``get_mcp_tools`` returns the SDK's own tools (their approval policy, guardrails, error handling and
+    meta kept), each with its invocation a step like a function tool's."""
+    get_mcp_tools = clone.get_mcp_tools  # the class's method, bound to the clone
+
+    async def durable_get_mcp_tools(run_context: Any) -> list[Any]:
+        return [durable_tool(t) for t in await get_mcp_tools(run_context)]
+
+    # An instance attribute: the clone is this run's own, and ``Agent.clone`` (dataclasses.replace) would
+    # not carry it over to a clone of the clone, which then lists its servers' tools as the SDK does.
+    setattr(clone, "get_mcp_tools", durable_get_mcp_tools)  # noqa: B010 - mypy refuses assigning to a method
 
 
 def durable_handoff(handoff: Any, run: DurableRun) -> Any:

@@ -140,3 +140,166 @@ def test_mcp_tool_calls_are_steps_paid_once_across_kills(server: ForkServer, tmp
     assert [r.name for r in records] == (["openai_agents.model", "openai_agents.tool.calculator"]
                                          * (len(FACTORS) - 1) + ["openai_agents.model"])
     assert integrity(db) == "ok"
+
+
+# --- tools the SDK runs in-process without being function tools -----------------------------------------
+# The agent: a model in the worker (each call appended to a file) that makes one call of each tool in
+# turn, eight in all, then answers with their outputs; each tool's code appends each run to another file.
+LOCAL_AGENT = '''
+import json, sys, time
+from agents import (Agent, ApplyPatchTool, CustomTool, LocalShellTool, Model, ModelResponse, ShellResult,
+                    ShellCommandOutput, ShellCallOutcome, ShellTool, set_tracing_disabled)
+from agents.editor import ApplyPatchResult
+from agents.usage import Usage
+from openai.types.responses import (ResponseApplyPatchToolCall, ResponseCustomToolCall,
+                                    ResponseFunctionShellToolCall, ResponseOutputMessage, ResponseOutputText)
+from openai.types.responses.response_apply_patch_tool_call import OperationCreateFile
+from openai.types.responses.response_function_shell_tool_call import Action
+from openai.types.responses.response_output_item import LocalShellCall, LocalShellCallAction
+from onward import Job
+from onward.integrations.openai_agents import OnwardRunner
+
+db, model_log, tool_log, question = sys.argv[1:5]
+set_tracing_disabled(True)
+KINDS = ["custom", "shell", "local_shell", "apply_patch"]
+CALLS = 8
+
+
+def logged(path, entry):
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\\n")
+
+
+def call(n):
+    kind, cid = KINDS[n % len(KINDS)], f"c{n}"
+    if kind == "custom":
+        return ResponseCustomToolCall(type="custom_tool_call", call_id=cid, input=str(n), name="count", id=f"ct{n}")
+    if kind == "shell":
+        return ResponseFunctionShellToolCall(type="shell_call", id=f"sh{n}", call_id=cid, status="completed",
+                                             action=Action(commands=[f"echo {n}"]))
+    if kind == "local_shell":
+        return LocalShellCall(type="local_shell_call", id=f"ls{n}", call_id=cid, status="completed",
+                              action=LocalShellCallAction(command=["echo", str(n)], env={}, type="exec"))
+    return ResponseApplyPatchToolCall(type="apply_patch_call", id=f"ap{n}", call_id=cid, status="completed",
+                                      operation=OperationCreateFile(type="create_file", path=f"{n}.txt", diff="+x"))
+
+
+class Scripted(Model):
+    async def get_response(self, system_instructions, input, *args, **kwargs):
+        outputs = [i for i in input if isinstance(i, dict) and str(i.get("type", "")).endswith("call_output")]
+        logged(model_log, {"turn": len(outputs)})
+        if len(outputs) < CALLS:
+            item = call(len(outputs))
+        else:
+            text = " | ".join(json.dumps(o.get("output"), sort_keys=True) for o in outputs)
+            item = ResponseOutputMessage(type="message", id="m", role="assistant", status="completed",
+                                         content=[ResponseOutputText(type="output_text", text=text, annotations=[])])
+        return ModelResponse(output=[item], usage=Usage(), response_id=None)
+
+    def stream_response(self, *args, **kwargs):
+        raise NotImplementedError
+
+
+def ran(kind, n):
+    logged(tool_log, {"kind": kind, "n": n})
+    time.sleep(0.02)  # a tool takes its time: some kills land inside it
+
+
+def custom(ctx, input):
+    ran("custom", int(input))
+    return f"custom {input}"
+
+
+def shell(request):
+    n = int(request.data.action.commands[0].split()[1])
+    ran("shell", n)
+    return ShellResult(output=[ShellCommandOutput(stdout=f"{n}\\n", outcome=ShellCallOutcome(type="exit", exit_code=0))])
+
+
+async def local_shell(request):
+    n = int(request.data.action.command[1])
+    ran("local_shell", n)
+    return f"local {n}"
+
+
+class Editor:
+    def create_file(self, operation):
+        n = int(operation.path.split(".")[0])
+        ran("apply_patch", n)
+        return ApplyPatchResult(status="completed", output=f"created {operation.path}")
+
+    def update_file(self, operation):
+        raise NotImplementedError
+
+    def delete_file(self, operation):
+        raise NotImplementedError
+
+
+agent = Agent(name="tools", model=Scripted(),
+              tools=[CustomTool(name="count", description="Count.", on_invoke_tool=custom), ShellTool(executor=shell),
+                     LocalShellTool(executor=local_shell), ApplyPatchTool(editor=Editor())])
+job = Job(db, max_attempts=1000, retry_delay=0, heartbeat=1.0)
+
+
+@job.task
+async def solve(question, ctx):
+    return str((await OnwardRunner.run(agent, question, max_turns=32)).final_output)
+
+
+job.add([question])
+sys.exit(job.run().exit_code)
+'''
+LOCAL_CALLS = 8
+LOCAL_STEPS = ["openai_agents.tool.count", "openai_agents.tool.shell", "openai_agents.tool.local_shell",
+               "openai_agents.tool.apply_patch"]
+LOCAL_PLAN = KillPlan(random_kills=4, commit_kills=2, max_new=2, max_pause=0.03, nth=(2, 6))
+
+
+def test_custom_shell_and_apply_patch_tools_are_steps_paid_once_across_kills(server: ForkServer, tmp_path: Path,
+                                                                             seed: int) -> None:
+    rng = random.Random(seed)
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent(LOCAL_AGENT))
+
+    def argv(db: Path, models: Path, tools: Path) -> list[str]:
+        return [str(agent), str(db), str(models), str(tools), "run the tools"]
+
+    reference_db = tmp_path / "reference.db"
+    code = server.start(argv(reference_db, tmp_path / "reference-models", tmp_path / "reference-tools")).wait(120)
+    assert code == 0, server.stderr.read_text()[-3000:]
+    reference = open_store(str(reference_db), create=False)
+    expected = reference.result("run the tools")
+    reference.close()
+    assert expected is not None and b"created 3.txt" in expected.data and b"local 6" in expected.data
+    assert len(json_lines(tmp_path / "reference-tools")) == LOCAL_CALLS
+
+    db, models, tools = tmp_path / "agent.db", tmp_path / "models", tmp_path / "tools"
+
+    def progress() -> int:  # the distinct calls made so far: a call made again is no progress
+        return len({c["turn"] for c in json_lines(models)}) + len({c["n"] for c in json_lines(tools)})
+    done = kill_until_done(server, argv(db, models, tools), progress, db, LOCAL_PLAN, rng)
+    model_calls, tool_calls = json_lines(models), json_lines(tools)
+    print(f"kills {done.kills} ({done.in_commit} inside a commit); model calls {len(model_calls)};"
+          f" tool runs {len(tool_calls)}")
+
+    store = open_store(str(db), create=False)
+    try:
+        assert store.result("run the tools") == expected
+        task_id = store.task_id("run the tools")
+        assert task_id is not None
+        records = store.steps(task_id)
+    finally:
+        store.close()
+    # Every call was made, once, plus at most one repeat per kill: the one in flight when it came.
+    per_tool_call = Counter((c["kind"], c["n"]) for c in tool_calls)
+    per_turn = Counter(c["turn"] for c in model_calls)
+    assert sorted(n for _, n in per_tool_call) == list(range(LOCAL_CALLS))
+    assert sorted(per_turn) == list(range(LOCAL_CALLS + 1))
+    repeats = sum(n - 1 for n in per_tool_call.values()) + sum(n - 1 for n in per_turn.values())
+    assert repeats <= done.kills
+    # Each tool call is a step of its own, between the model calls.
+    expected_steps: list[str] = []
+    for n in range(LOCAL_CALLS):
+        expected_steps += ["openai_agents.model", LOCAL_STEPS[n % len(LOCAL_STEPS)]]
+    assert [r.name for r in records] == expected_steps + ["openai_agents.model"]
+    assert integrity(db) == "ok"

@@ -333,3 +333,62 @@ def test_a_session_is_refused_inside_a_task_and_left_untouched(tmp_path: Path) -
     # Outside a task the session is the SDK's, as under Runner.
     assert asyncio.run(OnwardRunner.run(agent, "hello", session=session)).final_output == "m: nothing"
     assert len(asyncio.run(session.get_items())) == 2
+
+
+# --- tools that are not function tools ------------------------------------------------------------------
+def test_a_computer_tool_is_refused_inside_a_task(tmp_path: Path) -> None:
+    from agents import ComputerTool
+
+    from onward import Job
+    from onward.errors import UsageError
+    from onward.log import QUIET
+
+    calls: list[str] = []
+
+    def make_computer(*, run_context: Any) -> Any:
+        calls.append("computer")
+        raise AssertionError("not reached: the run is refused before it starts")
+
+    agent = Agent(name="m", model=ScriptedModel("m", calls, "", {}), tools=[ComputerTool(computer=make_computer)])
+    refused: list[str] = []
+    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
+
+    @job.task
+    async def t(name: str, ctx: object) -> str:
+        try:
+            await OnwardRunner.run(agent, "click")
+        except UsageError as e:
+            refused.append(str(e))
+        return "done"
+
+    job.add(["t"])
+    assert job.run().exit_code == 0
+    job.close()
+    assert len(refused) == 1 and "ComputerTool" in refused[0]
+    assert calls == []  # no model call, no computer
+
+
+def test_a_hosted_tools_call_is_part_of_the_model_calls_step(tmp_path: Path) -> None:
+    from agents import WebSearchTool
+    from openai.types.responses.response_function_web_search import ActionSearch, ResponseFunctionWebSearch
+
+    calls: list[str] = []
+
+    class Searching(ScriptedModel):
+        """Answers with the web search the server made (a hosted tool: inside the model call) and a message."""
+
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> ModelResponse:
+            self.calls.append(self.name)
+            search = ResponseFunctionWebSearch(id="ws1", type="web_search_call", status="completed",
+                                               action=ActionSearch(type="search", query="weather oslo"))
+            return ModelResponse(output=[search, message("sunny")], usage=Usage(), response_id=None)
+
+    agent = Agent(name="m", model=Searching("m", calls, "", {}), tools=[WebSearchTool()])
+
+    async def run() -> Any:
+        result = await OnwardRunner.run(agent, "weather?")
+        return result.final_output, [type(i.raw_item).__name__ for i in result.new_items]
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed == ("sunny", ["ResponseFunctionWebSearch", "ResponseOutputMessage"])
+    assert calls == ["m"]  # the search came with the model call's answer: replayed with it
+    assert step_names(tmp_path / "job.db") == ["openai_agents.model"]

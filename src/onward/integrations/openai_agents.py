@@ -15,9 +15,12 @@ tools, wrapped (a step named ``openai_agents.tool.NAME``, its value the tool's o
 when JSON would not give the model the same text) and their models wrapped (``OnwardModel``: a step named
 ``openai_agents.model``, its value the ``ModelResponse``; the tries of a call the runner retries are that
 one step); a model named by a string is wrapped through the run's model provider. The agents passed in
-are not changed. Outside a task the run is ``agents.Runner``'s own. Streamed runs are not durable:
-``run_streamed`` works outside a task and raises ``UsageError`` inside one, as does a run given a
-``session=`` (the session is written outside the task's record).
+are not changed. The tools the SDK runs in this process without their being function tools (a custom
+tool, a local shell, a shell's local executor, an apply_patch editor) are steps too, named the same way.
+Outside a task the run is ``agents.Runner``'s own. Streamed runs are not durable: ``run_streamed`` works
+outside a task and raises ``UsageError`` inside one, as does a run given a ``session=`` (the session is
+written outside the task's record) or whose agents have a ``ComputerTool`` (a replay cannot rebuild the
+computer's state).
 
 Needs ``pip install 'onward[openai-agents]'``.
 """
@@ -27,10 +30,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import inspect
 import json
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +45,13 @@ except ImportError:
 
 from agents import (
     Agent,
+    ApplyPatchTool,
+    ComputerTool,
+    CustomTool,
     FunctionTool,
     Handoff,
     ItemHelpers,
+    LocalShellTool,
     Model,
     ModelProvider,
     ModelResponse,
@@ -53,7 +61,10 @@ from agents import (
     ModelSettings,
     RunConfig,
     Runner,
+    ShellResult,
+    ShellTool,
 )
+from agents.editor import ApplyPatchResult
 from openai.types.responses import ResponseFunctionToolCall
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
@@ -252,21 +263,123 @@ def _tool_record(tool: FunctionTool, tool_call: Any, output: Any) -> Any:
 
 
 def durable_tool(tool: Any) -> Any:
-    """A copy of ``tool`` whose invocations are steps (function tools only; others are kept as they are)."""
-    if not isinstance(tool, FunctionTool):
-        return tool
-    invoke = tool.on_invoke_tool
-    name = f"openai_agents.tool.{tool.name}"
+    """A copy of ``tool`` whose invocations are steps: a function tool, and the tools that run in this
+    process without being function tools (custom, local shell, shell with a local executor, apply_patch).
+    Hosted tools (web and file search, code interpreter, hosted MCP, a hosted shell, ...) run inside the
+    model call, which is a step already: they are kept as they are. A computer tool is refused."""
+    if isinstance(tool, ComputerTool):
+        raise UsageError("OnwardRunner.run does not take a ComputerTool inside a task: its actions drive a"
+                         " computer whose state a replay cannot rebuild (a resumed run would replay the"
+                         " recorded screenshots while the screen shows something else). Run it outside a"
+                         " task, or make each action a function tool")
+    if isinstance(tool, FunctionTool):
+        invoke = tool.on_invoke_tool
+        name = f"openai_agents.tool.{tool.name}"
 
-    async def durable_invoke(ctx: Any, arguments: str) -> Any:
-        tool_call = getattr(ctx, "tool_call", None) or ResponseFunctionToolCall(
-            type="function_call", name=tool.name, arguments=arguments, call_id="")
-        return await durable_call_async(name, lambda key: invoke(ctx, arguments),
-                                        lambda output: _tool_record(tool, tool_call, output), lambda data: data)
+        async def durable_invoke(ctx: Any, arguments: str) -> Any:
+            tool_call = getattr(ctx, "tool_call", None) or ResponseFunctionToolCall(
+                type="function_call", name=tool.name, arguments=arguments, call_id="")
+            return await durable_call_async(name, lambda key: invoke(ctx, arguments),
+                                            lambda output: _tool_record(tool, tool_call, output), lambda data: data)
 
-    durable = copy.copy(tool)
-    durable.on_invoke_tool = durable_invoke
+        durable = copy.copy(tool)
+        durable.on_invoke_tool = durable_invoke
+        return durable
+    # The SDK runs these tools itself (not through a FunctionTool's on_invoke_tool), from the call in the
+    # model's answer: replaying the model call without making the tool's call a step would run the command,
+    # the patch or the custom tool again on resume. Each is wrapped where the SDK calls user code, and its
+    # record is what the SDK makes of the output, so the model is sent the same on replay. An error the
+    # code raises is recorded like any step's and raised again on replay, where the SDK turns it into the
+    # failed output it sends the model.
+    if isinstance(tool, CustomTool):
+        durable_custom = copy.copy(tool)
+        durable_custom.on_invoke_tool = _durable_callable(
+            tool.on_invoke_tool, tool.name, lambda out: out if isinstance(out, str) else str(out), _same)
+        return durable_custom
+    if isinstance(tool, LocalShellTool):
+        durable_local = copy.copy(tool)
+        durable_local.executor = _durable_callable(tool.executor, tool.name, _through_text, _same)
+        return durable_local
+    if isinstance(tool, ShellTool) and tool.executor is not None:  # a hosted environment has no executor
+        durable_shell = copy.copy(tool)
+        durable_shell.executor = _durable_callable(tool.executor, tool.name, _shell_record, _shell_result)
+        return durable_shell
+    if isinstance(tool, ApplyPatchTool):
+        durable_patch = copy.copy(tool)
+        durable_patch.editor = _DurableEditor(tool.editor, tool.name)
+        return durable_patch
+    return tool
+
+
+def _same(data: Any) -> Any:
+    return data
+
+
+def _through_text(output: Any) -> Any:
+    """A local shell executor's output: the SDK sends it as it is (it should be text)."""
+    data = _through_json(output)
+    return data if data == output else str(output)
+
+
+_SHELL_RESULT: TypeAdapter[ShellResult] = TypeAdapter(ShellResult)
+
+
+def _shell_record(output: Any) -> Any:
+    """A shell executor's output: a ``ShellResult`` (its fields), or text (the SDK ``str()``s anything else)."""
+    if isinstance(output, ShellResult):
+        return {"shell_result": _SHELL_RESULT.dump_python(output, mode="json")}
+    return output if isinstance(output, str) else str(output)
+
+
+def _shell_result(data: Any) -> Any:
+    if isinstance(data, dict):
+        return _SHELL_RESULT.validate_python(data["shell_result"])
+    return data
+
+
+def _durable_callable(call: Any, tool_name: str, encode: Any, decode: Any) -> Any:
+    """``call`` (sync or async; the SDK awaits what it returns when it is awaitable) as a step named
+    ``openai_agents.tool.NAME``."""
+    name = f"openai_agents.tool.{tool_name}"
+
+    async def durable(*args: Any) -> Any:
+        async def once(key: str | None) -> Any:
+            out = call(*args)
+            return await out if inspect.isawaitable(out) else out
+        return await durable_call_async(name, once, encode, decode)
     return durable
+
+
+def _patch_record(result: Any) -> Any:
+    """An apply_patch editor's result as the SDK reads it (``ApplyPatchResult``, a mapping, text or None)."""
+    if result is None or isinstance(result, str):
+        return result
+    if isinstance(result, ApplyPatchResult):
+        return {"status": result.status, "output": result.output}
+    if isinstance(result, Mapping):
+        status, output = result.get("status"), result.get("output")
+        return {"status": status if status in ("completed", "failed") else None,
+                "output": None if output is None else str(output)}
+    return str(result)
+
+
+def _patch_result(data: Any) -> Any:
+    return ApplyPatchResult(**data) if isinstance(data, dict) else data
+
+
+class _DurableEditor:
+    """An apply_patch editor whose operations are steps (``openai_agents.tool.apply_patch``, one each)."""
+
+    def __init__(self, editor: Any, tool_name: str) -> None:
+        self.editor = editor
+        self.create_file = _durable_callable(editor.create_file, tool_name, _patch_record, _patch_result)
+        self.update_file = _durable_callable(editor.update_file, tool_name, _patch_record, _patch_result)
+        self.delete_file = _durable_callable(editor.delete_file, tool_name, _patch_record, _patch_result)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "editor":
+            raise AttributeError(name)
+        return getattr(self.editor, name)
 
 
 def durable_agent(agent: Agent[Any], run: DurableRun | None = None) -> Agent[Any]:

@@ -392,3 +392,40 @@ def test_a_hosted_tools_call_is_part_of_the_model_calls_step(tmp_path: Path) -> 
     assert first == replayed == ("sunny", ["ResponseFunctionWebSearch", "ResponseOutputMessage"])
     assert calls == ["m"]  # the search came with the model call's answer: replayed with it
     assert step_names(tmp_path / "job.db") == ["openai_agents.model"]
+
+
+# --- human-in-the-loop approvals ----------------------------------------------------------------------
+def approval_agent(calls: list[str]) -> tuple[Agent[Any], ScriptedModel]:
+    @function_tool(needs_approval=True)
+    def pay(amount: int) -> str:
+        """Pay an amount."""
+        calls.append("tool")
+        return f"paid {amount}"
+
+    model = ScriptedModel("m", calls, "pay", {"amount": 5})
+    return Agent(name="m", model=model, tools=[pay]), model
+
+
+def test_an_approved_tool_call_resumes_from_the_run_state_and_replays(tmp_path: Path) -> None:
+    calls: list[str] = []
+    plain, plain_model = approval_agent(calls)
+    result = asyncio.run(Runner.run(plain, "pay 5"))
+    state = result.to_state()
+    state.approve(state.get_interruptions()[0])
+    assert asyncio.run(Runner.run(plain, state)).final_output == "m: paid 5"
+    calls.clear()
+
+    agent, model = approval_agent(calls)
+
+    async def run() -> Any:
+        result = await OnwardRunner.run(agent, "pay 5")
+        assert [i.name for i in result.interruptions] == ["pay"]
+        state = result.to_state()  # the SDK copies the tool call of the (recorded) model answer into it
+        state.approve(state.get_interruptions()[0])
+        return (await OnwardRunner.run(agent, state)).final_output
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed == "m: paid 5"
+    assert calls == ["m", "tool", "m"]  # the second attempt replayed all three
+    assert step_names(tmp_path / "job.db") == ["openai_agents.model", "openai_agents.tool.pay", "openai_agents.model"]
+    # The model was sent the tool call as under Runner: the fields of the provider's answer, no others.
+    assert model.inputs[-1] == plain_model.inputs[-1]

@@ -78,11 +78,18 @@ _RESPONSE: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
 
 
 def _encode_response(response: ModelResponse) -> Any:
-    return _RESPONSE.dump_python(response, mode="json")
+    # By alias and without the fields the provider did not send: the output items are the openai SDK's
+    # models, whose fields may have an alias (``async_`` is ``async`` on the wire) and whose unset fields
+    # are left out of the input items the SDK sends back. A dump by field name came back with ``async_``
+    # as an unknown extra key and every optional field set to None: the next request's input items then
+    # carried them, and the SDK refused to copy such a tool call into a RunState (its approvals fail with
+    # "Cannot safely copy pending tool approvals").
+    return _RESPONSE.dump_python(response, mode="json", by_alias=True, exclude_unset=True)
 
 
 def _decode_response(data: Any) -> ModelResponse:
-    return _RESPONSE.validate_python(data)
+    # by_name too: a record written before the dump was by alias holds ``async_``, the field's name.
+    return _RESPONSE.validate_python(data, by_alias=True, by_name=True)
 
 
 MODEL_STEP = "openai_agents.model"

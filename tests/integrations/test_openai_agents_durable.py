@@ -429,3 +429,34 @@ def test_an_approved_tool_call_resumes_from_the_run_state_and_replays(tmp_path: 
     assert step_names(tmp_path / "job.db") == ["openai_agents.model", "openai_agents.tool.pay", "openai_agents.model"]
     # The model was sent the tool call as under Runner: the fields of the provider's answer, no others.
     assert model.inputs[-1] == plain_model.inputs[-1]
+
+
+def test_a_run_state_rebuilt_from_json_is_refused_inside_a_task(tmp_path: Path) -> None:
+    from agents import RunState
+
+    from onward import Job
+    from onward.errors import UsageError
+    from onward.log import QUIET
+
+    calls: list[str] = []
+    agent, _ = approval_agent(calls)
+    refused: list[str] = []
+    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
+
+    @job.task
+    async def t(name: str, ctx: object) -> str:
+        result = await OnwardRunner.run(agent, "pay 5")
+        # Its agent is the one passed to from_string, not a durable clone: its calls would not be steps.
+        state = await RunState.from_string(agent, result.to_state().to_string())
+        state.approve(state.get_interruptions()[0])
+        try:
+            await OnwardRunner.run(agent, state)
+        except UsageError as e:
+            refused.append(str(e))
+        return "done"
+
+    job.add(["t"])
+    assert job.run().exit_code == 0
+    job.close()
+    assert len(refused) == 1 and "RunState" in refused[0]
+    assert calls == ["m"]  # the approved tool did not run outside the task's record, nor the model after it

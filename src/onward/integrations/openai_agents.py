@@ -61,6 +61,7 @@ from agents import (
     ModelSettings,
     RunConfig,
     Runner,
+    RunState,
     ShellResult,
     ShellTool,
 )
@@ -389,6 +390,9 @@ class _DurableEditor:
         return getattr(self.editor, name)
 
 
+_ORIGINAL = "_onward_original_agent"  # on a clone: the agent it was cloned from
+
+
 def durable_agent(agent: Agent[Any], run: DurableRun | None = None) -> Agent[Any]:
     """A clone of ``agent`` (and of every agent it hands off to, as an ``Agent`` or a ``Handoff``) with durable
     tools and model, kept in ``run`` (which maps each agent of the run, and each clone, to the clone)."""
@@ -397,6 +401,7 @@ def durable_agent(agent: Agent[Any], run: DurableRun | None = None) -> Agent[Any
     if id(agent) in memo:
         return memo[id(agent)]
     clone = agent.clone()
+    setattr(clone, _ORIGINAL, agent)  # marks it durable (see _refuse_foreign_state)
     memo[id(agent)] = memo[id(clone)] = clone  # before the handoffs: agents may hand off to each other
     clone.tools = [durable_tool(t) for t in agent.tools]
     _durable_mcp_tools(clone)
@@ -453,6 +458,25 @@ def durable_run_config(config: RunConfig | None, run: DurableRun | None = None) 
     return dataclasses.replace(config, model_provider=OnwardModelProvider(config.model_provider, run))
 
 
+def _refuse_foreign_state(input: Any) -> None:
+    """``Runner.run`` resumes a ``RunState`` with the state's own current agent, not the agent it is given.
+    A state a durable run returned (``result.to_state()``) holds that run's durable clones; one rebuilt
+    with ``RunState.from_string(agent, ...)`` / ``from_json`` holds the agents passed in, whose model and
+    tool calls would not be steps: after a crash, the approved tool and every model call after it would
+    run again. It cannot be given durable clones instead: the SDK binds an approval to the very agent
+    object the state holds. So it is refused inside a task. ``_current_agent`` is the SDK's private
+    attribute (there is no public one): read defensively, and a state without it is let through."""
+    if not isinstance(input, RunState):
+        return
+    agent = getattr(input, "_current_agent", None)
+    if isinstance(agent, Agent) and not hasattr(agent, _ORIGINAL):
+        raise UsageError("OnwardRunner.run cannot resume inside a task a RunState whose agent is not one"
+                         " of a durable run (a state rebuilt with RunState.from_string/from_json): its"
+                         " model and tool calls would not be steps. Resume the state of the result of"
+                         " OnwardRunner.run in the same task (result.to_state()); the task replays that"
+                         " run after a crash")
+
+
 def _refuse_session(kwargs: dict[str, Any]) -> None:
     """A session (``session=``) is state outside the task's record: the SDK writes each turn to it as the run
     goes, so a run resumed after a crash would find the first attempt's turns there, add them again and
@@ -472,6 +496,7 @@ class OnwardRunner:
         if active_context() is None:
             return await Runner.run(starting_agent, input, run_config=run_config, **kwargs)
         _refuse_session(kwargs)
+        _refuse_foreign_state(input)
         run = DurableRun()
         try:
             return await Runner.run(durable_agent(starting_agent, run), input,
@@ -485,6 +510,7 @@ class OnwardRunner:
         if active_context() is None:
             return Runner.run_sync(starting_agent, input, run_config=run_config, **kwargs)
         _refuse_session(kwargs)
+        _refuse_foreign_state(input)
         run = DurableRun()
         try:
             return Runner.run_sync(durable_agent(starting_agent, run), input,

@@ -17,7 +17,8 @@ def db_group() -> None:
 @db_option
 def upgrade(db: str | None) -> None:
     """Create the store, or bring its schema up to this onward's version. Safe to run while workers of the
-    same version run, and from several places at once (one of them does the work, the others wait)."""
+    same version run, and from several places at once (one of them does the work, the others wait). Refused
+    (exit 2, nothing changed) while the store records a live worker of an older onward."""
     shown, before, after = store.upgrade(store.store_url(db))
     if before == after:
         click.echo(f"store {shown} is up to date (schema version {after})", err=True)

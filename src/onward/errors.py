@@ -70,6 +70,12 @@ class SchemaTooOld(StoreError):
     """The store's schema is older than this onward; ``onward db upgrade`` brings it up to date."""
 
 
+class WorkersRunning(StoreError):
+    """``onward db upgrade`` found live workers recorded in a store that needs an upgrade: workers of an
+    older onward (this one refuses such a store), whose code would run on the new schema. Nothing was
+    changed. Exit status 2."""
+
+
 class CorruptStore(StoreError):
     """The database file is damaged. onward reports it and never recreates the store silently."""
 

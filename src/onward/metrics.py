@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .status import SILENT_WORKER_SECONDS, status_dict
+from .proc import SILENT_WORKER_SECONDS
+from .status import status_dict
 from .store.base import STATES
 
 if TYPE_CHECKING:

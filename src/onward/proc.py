@@ -15,6 +15,10 @@ from .store.base import Owner
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+# A worker on another host cannot be checked by its pid: one whose heartbeat is older than this (twelve
+# default heartbeats) is taken for gone when judging whether anyone is working, so that a machine that died
+# without saying so does not keep an ETA alive forever (nor an upgrade refused).
+SILENT_WORKER_SECONDS = 60.0
 
 
 def stat_fields(pid: int | str) -> list[bytes] | None:
@@ -101,6 +105,13 @@ def owner_alive(owner: Owner) -> bool | None:
     if owner.host_key != host_key():
         return None
     return process_alive(owner.pid, owner.pid_start)
+
+
+def worker_live(owner: Owner, heartbeat_age: float) -> bool:
+    """Whether a worker the store records (not stopped) is still at work: on this host, whether its process
+    runs; elsewhere, where only the heartbeat can tell, whether it beat within SILENT_WORKER_SECONDS."""
+    alive = owner_alive(owner)
+    return alive if alive is not None else heartbeat_age < SILENT_WORKER_SECONDS
 
 
 @cache

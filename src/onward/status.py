@@ -19,10 +19,6 @@ if TYPE_CHECKING:
 
     from .store.base import Store, WorkerRow
 
-# A worker on another host cannot be checked by its pid: one whose heartbeat is older than this (twelve
-# default heartbeats) is taken for gone when judging whether anyone is working, so that a machine that died
-# without saying so does not keep an ETA alive forever.
-SILENT_WORKER_SECONDS = 60.0
 # The rate is that of the last minute (``Store.stats``: ``done_last_minute``).
 RATE_WINDOW_SECONDS = 60.0
 
@@ -212,6 +208,8 @@ def _claimed_age(store: Store, name: str, now: float) -> float | None:
 
 
 def _working(worker: WorkerRow, alive: bool | None) -> bool:
+    from .proc import SILENT_WORKER_SECONDS  # (loaded already: status_dict's owner_alive)
+
     return alive if alive is not None else worker.heartbeat_age < SILENT_WORKER_SECONDS
 
 

@@ -67,6 +67,7 @@ from .sqlbase import (
     added_message,
     check_schema_version,
     parse_schema_version,
+    refuse_live_workers,
     translating,
 )
 
@@ -532,6 +533,8 @@ def _migrate(conn: psycopg.Connection[Any], url: str, *, create: bool) -> int:
         found = _schema_version(conn, url)
         if found is not None and (create or found >= SCHEMA_VERSION):
             return found
+        if found is not None:
+            refuse_live_workers(conn.execute(Q["unstopped_workers"]).fetchall(), url)
         for version in range((found or 0) + 1, SCHEMA_VERSION + 1):
             conn.execute(migration(Q, version))
         conn.execute(Q["set_meta"], {"version": str(SCHEMA_VERSION)})

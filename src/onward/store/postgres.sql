@@ -257,6 +257,11 @@ SELECT n.oid IS NOT NULL,
 -- name: schema_meta
 SELECT key, value FROM onward.meta WHERE key IN ('app', 'schema_version');
 
+-- name: unstopped_workers
+-- Before an upgrade (see sqlbase.refuse_live_workers): read from a store of any older version, so it names
+-- only columns that the workers table has had since version 1.
+SELECT host, host_key, pid, pid_start, onward.epoch() - heartbeat_at FROM onward.workers WHERE stopped_at IS NULL;
+
 -- name: set_meta
 INSERT INTO onward.meta (key, value) VALUES ('app', 'onward'), ('schema_version', %(version)s)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;

@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, NamedTuple, TypeVar
 
-from ..errors import SchemaTooNew, SchemaTooOld, StoreError, StoreMissing
-from ..proc import hostname
+from ..errors import SchemaTooNew, SchemaTooOld, StoreError, StoreMissing, WorkersRunning
+from ..proc import hostname, worker_live
 from .base import (
     CANCELLED,
     DONE,
@@ -59,6 +59,8 @@ NO_TASK_ID = 1 << 62  # above every task id: task_page()'s ``until`` when none i
 FEW_PENDING = 50_000
 # activity() takes a bucket for closed (never to change again) once it ended this many seconds ago.
 ACTIVITY_SETTLE = 300.0
+# The live workers a refused upgrade names by host and pid (refuse_live_workers); the rest are counted.
+LIVE_WORKERS_SHOWN = 10
 M = TypeVar("M", bound=Callable[..., Any])
 _IN_THE_BATCH = nullcontext()  # a write inside a batch: the batch's commit covers it
 
@@ -101,6 +103,22 @@ def check_schema_version(found: int, wanted: int, where: str) -> None:
     if found < wanted:
         raise SchemaTooOld(f"store {where} has schema version {found}, older than this onward's {wanted};"
                            " run `onward db upgrade`")
+
+
+def refuse_live_workers(rows: Iterable[tuple[str, str, int, int, float]], where: str) -> None:
+    """Refuse to upgrade a store that records a live worker (``rows``: host, host_key, pid, pid_start and
+    heartbeat age of each one not stopped). This onward refuses a store that is not upgraded, so such a
+    worker runs an older onward, whose queries would meet the new schema: indexes it names gone (it retried
+    for minutes holding its task), tasks of every job claimed as its own. Its code cannot be changed; the
+    upgrade waits for it to stop. Live as everywhere else: its process running on this host, a heartbeat
+    under a minute old elsewhere."""
+    live = [(host, pid) for host, key, pid, start, age in rows if worker_live(Owner(host, key, pid, start), age)]
+    if live:
+        shown = ", ".join(f"{host} pid {pid}" for host, pid in live[:LIVE_WORKERS_SHOWN])
+        more = f" and {len(live) - LIVE_WORKERS_SHOWN} more" if len(live) > LIVE_WORKERS_SHOWN else ""
+        raise WorkersRunning(f"store {where}: {len(live)} worker{'s' if len(live) > 1 else ''} of an older onward"
+                             f" still running ({shown}{more}); stop {'them' if len(live) > 1 else 'it'} before"
+                             " `onward db upgrade` (nothing was changed)")
 
 
 def like_pattern(search: str) -> str:

@@ -55,6 +55,7 @@ from .sqlbase import (
     added_message,
     check_schema_version,
     parse_schema_version,
+    refuse_live_workers,
 )
 from .sqlite_locks import (
     close_beside,
@@ -300,6 +301,9 @@ class SqliteStore(SqlStore):
                 version = self._schema_version()  # re-check under the write lock: another worker may win
                 self.upgraded_from = version or 0
                 if version is None or (upgrade and version < SCHEMA_VERSION):
+                    if version is not None:  # under the write lock: no worker registers before the commit
+                        refuse_live_workers(self._db.execute(Q["unstopped_workers"], {"now": self.now()}),
+                                            self.path)
                     for target in range(self.upgraded_from + 1, SCHEMA_VERSION + 1):
                         for statement in _split_statements(migration(Q, target)):
                             self._db.execute(statement)

@@ -253,6 +253,11 @@ CREATE INDEX tasks_flow ON tasks (job_id, (state = 'running') + 2 * (state = 'pe
                                   CASE WHEN state = 'done' THEN finished_at ELSE ready_at END, id)
  WHERE state IN ('pending', 'running', 'done');
 
+-- name: unstopped_workers
+-- Before an upgrade (see sqlbase.refuse_live_workers): read from a store of any older version, so it names
+-- only columns that the workers table has had since version 1.
+SELECT host, host_key, pid, pid_start, :now - heartbeat_at FROM workers WHERE stopped_at IS NULL;
+
 -- name: set_meta
 INSERT INTO meta (key, value) VALUES ('app', 'onward'), ('schema_version', :version)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value;

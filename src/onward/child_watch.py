@@ -2,8 +2,15 @@
 datagrams it sends (from its own pid only), and its watchdog, kept as systemd keeps it. ``onward.supervise``
 drives these; the protocol is described there.
 
-Watchdog. With ``watchdog=S``, a child that sends no ``WATCHDOG=1`` for S seconds, counted from its start,
-its ``READY=1`` or its last heartbeat, gets its process group SIGKILLed and is restarted (cause
+Start timeout and watchdog. A child that is to say ``READY=1`` (``onward run``) is starting until it does,
+for at most the start timeout (systemd's ``TimeoutStartSec=``, ``Type=notify``); one still starting then
+gets its process group SIGKILLed and is restarted (cause ``start timeout: no READY=1 for S s``). Its
+watchdog is armed at its ``READY=1``, as systemd arms ``WatchdogSec=`` once a service is up, or at an
+earlier ``WATCHDOG=1``, as systemd does too: a start-up longer than the watchdog (opening a large store, a
+slow connection to the database server) is bounded by the start timeout alone. Any other command counts
+as started as soon as it runs (``Type=simple``): no start timeout, its watchdog armed at its start. With
+``watchdog=S``, a child that sends no ``WATCHDOG=1`` for S seconds, counted from when the watchdog was
+armed or from its last heartbeat, gets its process group SIGKILLed and is restarted (cause
 ``watchdog: no heartbeat for S s``). The heartbeat must come from the worker's main loop, so a loop stuck in
 a deadlock or a C call holding the GIL stops it. ``onward run``'s loop wakes at least every quarter of
 ``WATCHDOG_USEC`` (``Notifier.watchdog_every``), whatever its ``--heartbeat``, so a short watchdog is fed.
@@ -32,40 +39,66 @@ _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
 class Watchdog:
-    """The watchdog of one child (``period`` seconds, or None for none): armed at the child's start,
-    re-armed by its ``READY=1`` and each ``WATCHDOG=1`` (and after a pause of the supervisor itself), fired
-    at once by ``WATCHDOG=trigger``, disarmed for good once a stop begins, as systemd does."""
+    """The deadlines of one child: its start timeout while it is starting (``start_timeout`` seconds, 0 for
+    none; None when it counts as started at once) and its watchdog (``period`` seconds, or None for none),
+    armed once it is started (its ``READY=1``) or by its first ``WATCHDOG=1``, re-armed by each ``READY=1``
+    and ``WATCHDOG=1`` (and after a pause of the supervisor itself), fired at once by ``WATCHDOG=trigger``,
+    both disarmed for good once a stop begins, as systemd does."""
 
-    def __init__(self, period: float | None, now: float) -> None:
+    def __init__(self, period: float | None, now: float, start_timeout: float | None = None) -> None:
         self.period = period
-        self.armed_at = now
-        self.deadline = now + period if period else None
+        self.start_timeout = start_timeout
+        self.stopping = False
+        self.start_from = self.armed_at = now
+        self.start_deadline = now + start_timeout if start_timeout else None
+        self.deadline = now + period if period and start_timeout is None else None
 
     @property
     def armed(self) -> bool:
-        return self.deadline is not None
+        return self.deadline is not None or self.start_deadline is not None
+
+    def started(self, now: float) -> None:
+        """The child said ``READY=1``: its start is over, its watchdog runs from now."""
+        self.start_deadline = None
+        self.heard(now)
+
+    def heard(self, now: float) -> None:
+        """A heartbeat (``WATCHDOG=1``): the watchdog runs again from now, armed if it was not yet."""
+        if self.period and not self.stopping:
+            self.armed_at, self.deadline = now, now + self.period
 
     def rearm(self, now: float) -> None:
+        """After a pause of the supervisor itself: a fresh full period for whatever deadline runs."""
         if self.deadline is not None:
             self.armed_at, self.deadline = now, now + (self.period or 0)
+        if self.start_deadline is not None:
+            self.start_from, self.start_deadline = now, now + (self.start_timeout or 0)
 
     def trigger(self, now: float) -> None:
-        if self.deadline is not None:
+        if self.period and not self.stopping:
             self.deadline = now
 
     def disarm(self) -> None:
-        self.deadline = None
+        self.stopping = True
+        self.deadline = self.start_deadline = None
+
+    def _next(self) -> float | None:
+        deadlines = [d for d in (self.deadline, self.start_deadline) if d is not None]
+        return min(deadlines) if deadlines else None
 
     def expired(self, now: float) -> bool:
-        return self.deadline is not None and now >= self.deadline
+        deadline = self._next()
+        return deadline is not None and now >= deadline
 
     def wait(self, tick: float, now: float) -> float:
-        """How long the supervisor may sleep: a tick, or less when the deadline comes first."""
-        return tick if self.deadline is None else max(0.0, min(tick, self.deadline - now))
+        """How long the supervisor may sleep: a tick, or less when a deadline comes first."""
+        deadline = self._next()
+        return tick if deadline is None else max(0.0, min(tick, deadline - now))
 
     def cause(self, now: float) -> str:
+        if self.start_deadline is not None and now >= self.start_deadline:
+            return f"start timeout: no READY=1 for {now - self.start_from:.1f} s"
         return f"watchdog: no heartbeat for {now - self.armed_at:.1f} s"
-
 
 
 def exit_fd(pid: int) -> int | None:

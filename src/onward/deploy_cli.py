@@ -7,7 +7,13 @@ import click
 
 from onward import systemd
 from onward.cli_types import FINITE_FLOAT, JobName
-from onward.supervise import DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_DELAY, DEFAULT_WINDOW, Supervisor
+from onward.supervise import (
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_RESTART_DELAY,
+    DEFAULT_START_TIMEOUT,
+    DEFAULT_WINDOW,
+    Supervisor,
+)
 
 # Not required for click: an empty command is reported by the library as a UsageError, like other bad input.
 _COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -22,7 +28,11 @@ _COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--window", type=FINITE_FLOAT, default=DEFAULT_WINDOW, show_default=True, metavar="S",
               help="The period over which restarts are counted.")
 @click.option("--watchdog", type=FINITE_FLOAT, default=None, metavar="S",
-              help="Kill and restart a worker that sends no WATCHDOG=1 heartbeat for S seconds.")
+              help="Kill and restart a worker that sends no WATCHDOG=1 heartbeat for S seconds once it is"
+                   " ready.")
+@click.option("--start-timeout", type=FINITE_FLOAT, default=DEFAULT_START_TIMEOUT, show_default=True, metavar="S",
+              help="Kill and restart an `onward run` worker not ready (READY=1) S seconds after its start"
+                   " (0: no limit).")
 @click.option("--db", "db", default=None, metavar="URL",
               help="Store to record restarts in [default: the worker's --db, $ONWARD_DB, .onward/onward.db].")
 @click.option("--job", "job", default=None, metavar="NAME", type=JobName(),
@@ -31,7 +41,8 @@ _COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @_COMMAND
 @click.pass_context
 def supervise_command(ctx: click.Context, restart_delay: float, max_restarts: int, window: float,
-                      watchdog: float | None, db: str | None, job: str | None, command: tuple[str, ...]) -> None:
+                      watchdog: float | None, start_timeout: float, db: str | None, job: str | None,
+                      command: tuple[str, ...]) -> None:
     """Run CMD (usually `onward run ...`) and keep it running: restart it when it crashes or hangs.
 
     \b
@@ -43,7 +54,8 @@ def supervise_command(ctx: click.Context, restart_delay: float, max_restarts: in
     is not restarted.
     """
     supervisor = Supervisor(list(command), restart_delay=restart_delay, max_restarts=max_restarts,
-                            window=window, watchdog=watchdog, store_url=db, job=job)
+                            window=window, watchdog=watchdog, store_url=db, job=job,
+                            start_timeout=start_timeout)
     ctx.exit(supervisor.run())
 
 

@@ -3,14 +3,15 @@ watchdog, and an sd_notify server speaking systemd's own protocol to the child.
 
 ``Supervisor(["onward", "run", ...]).run()`` is what ``onward supervise -- onward run ...`` does. It plays the
 part of systemd for one service with ``Type=notify``, ``NotifyAccess=main``, ``Restart=on-failure``,
-``KillMode=mixed`` and ``WatchdogSec=``, so a worker behaves the same under both (see ``onward.systemd``).
+``KillMode=mixed``, ``TimeoutStartSec=`` and ``WatchdogSec=``, so a worker behaves the same under both
+(see ``onward.systemd``).
 
 The protocol. The supervisor binds a private ``AF_UNIX`` datagram socket in a fresh 0700 directory and starts
-the child with ``NOTIFY_SOCKET`` naming it, and with ``WATCHDOG_USEC`` when a watchdog is set. It reads the
-newline-separated ``KEY=VALUE`` datagrams of ``sd_notify(3)``: ``READY=1``, ``STATUS=...``, ``WATCHDOG=1``,
-``WATCHDOG=trigger`` and ``STOPPING=1``; other keys are ignored. The socket has ``SO_PASSCRED`` on, so every
-datagram carries its sender's pid, and only the child's own pid is listened to (systemd's
-``NotifyAccess=main``): a task the worker runs inherits ``NOTIFY_SOCKET`` but cannot keep a wedged worker
+the child with ``NOTIFY_SOCKET`` naming it, and with ``WATCHDOG_USEC`` when a watchdog is set (rounded up to
+a whole microsecond: 0 would mean none). It reads the newline-separated ``KEY=VALUE`` datagrams of
+``sd_notify(3)``: ``READY=1``, ``STATUS=...``, ``WATCHDOG=1``, ``WATCHDOG=trigger`` and ``STOPPING=1``;
+other keys are ignored. The socket has ``SO_PASSCRED`` on, so every datagram carries its sender's pid,
+and only the child's own pid is listened to (systemd's ``NotifyAccess=main``): a task the worker runs inherits ``NOTIFY_SOCKET`` but cannot keep a wedged worker
 alive with heartbeats of its own. ``WATCHDOG_PID`` is not set: systemd sets it to the main pid after its
 fork, which ``subprocess`` cannot do before ``exec``; ``sd_watchdog_enabled(3)`` and onward's ``Notifier``
 treat an absent ``WATCHDOG_PID`` as "the watchdog is meant for me", and the pid filter above makes a
@@ -22,7 +23,8 @@ Restart rules (exit statuses are those of ``onward run``):
 - exit 2 (usage or configuration error): exit 2, no restart, since a restart would fail the same way;
 - exit 75 (the store or the output folder unavailable: a disk fault, the database server down): restart
   with the backoff below, for as long as it takes; these restarts never count toward ``max_restarts``;
-- any other exit status, death by a signal, or a watchdog kill: restart after a delay. The delay is
+- any other exit status, death by a signal, a watchdog kill, or a kill for not being ready within the start
+  timeout (``onward run`` only, see ``onward.child_watch``): restart after a delay. The delay is
   ``restart_delay * 2 ** (streak - 1)``, at most ``MAX_BACKOFF`` seconds, where ``streak`` counts the
   consecutive runs that lasted less than ``FAST_CRASH`` seconds and made no progress (a run that lasted
   longer, or made progress, resets it to 1). A worker killed once in a while, or however often as long as
@@ -117,6 +119,8 @@ from onward.store import DEFAULT_DB, is_postgres_url, load_backend, open_store
 DEFAULT_RESTART_DELAY = 0.1
 DEFAULT_MAX_RESTARTS = 5
 DEFAULT_WINDOW = 60.0
+# systemd's own default TimeoutStartSec: how long `onward run` may take to say READY=1 (0: no bound).
+DEFAULT_START_TIMEOUT = 90.0
 
 FAST_CRASH = 2.0  # a run shorter than this (seconds) counts as crashing fast, for the backoff
 MAX_BACKOFF = 30.0  # the restart delay never grows beyond this (seconds)
@@ -246,7 +250,8 @@ class Supervisor:
 
     def __init__(self, command: Sequence[str], restart_delay: float = DEFAULT_RESTART_DELAY,
                  max_restarts: int = DEFAULT_MAX_RESTARTS, window: float = DEFAULT_WINDOW,
-                 watchdog: float | None = None, store_url: str | None = None, job: str | None = None) -> None:
+                 watchdog: float | None = None, store_url: str | None = None, job: str | None = None,
+                 start_timeout: float = DEFAULT_START_TIMEOUT) -> None:
         if not command:
             raise UsageError("supervise: no command given (put it after --)")
         # Finite numbers only: nan passes no comparison, and inf overflows select() and WATCHDOG_USEC.
@@ -258,18 +263,21 @@ class Supervisor:
             raise UsageError(f"--window must be more than 0 seconds, not {window}")
         if watchdog is not None and not (watchdog > 0 and math.isfinite(watchdog)):
             raise UsageError(f"--watchdog must be more than 0 seconds, not {watchdog}")
+        if not (start_timeout >= 0 and math.isfinite(start_timeout)):
+            raise UsageError(f"--start-timeout must be 0 or more seconds, not {start_timeout}")
         self.command = list(command)
         self.restart_delay = restart_delay
         self.max_restarts = max_restarts
         self.window = window
         self.watchdog = watchdog
+        self.start_timeout = start_timeout
         self.store_url = store_url  # the explicit --db; else found anew at each restart (see _journal)
         # The explicit --job: passed on to every worker started (as ONWARD_JOB: a worker's own --job wins) and
         # where restarts are journaled; else the worker's --job or ONWARD_JOB.
         self.job = job
         # A gap in the supervisor's own loop above pause_threshold means it was frozen (see the module
         # docstring); the loop wakes every tick so that a gap of that size cannot be its own doing.
-        self.pause_threshold = min(1.0, watchdog / 2) if watchdog else 1.0
+        self.pause_threshold = min([1.0] + [period / 2 for period in (watchdog, start_timeout) if period])
         self.tick = min(0.1, self.pause_threshold / 5)
         # What the current child said: its latest STATUS= and when it came (monotonic), and whether it
         # reported progress (see the module docstring). Shown and used when it dies.
@@ -434,7 +442,8 @@ class Supervisor:
             env["ONWARD_JOB"] = self.job
         env.pop("WATCHDOG_PID", None)  # see the module docstring
         if self.watchdog:
-            env["WATCHDOG_USEC"] = str(round(self.watchdog * 1_000_000))
+            # Rounded up: a watchdog under half a microsecond rounded to 0 would tell the worker "no watchdog".
+            env["WATCHDOG_USEC"] = str(math.ceil(self.watchdog * 1_000_000))
         else:
             env.pop("WATCHDOG_USEC", None)
         prepare_die_with_parent()  # load libc's prctl now: nothing may be loaded between fork and exec
@@ -468,7 +477,10 @@ class Supervisor:
         """Serve the child's notifications until it is gone, and start the standby once the child has been
         ready for ``STANDBY_AFTER`` seconds. Returns its returncode, and the cause if the watchdog killed it."""
         pidfd = exit_fd(child.pid)
-        watchdog = Watchdog(self.watchdog, time.monotonic())
+        # `onward run` says READY=1 once it is up: until then the start timeout applies, not the watchdog
+        # (systemd's Type=notify). Another command may never say it: it counts as started at once.
+        start_timeout = self.start_timeout if starts_onward_run(self.command) else None
+        watchdog = Watchdog(self.watchdog, time.monotonic(), start_timeout)
         ready = False
         ready_since: float | None = None
         standby_due = self._standby is None and starts_onward_run(self.command)
@@ -517,8 +529,9 @@ class Supervisor:
         if message.get("WATCHDOG") == "trigger":
             watchdog.trigger(now)
         elif "WATCHDOG" in message or "READY" in message:
-            watchdog.rearm(now)
+            watchdog.heard(now)
         if message.get("READY") == "1":
+            watchdog.started(now)
             ready = True
             log(f"worker {child.pid} ready")
         if "STATUS" in message:

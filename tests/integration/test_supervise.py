@@ -15,8 +15,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -1254,3 +1256,114 @@ def test_a_session_opened_ahead_and_lost_before_the_go_is_replaced(
     assert worker.proc.returncode == 0, err.decode()
     assert (tmp_path / "ran").exists()
     assert b"error" not in err and b"unavailable" not in err, err.decode()
+
+
+# --- start-up: the start timeout, and the watchdog armed at READY=1 --------------------------------------
+class SlowServer:
+    """A TCP relay to the local PostgreSQL server that holds each of its first ``held`` connections until
+    ``release()`` or for ``hold`` seconds (a slow server, a slow network), then relays it; later ones at
+    once. Its ``url`` names a store whose opening takes that long."""
+
+    def __init__(self, url: str, held: int, hold: float) -> None:
+        self.released = threading.Event()
+        self.hold, self.held = hold, held
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = url.replace(f":{pgutil.PG_PORT}/", f":{self.listener.getsockname()[1]}/")
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            hold, self.held = self.held > 0, self.held - 1
+            threading.Thread(target=self._relay, args=(client, hold), daemon=True).start()
+
+    def _relay(self, client: socket.socket, hold: bool) -> None:
+        if hold:
+            self.released.wait(self.hold)
+        try:
+            server = socket.create_connection((pgutil.PG_HOST, pgutil.PG_PORT))
+        except OSError:
+            client.close()
+            return
+        threading.Thread(target=self._pump, args=(server, client), daemon=True).start()
+        self._pump(client, server)
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+@pytest.fixture
+def slow_server() -> Iterator[Callable[[int, float], SlowServer]]:
+    with pgutil.fresh_database() as url:
+        servers: list[SlowServer] = []
+
+        def start(held: int, hold: float) -> SlowServer:
+            servers.append(SlowServer(url, held, hold))
+            return servers[-1]
+
+        yield start
+        for server in servers:
+            server.release()
+            server.close()
+
+
+def test_a_start_up_longer_than_the_watchdog_is_not_a_hang(supervised: Callable[..., Supervised],
+                                                           slow_server: Callable[[int, float], SlowServer],
+                                                           tmp_path: Path) -> None:
+    # The worker's store takes 2 s to open (its first connection is held), four times its watchdog: the
+    # watchdog only runs once the worker said READY=1, as systemd arms WatchdogSec, so it is not killed.
+    server = slow_server(1, 2.0)
+    (tmp_path / "t.txt").write_text("a\nb\n")
+    job = supervised(["--watchdog", "0.5", "--max-restarts", "2"],
+                     ["--db", server.url, "--tasks", "t.txt", "--", "true"])
+    assert job.proc.wait(60) == 0, job.log
+    assert "watchdog:" not in job.log and len(job.workers()) == 1, job.log
+    assert run_onward("status", "--db", server.url, "--json").stdout.count(b'"done": 2') == 1
+
+
+def test_a_worker_not_ready_within_the_start_timeout_is_restarted(supervised: Callable[..., Supervised],
+                                                                  slow_server: Callable[[int, float], SlowServer],
+                                                                  tmp_path: Path) -> None:
+    # The first worker's store does not open within --start-timeout (its connection is held 4 s): it is
+    # killed and restarted like systemd's TimeoutStartSec; the next one, whose connection is not held, runs.
+    server = slow_server(1, 4.0)
+    (tmp_path / "t.txt").write_text("a\n")
+    job = supervised(["--start-timeout", "1"], ["--db", server.url, "--tasks", "t.txt", "--", "true"])
+    assert job.proc.wait(60) == 0, job.log
+    assert "restarting worker after start timeout: no READY=1 for 1.0 s (restart 1 in 60 s window)" in job.log
+    assert len(job.workers()) == 2, job.log
+    assert run_onward("status", "--db", server.url, "--json").stdout.count(b'"done": 1') == 1
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "1e30"])
+def test_a_bad_start_timeout_is_refused_in_one_line(bad: str) -> None:
+    done = run_onward("supervise", f"--start-timeout={bad}", "--", sys.executable, "-c", "pass")
+    assert done.returncode == 2
+    assert done.stderr.decode().count("\n") == 1 and "--start-timeout" in done.stderr.decode(), done.stderr
+
+
+def test_a_tiny_watchdog_is_never_told_to_the_worker_as_none(supervised: Callable[..., Supervised],
+                                                             slow_server: Callable[[int, float], SlowServer],
+                                                             tmp_path: Path) -> None:
+    # 1e-7 s is 0.1 microsecond: WATCHDOG_USEC rounded to 0 would mean "no watchdog" to the worker.
+    server = slow_server(1, 60.0)
+    job = supervised(["--watchdog", "1e-7"], ["--db", server.url, "--tasks", "-", "--", "true"])
+    worker = int(wait_for(lambda: job.workers(), 20, f"the worker to start; log:\n{job.log}")[0])  # type: ignore[index]
+    environ = dict(item.split(b"=", 1) for item in
+                   (Path(f"/proc/{worker}/environ").read_bytes().split(b"\0")) if b"=" in item)
+    assert int(environ[b"WATCHDOG_USEC"]) >= 1, environ.get(b"WATCHDOG_USEC")
+    assert job.proc.poll() is None and alive(worker), job.log

@@ -50,8 +50,8 @@ def supervise_command(ctx: click.Context, restart_delay: float, max_restarts: in
       onward supervise --watchdog 10 -- onward run --tasks urls.txt -- curl -fsS {task}
 
     Exit 0 or 3 from the worker (work finished) and 2 (usage error) end the supervisor with the same
-    status, giving up on a crash loop with 1; SIGTERM and SIGINT are passed on to the worker, which then
-    is not restarted.
+    status, giving up on a crash loop with 1; SIGTERM and SIGINT (SIGHUP as SIGTERM) are passed on to the
+    worker, which then is not restarted.
     """
     supervisor = Supervisor(list(command), restart_delay=restart_delay, max_restarts=max_restarts,
                             window=window, watchdog=watchdog, store_url=db, job=job,

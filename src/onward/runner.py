@@ -52,7 +52,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .outdir import OutDir  # loaded only with --out (its hashing and URL parsing cost start-up)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP too: a worker started from a terminal gets it when the terminal closes.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SavedSignals = tuple[dict[signal.Signals, Any], "int | None"]  # handlers and wakeup fd to restore
 T = TypeVar("T")
 # After a failed commit (outcomes, claims, steps) the next try waits STORE_RETRY_FIRST seconds, doubling
@@ -292,7 +293,7 @@ class Runner:
         return self.summary
 
     def _catch_stop_signals(self) -> SavedSignals:
-        """SIGTERM/SIGINT request a graceful stop, and wake the loop (main thread only); returns what to restore."""
+        """SIGTERM/SIGINT/SIGHUP request a graceful stop, and wake the loop (main thread only); returns what to restore."""
         old_handlers: dict[signal.Signals, Any] = {}
         old_wakeup = None
         if self.config.install_signal_handlers and threading.current_thread() is threading.main_thread():

@@ -45,7 +45,7 @@ Restart rules (exit statuses are those of ``onward run``):
   without progress count, and a run with progress forgets the restarts before it: a worker that keeps
   settling tasks is never given up on, however often it is killed; one that settles nothing (it dies at
   start-up, or before it finishes any task) is stopped as before.
-- SIGTERM or SIGINT to the supervisor is forwarded to the child's pid (not its group: the worker stops its
+- SIGTERM, SIGINT or SIGHUP (as SIGTERM) to the supervisor is forwarded to the child's pid (not its group: the worker stops its
   tasks itself, within its ``--grace``), the watchdog is disarmed as systemd does once a stop begins, and no
   restart follows: the supervisor exits with the child's status (128 + N for death by signal N).
 
@@ -129,6 +129,8 @@ NOT_RESTARTED = {0: "finished", 3: "finished, some tasks failed", 2: "usage or c
 # The store or the output folder is down (a disk fault, a database server away): restarted with the
 # backoff, however long it takes, and never counted as a crash loop: the worker is not what is broken.
 UNAVAILABLE = 75
+# A stop of the supervisor: SIGHUP too, which a supervisor started from a terminal gets when it closes.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 
@@ -241,7 +243,7 @@ def job_for(command: Sequence[str], environ: Mapping[str, str]) -> str | None:
 class Supervisor:
     """Run ``command`` as a child and keep it running; ``run()`` returns the supervisor's exit status.
 
-    Call ``run()`` from the main thread: it installs handlers for SIGTERM and SIGINT (restored on return),
+    Call ``run()`` from the main thread: it installs handlers for SIGTERM, SIGINT and SIGHUP (restored on return),
     and the child's ``PR_SET_PDEATHSIG`` fires when the *thread* that started it ends. While it runs the
     process is a child subreaper, and when the worker ends every child of the process started since
     ``run()`` began, other than the worker and its standby, is killed as the worker's leftover: nothing
@@ -605,12 +607,12 @@ class Supervisor:
     # --- signals -------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _signals_forwarded(self) -> Iterator[None]:
-        """While the supervisor runs, SIGTERM and SIGINT only write their number to a socket that the loop
+        """While the supervisor runs, SIGTERM, SIGINT and SIGHUP only write their number to a socket that the loop
         watches (``signal.set_wakeup_fd``): the loop forwards them, so no work happens in a handler."""
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
-        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in STOP_SIGNALS}
         old_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
         self._wake_r = wake_r
         try:
@@ -631,20 +633,23 @@ class Supervisor:
                 data = self._wake_r.recv(64)
             except BlockingIOError:
                 return received
-            received += [s for s in data if s in (signal.SIGTERM, signal.SIGINT)]
+            received += [s for s in data if s in STOP_SIGNALS]
 
     def _forward_signals(self, child: subprocess.Popen[bytes]) -> bool:
-        """Forward every SIGTERM/SIGINT received since the last call to the child. True if any."""
+        """Forward every SIGTERM/SIGINT/SIGHUP received since the last call to the child. True if any."""
         received = self._pending_stop_signals()
         for signum in received:
             self._stop_signal = signum
-            log(f"forwarding {signal.Signals(signum).name} to worker {child.pid}; it will not be restarted")
+            # SIGHUP (the terminal closed) stops the worker as SIGTERM does: the worker gets SIGTERM.
+            sent = signal.SIGTERM if signum == signal.SIGHUP else signum
+            log(f"forwarding {signal.Signals(signum).name} to worker {child.pid}"
+                + (f" as {signal.Signals(sent).name}" if sent != signum else "") + "; it will not be restarted")
             with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signum)
+                os.kill(child.pid, sent)
         return bool(received)
 
     def _wait_unless_stopped(self, until: float) -> bool:
-        """Sleep until ``until`` (monotonic); False as soon as a SIGTERM/SIGINT arrives."""
+        """Sleep until ``until`` (monotonic); False as soon as a SIGTERM/SIGINT/SIGHUP arrives."""
         assert self._wake_r is not None
         while True:
             received = self._pending_stop_signals()

@@ -776,3 +776,20 @@ def test_keep_awake_marker_on_a_full_disk_is_a_warning_not_a_crash(small_disk: P
     assert "keep-awake" in err and "No space left on device" in err, err
     assert status(db)["done"] == 2
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # no marker, no stray *.tmp
+
+
+def test_sighup_stops_like_sigterm_and_lets_running_tasks_finish(tmp_path: Path) -> None:
+    # A worker started from a terminal that closes gets SIGHUP: a graceful stop, its running task finishes.
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "a", "b", "c")
+    started, go, finished = tmp_path / "started", tmp_path / "go", tmp_path / "finished"
+    p = popen_onward("run", "--db", db, "--grace", "30", "--", "sh", "-c",
+                     f"touch {started}; while [ ! -e {go} ]; do sleep 0.02; done; touch {finished}")
+    wait_for(started.exists, 20, "the first task to start")
+    p.send_signal(signal.SIGHUP)
+    go.touch()
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert finished.exists() and b"stopped by SIGHUP" in err
+    st = status(db)
+    assert st["done"] == 1 and st["pending"] == 2 and st["running"] == 0

@@ -1367,3 +1367,14 @@ def test_a_tiny_watchdog_is_never_told_to_the_worker_as_none(supervised: Callabl
                    (Path(f"/proc/{worker}/environ").read_bytes().split(b"\0")) if b"=" in item)
     assert int(environ[b"WATCHDOG_USEC"]) >= 1, environ.get(b"WATCHDOG_USEC")
     assert job.proc.poll() is None and alive(worker), job.log
+
+
+def test_sighup_stops_the_supervisor_and_its_worker_gracefully(supervise: Callable[..., Run]) -> None:
+    # The terminal a supervisor was started from closes: SIGHUP stops it like SIGTERM, not by its default
+    # action (which left the worker to die of PR_SET_PDEATHSIG with its tasks cut short).
+    run = supervise("beat")
+    run.child(1)
+    os.kill(run.proc.pid, signal.SIGHUP)
+    assert run.wait() == 0, run.log
+    assert run.events() == ["SIGTERM"] and len(run.starts()) == 1, run.log
+    assert "forwarding SIGHUP to worker" in run.log and "as SIGTERM; it will not be restarted" in run.log

@@ -17,6 +17,14 @@ streamed, the question and the turn: how many tool results the conversation had)
 call in flight at a crash. The answers depend only on the conversation, so a run that resumed ends with the
 same answer as one that was never interrupted.
 
+The Responses API's server-side conversation state is kept in memory: a request may continue a stored
+response (``previous_response_id``: its history is that response's history, input and output) or a
+conversation (``conversation``, made by ``POST /v1/conversations``; ``GET /v1/conversations/ID/items`` lists
+it), to which a response's input and output items are appended once it is complete, even if its caller has
+gone. A Responses call's log line also holds what it continued (``previous_response_id``, ``conversation``),
+the items it sent (``sent``: ``type:call_id`` or ``message:role``) and the id of the response it made
+(``response_id``: a new one for every call that continues state, as a real server makes).
+
 Faults, asked for by the request's model name (any other name is answered as above):
 
 - ``error-after-N``: a stream sends N events, then the provider's error event (Anthropic's ``event: error``,
@@ -119,7 +127,66 @@ def _items(body: dict[str, Any]) -> list[dict[str, Any]]:
 def responses_results(body: dict[str, Any]) -> tuple[str, list[str]]:
     items = _items(body)
     question = next((_text(i.get("content")) for i in items if i.get("role") == "user"), "")
-    return question, [_text(i.get("output")) for i in items if i.get("type") == "function_call_output"]
+    # One result per tool call: a conversation that holds a call's output twice (a caller that sent it again
+    # after a crash) is read as a model would, as the one result.
+    outputs = {i.get("call_id") or n: _text(i.get("output")) for n, i in enumerate(items)
+               if i.get("type") == "function_call_output"}
+    return question, list(outputs.values())
+
+
+def item_key(item: dict[str, Any]) -> str:
+    """An item as the log names it: ``type:call_id`` (tool calls and outputs) or ``message:role``."""
+    kind = item.get("type") or "message"
+    return f"{kind}:{item.get('call_id') or item.get('role') or item.get('id') or ''}"
+
+
+class ServerState:
+    """The Responses API's server-side conversation state: every response's history (the items it continued,
+    its input, its output), by id, and the conversations, by id."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.responses: dict[str, list[dict[str, Any]]] = {}
+        self.conversations: dict[str, list[dict[str, Any]]] = {}
+        self.made = 0
+
+    def create_conversation(self, items: list[dict[str, Any]]) -> str:
+        with self.lock:
+            self.made += 1
+            cid = f"conv_{self.made:06d}"
+            self.conversations[cid] = list(items)
+            return cid
+
+    def history(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The items the request continues; None if it names a response or conversation not kept here."""
+        previous, conversation = body.get("previous_response_id"), conversation_id(body)
+        with self.lock:
+            if previous is not None:
+                return list(self.responses[previous]) if previous in self.responses else None
+            if conversation is not None:
+                return list(self.conversations[conversation]) if conversation in self.conversations else None
+            return []
+
+    def new_id(self, reply: dict[str, Any]) -> str:
+        """A fresh id for a response that continues state: a real server makes a new one every call, also
+        for a call sent again with the same body."""
+        with self.lock:
+            self.made += 1
+            return f"{reply['id']}_{self.made:06d}"
+
+    def keep(self, body: dict[str, Any], history: list[dict[str, Any]], reply: dict[str, Any]) -> None:
+        """The complete response: stored by id; its input and output appended to its conversation."""
+        new = _items(body) + reply["output"]
+        with self.lock:
+            self.responses[reply["id"]] = history + new
+            conversation = conversation_id(body)
+            if conversation is not None:
+                self.conversations[conversation].extend(new)
+
+
+def conversation_id(body: dict[str, Any]) -> str | None:
+    conversation = body.get("conversation")
+    return conversation.get("id") if isinstance(conversation, dict) else conversation
 
 
 def responses_reply(body: dict[str, Any], n: int) -> dict[str, Any]:
@@ -262,6 +329,7 @@ def read_calls(path: Path) -> list[dict[str, Any]]:
 def make_server(port: int = 0, *, delay: float = 0.0, chunk_delay: float = 0.0,
                 calls: Path | None = None) -> ThreadingHTTPServer:
     log = CallLog(calls)
+    state = ServerState()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -271,21 +339,58 @@ def make_server(port: int = 0, *, delay: float = 0.0, chunk_delay: float = 0.0,
         disable_nagle_algorithm = True
 
         def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            path = self.path.split("?")[0]
+            if path.startswith("/v1/conversations/") and path.endswith("/items"):
+                with state.lock:
+                    items = state.conversations.get(path.split("/")[3])
+                if items is None:
+                    self._send(404, b'{"error": {"message": "no such conversation", "type": "not_found"}}')
+                    return
+                self._send(200, json.dumps({"object": "list", "data": items}).encode())
+                return
             self._send(200, json.dumps(log.stats()).encode())
 
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            route = ROUTES.get(self.path.split("?")[0])
+            path = self.path.split("?")[0]
+            if path == "/v1/conversations":
+                cid = state.create_conversation(body.get("items") or [])
+                self._send(200, json.dumps({"id": cid, "object": "conversation", "created_at": CREATED,
+                                            "metadata": {}}).encode())
+                return
+            route = ROUTES.get(path)
             if route is None:
                 self._send(404, b'{"error": {"message": "no such route", "type": "not_found"}}')
                 return
             results_of, reply_of, events_of = route
             stream = bool(body.get("stream")) and events_of is not None
-            question, results = results_of(body)
+            history: list[dict[str, Any]] = []
+            view, reply, extra = body, None, {}
+            if path == "/v1/responses":
+                found = state.history(body)
+                if found is None:
+                    self._send(404, b'{"error": {"message": "previous response or conversation not found",'
+                                    b' "type": "invalid_request_error"}}')
+                    return
+                history = found
+                if body.get("previous_response_id") is not None or conversation_id(body) is not None:
+                    # The model answers the whole conversation: the history continued, then the input.
+                    view = {**body, "input": history + _items(body)}
+                    reply = reply_of(view, 0)
+                    reply["id"] = state.new_id(reply)
+                else:
+                    reply = reply_of(body, 0)
+                extra = {"previous_response_id": body.get("previous_response_id"),
+                         "conversation": conversation_id(body), "sent": [item_key(i) for i in _items(body)],
+                         "response_id": reply["id"]}
+            question, results = results_of(view)
             n = log.add({"key": self.headers.get("Idempotency-Key"), "path": self.path, "stream": stream,
-                         "question": question, "turn": len(results), "t": time.time()})
+                         "question": question, "turn": len(results), "t": time.time(), **extra})
             time.sleep(delay)  # a model takes its time
-            reply = reply_of(body, n)
+            if reply is None:
+                reply = reply_of(body, n)
+            if path == "/v1/responses":  # complete: kept (and in its conversation) whether the caller waits or not
+                state.keep(body, history, reply)
             model = str(body.get("model", ""))
             if model == "half-emoji" and reply.get("object") == "chat.completion":
                 message = reply["choices"][0]["message"]

@@ -19,6 +19,7 @@ pytest.importorskip("agents")
 from agents import (  # noqa: E402
     Agent,
     HandoffInputData,
+    MaxTurnsExceeded,
     Model,
     ModelResponse,
     ModelRetryAdvice,
@@ -27,11 +28,17 @@ from agents import (  # noqa: E402
     ModelSettings,
     RunContextWrapper,
     Runner,
+    ToolGuardrailFunctionOutput,
+    ToolInputGuardrailData,
+    ToolOutputGuardrailData,
+    ToolOutputGuardrailTripwireTriggered,
     ToolOutputText,
     function_tool,
     handoff,
     retry_policies,
     set_tracing_disabled,
+    tool_input_guardrail,
+    tool_output_guardrail,
 )
 from agents.usage import Usage  # noqa: E402
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText  # noqa: E402
@@ -460,3 +467,107 @@ def test_a_run_state_rebuilt_from_json_is_refused_inside_a_task(tmp_path: Path) 
     job.close()
     assert len(refused) == 1 and "RunState" in refused[0]
     assert calls == ["m"]  # the approved tool did not run outside the task's record, nor the model after it
+
+
+# --- guardrails and max_turns: the same outcome on replay ---------------------------------------------
+class Product(BaseModel):
+    value: int
+
+
+def guarded_agent(calls: list[str], seen: list[Any], input_rejects: bool, output_behavior: str) -> Agent:
+    """An agent whose one tool (it returns a pydantic model) has an input guardrail that rejects the call
+    or lets it through, and an output guardrail that lets, rejects or trips on the output; ``seen`` gets
+    what each guardrail was given."""
+    @tool_input_guardrail
+    def check_input(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
+        seen.append(("input", data.context.tool_arguments))
+        if input_rejects:
+            return ToolGuardrailFunctionOutput.reject_content("not that one")
+        return ToolGuardrailFunctionOutput.allow()
+
+    @tool_output_guardrail
+    def check_output(data: ToolOutputGuardrailData) -> ToolGuardrailFunctionOutput:
+        seen.append(("output", data.output))
+        if output_behavior == "reject":
+            return ToolGuardrailFunctionOutput.reject_content(f"withheld {data.output}")
+        if output_behavior == "raise":
+            return ToolGuardrailFunctionOutput.raise_exception(output_info=str(data.output))
+        return ToolGuardrailFunctionOutput.allow()
+
+    @function_tool(tool_input_guardrails=[check_input], tool_output_guardrails=[check_output])
+    def multiply(expression: str) -> Product:
+        """Multiply 'a * b'."""
+        calls.append("tool")
+        a, b = (int(x) for x in expression.split("*"))
+        return Product(value=a * b)
+
+    return Agent(name="m", model=ScriptedModel("m", calls, "multiply", {"expression": "6 * 7"}), tools=[multiply])
+
+
+@pytest.mark.parametrize(("input_rejects", "output_behavior", "outcome", "runs"), [
+    (True, "allow", "m: not that one", ["m", "m"]),
+    (False, "reject", "m: withheld value=42", ["m", "tool", "m"]),
+    (False, "raise", ("tripped", "value=42"), ["m", "tool"]),
+])
+def test_tool_guardrails_give_the_same_outcome_on_replay(tmp_path: Path, input_rejects: bool, output_behavior: str,
+                                                         outcome: Any, runs: list[str]) -> None:
+    calls: list[str] = []
+    seen: list[Any] = []
+    agent = guarded_agent(calls, seen, input_rejects, output_behavior)
+
+    async def run() -> Any:
+        try:
+            return (await OnwardRunner.run(agent, "6 * 7?")).final_output
+        except ToolOutputGuardrailTripwireTriggered as e:
+            return "tripped", e.output.output_info
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed == outcome
+    assert calls == runs  # the second attempt made no call: the guardrails ran again on the replayed ones
+    # Each guardrail was given the same on both attempts: the output guardrail, the tool's recorded output
+    # (the text the SDK sends the model for a pydantic model), not the object the tool returned.
+    assert seen[:len(seen) // 2] == seen[len(seen) // 2:]
+    if not input_rejects:
+        assert ("output", "value=42") in seen
+
+
+def test_max_turns_exceeded_replays_the_same_outcome(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    class Looping(Model):
+        """Calls the tool every turn, never answers."""
+
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> ModelResponse:
+            calls.append("m")
+            return answer(tool_call("multiply", {"expression": "1 * 1"}, f"c{len(calls)}"))
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    @function_tool
+    def multiply(expression: str) -> str:
+        """Multiply 'a * b'."""
+        calls.append("tool")
+        return "1"
+
+    agent = Agent(name="m", model=Looping(), tools=[multiply])
+
+    async def run() -> Any:
+        try:
+            return (await OnwardRunner.run(agent, "loop", max_turns=3)).final_output
+        except MaxTurnsExceeded as e:
+            assert e.run_data is not None
+            return str(e), len(e.run_data.new_items)
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed == ("Max turns (3) exceeded", 6)
+    assert calls == ["m", "tool"] * 3  # the second attempt made no call
+
+    # With an error handler for max_turns, its final output.
+    calls.clear()
+    (tmp_path / "handled").mkdir()
+
+    async def handled() -> Any:
+        return (await OnwardRunner.run(agent, "loop", max_turns=3, error_handlers={
+            "max_turns": lambda data: f"stopped after {len(data.run_data.new_items)} items"})).final_output
+    first, replayed = run_twice(tmp_path / "handled", handled, is_async=True)
+    assert first == replayed == "stopped after 6 items"
+    assert calls == ["m", "tool"] * 3

@@ -29,24 +29,31 @@ def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: L
     for task in store.running_tasks():
         if task.worker_id == worker_id and task.task_id in ours:
             continue
-        alive = owner_alive(task.owner) if task.owner is not None else False
-        if alive is False:
-            reason = "owner died"
-        elif task.lease_expired and expired_leases:
-            reason = "lease expired"
-        else:
+        alive = _owner_alive(task)
+        if _takeover_reason(task, alive, expired_leases) is None:
             continue
-        _end_old_attempt(task, alive)
-        _reclaim(store, worker_id, task, reason, log)
+        if alive is False:
+            # What left its command's group (``setsid``, a double fork) is in the dead worker's cgroups. This
+            # is the one path by which a dead worker's task runs again, so the sweep is done here rather than
+            # before every command a worker starts; a dead owner renews nothing, so it needs no lock.
+            sweep_dead_workers()
+        _reclaim(store, worker_id, task, expired_leases, log)
+
+
+def _owner_alive(task: RunningTask) -> bool | None:
+    return owner_alive(task.owner) if task.owner is not None else False
+
+
+def _takeover_reason(task: RunningTask, alive: bool | None, expired_leases: bool) -> str | None:
+    if alive is False:
+        return "owner died"
+    if task.lease_expired and expired_leases:
+        return "lease expired"
+    return None
 
 
 def _end_old_attempt(task: RunningTask, alive: bool | None) -> None:
-    """Two attempts of one task must never overlap: the old command's process group goes first, and when
-    its worker died on this host, that worker's cgroups (what left the group: ``setsid``, a double fork).
-    This is the one path by which a dead worker's task runs again, so the sweep is done here rather than
-    before every command a worker starts."""
-    if alive is False:
-        sweep_dead_workers()
+    """Two attempts of one task must never overlap: the old command's process group goes first."""
     if task.child_pid and (alive is not None or task.owner is None) and process_alive(
             task.child_pid, task.child_start):
         # The process itself as well as its group: its pid is noted as soon as it exists, a moment before
@@ -57,10 +64,24 @@ def _end_old_attempt(task: RunningTask, alive: bool | None) -> None:
         kill_group(task.child_pid)  # the leader is gone, but its group may live on
 
 
-def _reclaim(store: Store, worker_id: int, task: RunningTask, reason: str, log: Log) -> None:
-    reclaimed = store.reclaim(task.task_id, task.fence, reason)
+def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bool, log: Log) -> None:
+    taken: list[tuple[RunningTask, str]] = []
+
+    def decide(locked: RunningTask) -> str | None:
+        # The task as read again under the store's lock, which its owner's renewal waits for: the old
+        # attempt is ended only for a takeover that commits, and no new one can start before it is ended.
+        # (A slow owner near its lease's end may have renewed since the first read: its command lives on.)
+        alive = _owner_alive(locked)
+        reason = _takeover_reason(locked, alive, expired_leases)
+        if reason is not None:
+            _end_old_attempt(locked, alive)
+            taken.append((locked, reason))
+        return reason
+
+    reclaimed = store.reclaim(task.task_id, task.fence, decide)
     if reclaimed is None:
         return
+    task, reason = taken[-1]
     if crashpoints.ARMED:  # the task is committed back to pending (fence moved); not journaled yet
         crashpoints.hit("reclaim")
     if reclaimed.counted:

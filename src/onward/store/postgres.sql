@@ -577,6 +577,18 @@ SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid
  WHERE t.job_id = %(job)s AND t.state = 'running'
  ORDER BY t.id;
 
+-- name: running_one
+-- One running task as `running` reads it, its row locked until the reclaim deciding on it commits: a renewal
+-- (an UPDATE of the row) waits for that, then finds the fence moved on or its lease intact. SKIP LOCKED, as
+-- in `reclaim`: a row its owner is writing right now is left for the next round. The first statement of
+-- its transaction, so that onward.epoch() (the transaction's time) is the time it is read.
+SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid, w.pid_start,
+       t.child_pid, t.child_start, t.lease_until < onward.epoch(), onward.epoch() - t.heartbeat_at,
+       onward.epoch() - t.progress_at, t.note
+  FROM onward.tasks AS t LEFT JOIN onward.workers AS w ON w.id = t.worker_id
+ WHERE t.id = %(task_id)s AND t.fence = %(fence)s AND t.state = 'running'
+   FOR UPDATE OF t SKIP LOCKED;
+
 -- name: retry_failed
 WITH changed AS (
     UPDATE onward.tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL,

@@ -384,6 +384,14 @@ SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid
  WHERE t.job_id = :job AND t.state IN ('pending', 'running', 'done')
    AND (t.state = 'running') + 2 * (t.state = 'pending') = 1;
 
+-- name: running_one
+-- One running task as `running` reads it, for a reclaim that decides under the write lock (BEGIN IMMEDIATE,
+-- which every renewal takes too): what it reads cannot change before it commits.
+SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid, w.pid_start,
+       t.child_pid, t.child_start, t.lease_until < :now, :now - t.heartbeat_at, :now - t.progress_at, t.note
+  FROM tasks AS t LEFT JOIN workers AS w ON w.id = t.worker_id
+ WHERE t.id = :task_id AND t.fence = :fence AND t.state = 'running';
+
 -- name: retry_failed
 UPDATE tasks SET state = 'pending', attempts = 0, ready_at = 0, finished_at = NULL,
                  wait_key = NULL, wait_until = NULL  -- a retry starts its waits afresh

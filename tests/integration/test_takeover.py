@@ -1,0 +1,129 @@
+"""Taking a task over from its owner, when the owner is alive but late: real workers, a real store on each
+backend, the owner stopped and resumed with real signals at the moment that matters."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any, cast
+
+from onward.errors import StoreError
+from onward.log import Log
+from onward.reclaim import reclaim_abandoned
+from onward.store import open_store
+from onward.store.base import PENDING, Lease, Reclaimed, RunningTask, Store
+from tests.conftest import onward_argv, wait_for, worker
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class OwnerRenewsAfterTheRead:
+    """The store as a taker-over sees it, except that right after it reads the running tasks, the stopped
+    owner is resumed and renews its lease (seen through another handle) before the taker goes on."""
+
+    def __init__(self, store: Store, watch: Store, owner_pid: int) -> None:
+        self._store, self._watch, self._owner_pid = store, watch, owner_pid
+
+    def running_tasks(self) -> list[RunningTask]:
+        tasks = self._store.running_tasks()
+        assert [t.lease_expired for t in tasks] == [True]
+        os.kill(self._owner_pid, signal.SIGCONT)
+        wait_for(lambda: not self._watch.running_tasks()[0].lease_expired, 30, "the owner to renew its lease")
+        return tasks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def test_an_owner_that_renews_as_it_is_taken_over_keeps_its_task_and_its_command(store_url: str,
+                                                                                 tmp_path: Path) -> None:
+    """A worker stopped (SIGSTOP) past its lease is resumed right after another worker read the running
+    tasks and found its lease expired, and renews at once. The takeover must then not happen, nor the
+    command be killed: it was killed on that stale read, before a takeover that then counted an attempt
+    for nothing and fenced a live owner."""
+    store = open_store(store_url)
+    store.add(["t"])
+    pidfile, gate, marks = tmp_path / "child.pid", tmp_path / "gate", tmp_path / "marks"
+    script = (f'echo $$ > {pidfile}; while [ ! -e {gate} ]; do sleep 0.05; done; '
+              f'echo "end $ONWARD_ATTEMPT" >> {marks}')
+    owner = subprocess.Popen(onward_argv("run", "--db", store_url, "--heartbeat", "0.3", "--lease", "1", "--",
+                                         "sh", "-c", script),
+                             env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    watch = open_store(store_url)
+    try:
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30, "the owner's command to start")
+        child = int(pidfile.read_text())
+        os.kill(owner.pid, signal.SIGSTOP)
+        wait_for(lambda: watch.running_tasks()[0].lease_expired, 30, "the stopped owner's lease to expire")
+        (before,) = watch.running_tasks()
+        taker = worker(store)
+        log_text = io.StringIO()
+        reclaim_abandoned(cast(Store, OwnerRenewsAfterTheRead(store, watch, owner.pid)), taker, set(),
+                          Log(stream=log_text))
+        assert _alive(child), "the live owner's command was killed"
+        (after,) = watch.running_tasks()
+        assert (after.fence, after.worker_id) == (before.fence, before.worker_id), log_text.getvalue()
+        gate.touch()
+        _, err = owner.communicate(timeout=60)
+    finally:
+        gate.touch()
+        if owner.poll() is None:
+            os.kill(owner.pid, signal.SIGCONT)
+            owner.kill()
+            owner.wait()
+        watch.close()
+    assert owner.returncode == 0, err
+    assert b"fenced" not in err, err
+    assert marks.read_text() == "end 1\n"
+    row = store.task("t")
+    assert row is not None and (row.state, row.attempts) == ("done", 1)
+    assert not [e for e in store.events() if e.kind in ("reclaimed", "fenced")]
+    store.close()
+
+
+def test_the_owner_cannot_renew_while_a_takeover_decides(store_url: str) -> None:
+    """What the taker-over decides on (the task read again by ``reclaim``) holds until its takeover commits:
+    the owner's renewal, tried while it decides, waits for it (and, bounded, gives up), and once the
+    takeover committed it finds its task taken over; a renewal after a decision to leave the task holds."""
+    owner, taker = open_store(store_url), open_store(store_url)
+    try:
+        owner.add(["t"])
+        w = worker(owner)
+        (c,) = owner.claim(w, 1, 0.5, 3)  # a lease of 0.5 s: a store call waits at most 0.25 s for a lock
+        wait_for(lambda: taker.running_tasks()[0].lease_expired, 30, "the lease to expire")
+        renewals: list[str] = []
+
+        def decide(task: RunningTask) -> str | None:
+            assert task.lease_expired and task.task_id == c.task_id
+            try:
+                renewals.append(f"renewed, lost {owner.renew(w, [Lease(task.task_id, task.fence)], 0.5, 0)}")
+            except StoreError as e:
+                renewals.append(f"refused: {e}")
+            return "lease expired" if len(renewals) == 1 else None
+
+        assert taker.reclaim(c.task_id, c.fence, decide) == Reclaimed(PENDING, counted=True)
+        assert renewals[0].startswith("refused"), renewals
+        assert owner.renew(w, [Lease(c.task_id, c.fence)], 0.5, 0) == [c.task_id]
+
+        (c2,) = owner.claim(w, 1, 0.5, 3)
+        wait_for(lambda: taker.running_tasks()[0].lease_expired, 30, "the lease to expire again")
+        assert taker.reclaim(c2.task_id, c2.fence, decide) is None
+        assert renewals[1].startswith("refused"), renewals
+        assert owner.renew(w, [Lease(c2.task_id, c2.fence)], 30, 0) == []
+        (running,) = taker.running_tasks()
+        assert running.fence == c2.fence and not running.lease_expired
+    finally:
+        owner.close()
+        taker.close()
+

@@ -108,7 +108,8 @@ class Attempt:
         self.cancelled_at: float | None = None
         self.fenced = False  # the lease was lost: whatever happens, commit nothing
         # Monotonic time by which the attempt must have ended, whatever the grace: set when its lease runs out
-        # unrenewed (Leases), since another worker may take the task over once it has.
+        # unrenewed, since another worker may take the task over once it has, and when it was taken over
+        # (Leases).
         self.must_end_by: float | None = None
 
     @property

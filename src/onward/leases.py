@@ -15,6 +15,11 @@ from .errors import StoreError
 from .log import Log, Throttled, quote
 from .store.base import Lease, Store
 
+# Seconds a Python task taken over by another worker may run on once this worker learns it: its thread
+# cannot be killed, and the new attempt may be running already, so if it has not stopped by then (it
+# ignores its cancellation) the worker exits (WedgedTask) rather than wait out the whole --grace beside it.
+TAKEN_OVER_GRACE = 1.0
+
 
 class Leases:
     def __init__(self, store: Store, length: float, log: Log, store_errors: Throttled) -> None:
@@ -70,6 +75,7 @@ class Leases:
     def _fence_taken_over(self, worker_id: int, attempt: Attempt) -> None:
         attempt.fenced = True
         attempt.cancel("lease lost: the task was taken over")
+        attempt.must_end_by = time.monotonic() + TAKEN_OVER_GRACE
         self.log.warning(f"fenced task={quote(attempt.claim.name)} attempt={attempt.claim.attempt}:"
                          " lease lost, it was taken over; stopping it, nothing of it will be committed")
         with contextlib.suppress(StoreError):

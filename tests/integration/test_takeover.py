@@ -7,15 +7,23 @@ import io
 import os
 import signal
 import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
+from onward import Job
 from onward.errors import StoreError
 from onward.log import Log
 from onward.reclaim import reclaim_abandoned
 from onward.store import open_store
 from onward.store.base import PENDING, Lease, Reclaimed, RunningTask, Store
 from tests.conftest import onward_argv, wait_for, worker
+from tests.integration.test_cli_run import frozen_by_cgroup, stopped_with_sigstop
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -127,3 +135,78 @@ def test_the_owner_cannot_renew_while_a_takeover_decides(store_url: str) -> None
         owner.close()
         taker.close()
 
+
+# A Python task run by the Job API: a thread, which cannot be killed. It writes a line (worker, time) every
+# 0.05 s and never looks at its cancellation; the worker that took it over ("B") ends once the gate exists.
+PY_WORKER = """
+import os, sys, time
+from onward import Job
+db, side, gate, label = sys.argv[1:5]
+job = Job(db, max_attempts=5)
+@job.task
+def handle(task, ctx):
+    for _ in range(2400):
+        with open(side, "a") as f:
+            f.write(f"{label} {time.time():.6f}\\n")
+        if label == "B" and os.path.exists(gate):
+            return "ok"
+        time.sleep(0.05)
+    return "ok"
+job.run(heartbeat=0.3, grace=600)
+"""
+
+
+def _side_effects(side: Path) -> list[tuple[str, float]]:
+    if not side.exists():
+        return []
+    return [(label, float(at)) for label, at in (line.split() for line in side.read_text().splitlines() if line)]
+
+
+@pytest.mark.parametrize("pause", [stopped_with_sigstop, frozen_by_cgroup], ids=["sigstop", "freezer"])
+def test_a_thawed_worker_whose_python_task_ignores_its_cancellation_leaves_soon(
+        store_url: str, tmp_path: Path, pause: Callable[[int, int], AbstractContextManager[None]]) -> None:
+    """Worker A is frozen past its lease with a Python task that never checks its cancellation; worker B
+    takes the task over. Thawed, A learns its task was taken over, but cannot kill the thread: it must exit
+    (WedgedTask, status 4) within a second or so, not after --grace (600 s here) nor when the task ends on
+    its own (2 minutes), while B's attempt of the same task runs on beside it."""
+    side, gate, script = tmp_path / "side", tmp_path / "gate", tmp_path / "worker.py"
+    script.write_text(PY_WORKER)
+    workers: dict[str, subprocess.Popen[bytes]] = {}
+    job = Job(store_url)
+    job.add(["t"])
+    job.close()
+
+    def start(label: str) -> None:
+        workers[label] = subprocess.Popen([sys.executable, str(script), store_url, str(side), str(gate), label],
+                                          env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE)
+    try:
+        start("A")
+        wait_for(lambda: any(label == "A" for label, _ in _side_effects(side)), 30, "A's task to start")
+        with pause(workers["A"].pid, workers["A"].pid):
+            start("B")
+            wait_for(lambda: any(label == "B" for label, _ in _side_effects(side)), 60, "B to take the task over")
+            thawed_at = time.time()
+        wait_for(lambda: workers["A"].poll() is not None, 30, "the thawed worker A to exit")
+        _, err_a = workers["A"].communicate()
+        gate.touch()
+        _, err_b = workers["B"].communicate(timeout=60)
+    finally:
+        gate.touch()
+        for p in workers.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert workers["B"].returncode == 0, err_b
+    assert b"WedgedTask" in err_a and b"ignored cancellation (lease lost: the task was taken over)" in err_a, err_a
+    lines = _side_effects(side)
+    after_thaw = [at for label, at in lines if label == "A" and at >= thawed_at]
+    b_times = [at for label, at in lines if label == "B"]
+    overlap = (max(after_thaw) - thawed_at) if after_thaw else 0.0
+    print(f"A's task wrote {len(after_thaw)} lines over {overlap:.2f} s after the thaw, beside B's attempt")
+    # A's side effects ended while B's attempt still ran: bounded by the worker, not by the task or the grace.
+    assert not after_thaw or max(after_thaw) < max(b_times)
+    job = Job(store_url)
+    row = job.store.task("t")
+    assert row is not None and row.state == "done"
+    job.close()

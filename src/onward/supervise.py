@@ -11,8 +11,8 @@ the child with ``NOTIFY_SOCKET`` naming it, and with ``WATCHDOG_USEC`` when a wa
 a whole microsecond: 0 would mean none). It reads the newline-separated ``KEY=VALUE`` datagrams of
 ``sd_notify(3)``: ``READY=1``, ``STATUS=...``, ``WATCHDOG=1``, ``WATCHDOG=trigger`` and ``STOPPING=1``;
 other keys are ignored. The socket has ``SO_PASSCRED`` on, so every datagram carries its sender's pid,
-and only the child's own pid is listened to (systemd's ``NotifyAccess=main``): a task the worker runs inherits ``NOTIFY_SOCKET`` but cannot keep a wedged worker
-alive with heartbeats of its own. ``WATCHDOG_PID`` is not set: systemd sets it to the main pid after its
+and only the child's own pid is listened to (systemd's ``NotifyAccess=main``): a task the worker runs
+inherits ``NOTIFY_SOCKET`` but cannot keep a wedged worker alive with heartbeats of its own. ``WATCHDOG_PID`` is not set: systemd sets it to the main pid after its
 fork, which ``subprocess`` cannot do before ``exec``; ``sd_watchdog_enabled(3)`` and onward's ``Notifier``
 treat an absent ``WATCHDOG_PID`` as "the watchdog is meant for me", and the pid filter above makes a
 grandchild's heartbeats harmless anyway.

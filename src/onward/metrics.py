@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .proc import SILENT_WORKER_SECONDS
+from .proc import seen_live
 from .status import status_dict
 from .store.base import STATES
 
@@ -84,7 +84,7 @@ def job_metrics(report: dict[str, Any], totals: Any) -> Iterator[Metric]:
         # Live as workers_alive counts them: alive by their pid here, by a heartbeat under a minute elsewhere.
         # A worker on another host that died without a word was exported for ever (its age growing), a new
         # series for each such death; its death shows in workers_alive.
-        if w["alive"] if w["alive"] is not None else w["heartbeat_age"] < SILENT_WORKER_SECONDS:
+        if seen_live(w["alive"], w["heartbeat_age"]):
             heartbeat.add_metric([job, str(w["id"]), str(w["host"]), str(w["pid"])], float(w["heartbeat_age"]))
     yield heartbeat
 

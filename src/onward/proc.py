@@ -108,9 +108,14 @@ def owner_alive(owner: Owner) -> bool | None:
 
 
 def worker_live(owner: Owner, heartbeat_age: float) -> bool:
-    """Whether a worker the store records (not stopped) is still at work: on this host, whether its process
-    runs; elsewhere, where only the heartbeat can tell, whether it beat within SILENT_WORKER_SECONDS."""
-    alive = owner_alive(owner)
+    """Whether a worker the store records (not stopped) is still at work (see ``seen_live``)."""
+    return seen_live(owner_alive(owner), heartbeat_age)
+
+
+def seen_live(alive: bool | None, heartbeat_age: float) -> bool:
+    """The one rule for a recorded worker being at work, given ``owner_alive``'s answer: on this host, whether
+    its process runs; elsewhere (None), where only the heartbeat can tell, whether it beat within
+    SILENT_WORKER_SECONDS. Status, metrics and ``db upgrade`` all go by it."""
     return alive if alive is not None else heartbeat_age < SILENT_WORKER_SECONDS
 
 

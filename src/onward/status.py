@@ -208,9 +208,9 @@ def _claimed_age(store: Store, name: str, now: float) -> float | None:
 
 
 def _working(worker: WorkerRow, alive: bool | None) -> bool:
-    from .proc import SILENT_WORKER_SECONDS  # (loaded already: status_dict's owner_alive)
+    from .proc import seen_live  # (loaded already: status_dict's owner_alive)
 
-    return alive if alive is not None else worker.heartbeat_age < SILENT_WORKER_SECONDS
+    return seen_live(alive, worker.heartbeat_age)
 
 
 def _eta(left: int, rate: float, workers_alive: int) -> int | None:

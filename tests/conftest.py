@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -57,6 +58,23 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     else:
         with pgutil.fresh_database() as url:
             yield url
+
+
+@pytest.fixture(params=BACKENDS)
+def v2_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A copy of the version 2 store (written by that version's code, tests/data) on each backend."""
+    data = Path(__file__).resolve().parent / "data"
+    if request.param == "sqlite":
+        path = tmp_path / "v2.db"
+        shutil.copyfile(data / "store_v2.db", path)
+        yield str(path)
+        return
+    with pgutil.fresh_database() as url:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as pg:
+            pg.execute((data / "store_v2_postgres.sql").read_text())
+        yield url
 
 
 @pytest.fixture

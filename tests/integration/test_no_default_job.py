@@ -7,17 +7,12 @@ upgrades like a new store, and its count rows do not leak into the first job mad
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests import pgutil
 from tests.conftest import run_onward
 
-DATA = Path(__file__).resolve().parents[1] / "data"
 V2_TABLES = ("tasks", "events", "workers", "sources", "steps")
 
 
@@ -60,22 +55,6 @@ def test_a_store_made_by_db_upgrade_has_no_job(store_url: str) -> None:
     assert_no_default_job(run_onward("status", "--db", store_url))
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def v2_copy(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A copy of the version 2 store (written by that version's code) on each backend."""
-    if request.param == "sqlite":
-        path = tmp_path / "v2.db"
-        shutil.copyfile(DATA / "store_v2.db", path)
-        yield str(path)
-        return
-    with pgutil.fresh_database() as url:
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as pg:
-            pg.execute((DATA / "store_v2_postgres.sql").read_text())
-        yield url
-
-
 def _empty_but(db: str, keep: str | None) -> None:
     """Empty the version 2 store's tables but ``keep`` (as a version 2 store that held only that was), and
     bring its counts back to none."""
@@ -97,33 +76,33 @@ def _empty_but(db: str, keep: str | None) -> None:
     c.close()
 
 
-def test_an_old_store_that_held_nothing_upgrades_like_a_new_one(v2_copy: str) -> None:
-    _empty_but(v2_copy, keep=None)
-    r = run_onward("db", "upgrade", "--db", v2_copy)
+def test_an_old_store_that_held_nothing_upgrades_like_a_new_one(v2_store: str) -> None:
+    _empty_but(v2_store, keep=None)
+    r = run_onward("db", "upgrade", "--db", v2_store)
     assert r.returncode == 0 and "upgraded from schema version 2" in r.stderr.decode(), r.stderr
-    assert jobs_of(v2_copy) == {}
+    assert jobs_of(v2_store) == {}
     # The first job made in it counts its own tasks only (no count row of the old store is taken for its).
-    assert run_onward("add", "--db", v2_copy, "--job", "first", "a", "b", "c").returncode == 0
-    r = run_onward("run", "--db", v2_copy, "--job", "first", "--", "true")
+    assert run_onward("add", "--db", v2_store, "--job", "first", "a", "b", "c").returncode == 0
+    r = run_onward("run", "--db", v2_store, "--job", "first", "--", "true")
     assert r.returncode == 0, r.stderr
-    (first,) = jobs_of(v2_copy).values()
+    (first,) = jobs_of(v2_store).values()
     assert first == {"job": "first", "paused": False, "total": 3, "pending": 0, "running": 0, "waiting": 0,
                      "done": 3, "failed": 0, "cancelled": 0}
-    r = run_onward("status", "--db", v2_copy, "--job", "first", "--json")
+    r = run_onward("status", "--db", v2_store, "--job", "first", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["done"] == 3, r.stdout
 
 
 @pytest.mark.parametrize("keep", ["events", "sources", "workers"])
-def test_an_old_store_that_held_anything_keeps_its_default_job(v2_copy: str, keep: str) -> None:
+def test_an_old_store_that_held_anything_keeps_its_default_job(v2_store: str, keep: str) -> None:
     """What a version 2 store held belongs to its job, "default", even with no task left: the journal of a
     run with nothing to do, an import mark, a worker."""
-    _empty_but(v2_copy, keep=keep)
-    assert run_onward("db", "upgrade", "--db", v2_copy).returncode == 0
-    jobs = jobs_of(v2_copy)
+    _empty_but(v2_store, keep=keep)
+    assert run_onward("db", "upgrade", "--db", v2_store).returncode == 0
+    jobs = jobs_of(v2_store)
     assert list(jobs) == ["default"] and jobs["default"]["total"] == 0
     if keep == "events":
-        r = run_onward("logs", "--db", v2_copy)
+        r = run_onward("logs", "--db", v2_store)
         assert r.returncode == 0 and "restart" in r.stdout.decode(), r.stdout
     # A job made afterwards is another one, with none of the old rows.
-    assert run_onward("add", "--db", v2_copy, "--job", "next", "a").returncode == 0
-    assert run_onward("logs", "--db", v2_copy, "--job", "next").stdout.decode().count("\n") == 1
+    assert run_onward("add", "--db", v2_store, "--job", "next", "a").returncode == 0
+    assert run_onward("logs", "--db", v2_store, "--job", "next").stdout.decode().count("\n") == 1

@@ -5,36 +5,11 @@ pg_dump of the PostgreSQL schema."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from onward.proc import current_owner
 from onward.store import open_store
 from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Owner, SourceMark, Store
 from onward.store.sqlbase import SCHEMA_VERSION
-from tests import pgutil
 from tests.conftest import run_onward
-
-DATA = Path(__file__).resolve().parents[1] / "data"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def v2_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A copy of the version 2 store on each backend."""
-    if request.param == "sqlite":
-        path = tmp_path / "v2.db"
-        shutil.copyfile(DATA / "store_v2.db", path)
-        yield str(path)
-        return
-    with pgutil.fresh_database() as url:
-        import psycopg
-
-        with psycopg.connect(url, autocommit=True) as pg:
-            pg.execute((DATA / "store_v2_postgres.sql").read_text())
-        yield url
 
 
 def test_a_version_2_store_is_refused_until_upgraded_then_keeps_every_fact(v2_store: str) -> None:

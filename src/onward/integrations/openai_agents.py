@@ -288,11 +288,9 @@ def durable_tool(tool: Any) -> Any:
             tool_call = getattr(ctx, "tool_call", None) or ResponseFunctionToolCall(
                 type="function_call", name=tool.name, arguments=arguments, call_id="")
             return await durable_call_async(name, lambda key: invoke(ctx, arguments),
-                                            lambda output: _tool_record(tool, tool_call, output), lambda data: data)
+                                            lambda output: _tool_record(tool, tool_call, output), _same)
 
-        durable = copy.copy(tool)
-        durable.on_invoke_tool = durable_invoke
-        return durable
+        return _copy_with(tool, on_invoke_tool=durable_invoke)
     # The SDK runs these tools itself (not through a FunctionTool's on_invoke_tool), from the call in the
     # model's answer: replaying the model call without making the tool's call a step would run the command,
     # the patch or the custom tool again on resume. Each is wrapped where the SDK calls user code, and its
@@ -300,23 +298,23 @@ def durable_tool(tool: Any) -> Any:
     # code raises is recorded like any step's and raised again on replay, where the SDK turns it into the
     # failed output it sends the model.
     if isinstance(tool, CustomTool):
-        durable_custom = copy.copy(tool)
-        durable_custom.on_invoke_tool = _durable_callable(
-            tool.on_invoke_tool, tool.name, lambda out: out if isinstance(out, str) else str(out), _same)
-        return durable_custom
+        return _copy_with(tool, on_invoke_tool=_durable_callable(
+            tool.on_invoke_tool, tool.name, lambda out: out if isinstance(out, str) else str(out), _same))
     if isinstance(tool, LocalShellTool):
-        durable_local = copy.copy(tool)
-        durable_local.executor = _durable_callable(tool.executor, tool.name, _through_text, _same)
-        return durable_local
+        return _copy_with(tool, executor=_durable_callable(tool.executor, tool.name, _through_text, _same))
     if isinstance(tool, ShellTool) and tool.executor is not None:  # a hosted environment has no executor
-        durable_shell = copy.copy(tool)
-        durable_shell.executor = _durable_callable(tool.executor, tool.name, _shell_record, _shell_result)
-        return durable_shell
+        return _copy_with(tool, executor=_durable_callable(tool.executor, tool.name, _shell_record, _shell_result))
     if isinstance(tool, ApplyPatchTool):
-        durable_patch = copy.copy(tool)
-        durable_patch.editor = _DurableEditor(tool.editor, tool.name)
-        return durable_patch
+        return _copy_with(tool, editor=_DurableEditor(tool.editor, tool.name))
     return tool
+
+
+def _copy_with(tool: Any, **changes: Any) -> Any:
+    """A shallow copy of ``tool`` (or handoff) with ``changes`` set on it: the user's own is never changed."""
+    durable = copy.copy(tool)
+    for name, value in changes.items():
+        setattr(durable, name, value)
+    return durable
 
 
 def _same(data: Any) -> Any:
@@ -440,8 +438,7 @@ def durable_handoff(handoff: Any, run: DurableRun) -> Any:
         target = await invoke(ctx, input_json)
         return durable_agent(target, run) if isinstance(target, Agent) else target
 
-    durable = copy.copy(handoff)
-    durable.on_invoke_handoff = durable_invoke
+    durable = _copy_with(handoff, on_invoke_handoff=durable_invoke)
     # The runner reads the target through this weak reference too (to register its tools before the
     # handoff): point it at the clone, which ``run`` keeps alive.
     ref = getattr(handoff, "_agent_ref", None)  # absent from SDK versions before it

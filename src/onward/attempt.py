@@ -135,6 +135,13 @@ class Attempt:
             self.cancel_reason = reason
             self.cancelled_at = time.monotonic()
 
+    def fence(self, reason: str, end_by: float) -> None:
+        """The lease is lost (taken over, or run out unrenewed): commit nothing of this attempt, stop it now,
+        and have it ended by ``end_by`` (monotonic), whatever the grace (see ``must_end_by``)."""
+        self.fenced = True
+        self.cancel(reason)
+        self.must_end_by = end_by
+
     def abandon(self, reason: str) -> None:
         """The worker is leaving: end the attempt at once and report it released."""
 

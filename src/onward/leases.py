@@ -73,9 +73,7 @@ class Leases:
                 self._fence_taken_over(worker_id, attempt)
 
     def _fence_taken_over(self, worker_id: int, attempt: Attempt) -> None:
-        attempt.fenced = True
-        attempt.cancel("lease lost: the task was taken over")
-        attempt.must_end_by = time.monotonic() + TAKEN_OVER_GRACE
+        attempt.fence("lease lost: the task was taken over", end_by=time.monotonic() + TAKEN_OVER_GRACE)
         self.log.warning(f"fenced task={quote(attempt.claim.name)} attempt={attempt.claim.attempt}:"
                          " lease lost, it was taken over; stopping it, nothing of it will be committed")
         with contextlib.suppress(StoreError):
@@ -89,10 +87,9 @@ class Leases:
             return
         for attempt in attempts.values():
             if not attempt.fenced:
-                attempt.fenced = True
-                attempt.cancel("lease ran out: could not reach the store to renew it")
                 # A command's process group is killed at once; a Python task's thread cannot be, and may
                 # ignore its cancellation: half of the margin left is its grace, then the worker exits (the
                 # runner's deadlines), so that it never runs on beside the attempt that takes the task over.
-                attempt.must_end_by = self.valid_until - self.fence_margin / 2
+                attempt.fence("lease ran out: could not reach the store to renew it",
+                              end_by=self.valid_until - self.fence_margin / 2)
                 self.log.warning(f"lease ran out task={quote(attempt.claim.name)}: stopped, not committing it")

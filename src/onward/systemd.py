@@ -37,6 +37,7 @@ from onward.supervise import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_RESTART_DELAY,
     DEFAULT_WINDOW,
+    MIN_WATCHDOG,
     find_run_option,
     onward_run_span,
 )
@@ -204,7 +205,7 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
 
     ``workdir`` defaults to the current directory; relative paths in the command are resolved against it
     (see ``resolve_command``). ``env`` holds ``K=V`` strings. ``watchdog`` is ``WatchdogSec`` in seconds, 0
-    for none. ``grace`` is the worker's ``--grace``; when None it is read from the command, else onward's
+    for none, else at least ``MIN_WATCHDOG``. ``grace`` is the worker's ``--grace``; when None it is read from the command, else onward's
     default of 10 s. ``environ`` (default ``os.environ``) gives an exported ``ONWARD_DB``, carried into the
     unit when neither the command's ``--db`` nor ``env`` sets the store; likewise ``ONWARD_JOB``. ``job``
     (``--job``) is set as ``ONWARD_JOB`` in the unit, over any ``env`` one (a ``--job`` in the command still
@@ -224,8 +225,10 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
             raise UsageError(f"--grace: not a number of seconds: {text!r}") from None
     if not (grace >= 0 and math.isfinite(grace)):
         raise UsageError(f"grace must be 0 or more seconds, not {grace}")
-    if not (watchdog >= 0 and math.isfinite(watchdog)):
-        raise UsageError(f"--watchdog must be 0 (none) or more seconds, not {watchdog}")
+    if not ((watchdog == 0 or watchdog >= MIN_WATCHDOG) and math.isfinite(watchdog)):
+        # systemd takes microseconds, but the worker cannot heartbeat that fast (see MIN_WATCHDOG).
+        raise UsageError(f"--watchdog must be 0 (none) or at least {MIN_WATCHDOG:g} seconds (the worker's loop"
+                         f" cannot heartbeat faster), not {watchdog:g}")
     if user is not None and not _USER_NAME.fullmatch(user):
         raise UsageError(f"not a valid user name: {user!r}")
     variables: dict[str, str] = {}

@@ -136,7 +136,8 @@ def test_good_unit_names() -> None:
 
 @pytest.mark.parametrize("options", [
     dict(env=["NOEQUALS"]), dict(env=["1A=x"]), dict(env=["A=line\nbreak"]), dict(user="bad user"),
-    dict(watchdog=-1), dict(watchdog=float("nan")), dict(watchdog=float("inf")), dict(grace=-1), dict(workdir="/tmp/tab\there"),
+    dict(watchdog=-1), dict(watchdog=float("nan")), dict(watchdog=float("inf")), dict(watchdog=1e-300),
+    dict(watchdog=0.0005), dict(watchdog=0.099), dict(grace=-1), dict(workdir="/tmp/tab\there"),
     dict(command=[]), dict(command=["no-such-program-anywhere"]), dict(command=ONWARD + ["run", "x\ny"]),
     dict(command=ONWARD + ["run", "--grace", "soon"]),
 ])

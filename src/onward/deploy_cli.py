@@ -72,13 +72,17 @@ def service_group() -> None:
 @click.option("--env", "env", multiple=True, metavar="K=V", help="An environment variable (repeatable).")
 @click.option("--watchdog", type=FINITE_FLOAT, default=systemd.DEFAULT_WATCHDOG, show_default=True, metavar="S",
               help="WatchdogSec: systemd kills and restarts a worker silent for S seconds (0: no watchdog).")
+@click.option("--start-timeout", type=FINITE_FLOAT, default=DEFAULT_START_TIMEOUT, show_default=True, metavar="S",
+              help="TimeoutStartSec: systemd kills and restarts a worker not ready (READY=1) S seconds after its"
+                   " start (0: no limit).")
 @click.option("--job", "job", default=None, metavar="NAME", type=JobName(),
               help="The job the worker works on (ONWARD_JOB in the unit) [default: the command's --job,"
                    " $ONWARD_JOB, default].")
 @click.option("--dry-run", is_flag=True, help="Print the unit and change nothing.")
 @_COMMAND
 def install_command(name: str, user: str | None, workdir: str | None, env: tuple[str, ...],
-                    watchdog: float, job: str | None, dry_run: bool, command: tuple[str, ...]) -> None:
+                    watchdog: float, start_timeout: float, job: str | None, dry_run: bool,
+                    command: tuple[str, ...]) -> None:
     """Write /etc/systemd/system/NAME.service for CMD, then enable and start it. Secrets (a password in
     the store URL, --env values named like PASSWORD or TOKEN) go to /etc/onward/NAME.env, mode 0600.
 
@@ -87,10 +91,12 @@ def install_command(name: str, user: str | None, workdir: str | None, env: tuple
       onward service install --name crawl -- onward run --tasks urls.txt -- fetch {task}
     """
     if dry_run:
-        unit = systemd.render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, job=job)
+        unit = systemd.render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, job=job,
+                                   start_timeout=start_timeout)
         click.echo(unit.dry_run_text(), nl=False)
         return
-    path = systemd.install(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, job=job)
+    path = systemd.install(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, job=job,
+                           start_timeout=start_timeout)
     click.echo(f"installed {path}; {systemd.unit_name(name)} enabled and started")
 
 

@@ -36,6 +36,7 @@ from onward.redact import redact_url
 from onward.supervise import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_RESTART_DELAY,
+    DEFAULT_START_TIMEOUT,
     DEFAULT_WINDOW,
     MIN_WATCHDOG,
     find_run_option,
@@ -199,13 +200,15 @@ def _is_secret(name: str, value: str) -> bool:
 
 def render_unit(name: str, command: Sequence[str], user: str | None = None, workdir: str | None = None,
                 env: Iterable[str] = (), watchdog: float = DEFAULT_WATCHDOG, grace: float | None = None,
-                environ: Mapping[str, str] | None = None, env_dir: str = ENV_DIR, job: str | None = None) -> Unit:
+                environ: Mapping[str, str] | None = None, env_dir: str = ENV_DIR, job: str | None = None,
+                start_timeout: float = DEFAULT_START_TIMEOUT) -> Unit:
     """``NAME.service`` running ``command`` (usually ``onward run ...``), and its secrets (see the module
     docstring).
 
     ``workdir`` defaults to the current directory; relative paths in the command are resolved against it
     (see ``resolve_command``). ``env`` holds ``K=V`` strings. ``watchdog`` is ``WatchdogSec`` in seconds, 0
-    for none, else at least ``MIN_WATCHDOG``. ``grace`` is the worker's ``--grace``; when None it is read from the command, else onward's
+    for none, else at least ``MIN_WATCHDOG``. ``start_timeout`` is ``TimeoutStartSec`` in seconds (how long
+    the worker may take to say ``READY=1``), 0 for none, else at least ``UNAVAILABLE_SPACING``. ``grace`` is the worker's ``--grace``; when None it is read from the command, else onward's
     default of 10 s. ``environ`` (default ``os.environ``) gives an exported ``ONWARD_DB``, carried into the
     unit when neither the command's ``--db`` nor ``env`` sets the store; likewise ``ONWARD_JOB``. ``job``
     (``--job``) is set as ``ONWARD_JOB`` in the unit, over any ``env`` one (a ``--job`` in the command still
@@ -229,6 +232,11 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
         # systemd takes microseconds, but the worker cannot heartbeat that fast (see MIN_WATCHDOG).
         raise UsageError(f"--watchdog must be 0 (none) or at least {MIN_WATCHDOG:g} seconds (the worker's loop"
                          f" cannot heartbeat faster), not {watchdog:g}")
+    if not ((start_timeout == 0 or start_timeout >= UNAVAILABLE_SPACING) and math.isfinite(start_timeout)):
+        # A worker whose store is down waits until it has lived UNAVAILABLE_SPACING before it exits 75, not
+        # yet ready: a shorter start timeout would cut that wait, and the start limit would fail the unit.
+        raise UsageError(f"--start-timeout must be 0 (none) or at least {UNAVAILABLE_SPACING:g} seconds (the"
+                         f" spacing of restarts while the store is unavailable), not {start_timeout:g}")
     if user is not None and not _USER_NAME.fullmatch(user):
         raise UsageError(f"not a valid user name: {user!r}")
     variables: dict[str, str] = {}
@@ -286,6 +294,8 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
         "# onward run speaks sd_notify: READY=1 once its store is open, STATUS=, WATCHDOG=1 from its main loop.",
         "Type=notify",
         "NotifyAccess=main",
+        "# A worker not ready in time (its store does not open) is killed and restarted; as `onward supervise`.",
+        f"TimeoutStartSec={_timespan(start_timeout) if start_timeout else 'infinity'}",
         "ExecStart=" + " ".join(word if word.startswith("${ONWARD_SECRET_") else quote_exec_word(word)
                                 for word in words),
         f"WorkingDirectory={_plain_path(workdir)}",
@@ -422,11 +432,12 @@ def write_unit(unit: Unit, unit_dir: str = UNIT_DIR) -> str:
 
 def install(name: str, command: Sequence[str], user: str | None = None, workdir: str | None = None,
             env: Iterable[str] = (), watchdog: float = DEFAULT_WATCHDOG, grace: float | None = None,
-            unit_dir: str = UNIT_DIR, env_dir: str = ENV_DIR, job: str | None = None) -> str:
+            unit_dir: str = UNIT_DIR, env_dir: str = ENV_DIR, job: str | None = None,
+            start_timeout: float = DEFAULT_START_TIMEOUT) -> str:
     """Write the unit and its secrets (``write_unit``), reload systemd, enable and (re)start the service.
     Returns the unit file's path."""
     unit = render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, grace=grace,
-                       env_dir=env_dir, job=job)
+                       env_dir=env_dir, job=job, start_timeout=start_timeout)
     _check_startable(unit)
     _require_systemd()
     _require_writable(unit_dir)

@@ -133,6 +133,9 @@ def test_supervise_bad_input_is_exit_2(tmp_path: Path, args: list[str], says: st
     (["install", "--name", "j", "--watchdog", "inf", "--dry-run", "--", "true"], "inf is not a finite number"),
     (["install", "--name", "j", "--watchdog", "0.0005", "--dry-run", "--", "true"], "or at least 0.1 seconds"),
     (["install", "--name", "j", "--watchdog", "1e-300", "--dry-run", "--", "true"], "or at least 0.1 seconds"),
+    # Shorter than the wait of a worker whose store is down: the start limit would fail the unit.
+    (["install", "--name", "j", "--start-timeout", "5", "--dry-run", "--", "true"], "or at least 12 seconds"),
+    (["install", "--name", "j", "--start-timeout", "inf", "--dry-run", "--", "true"], "inf is not a finite"),
     (["install", "--name", "j", "--dry-run", "--", "no-such-program-anywhere"], "not found on PATH"),
     (["install", "--name", "j", "--dry-run"], "no command given"),
     (["uninstall", "no-such-unit-here"], "no unit file"),

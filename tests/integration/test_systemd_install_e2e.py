@@ -28,10 +28,13 @@ def test_a_name_starting_with_a_dash_is_installed_queried_and_uninstalled(contai
     job.mkdir()
     (job / "tasks.txt").write_text("a\n")
     install = container.run(*ONWARD, "service", "install", "--name=-job", "--workdir", str(job), "--env",
-                            f"PYTHONPATH={SRC}", "--", *ONWARD, "run", "--db", "job.db", "--tasks", "tasks.txt",
-                            "--", "true", check=False)
+                            f"PYTHONPATH={SRC}", "--start-timeout", "45", "--", *ONWARD, "run", "--db", "job.db",
+                            "--tasks", "tasks.txt", "--", "true", check=False)
     assert install.returncode == 0, install.stderr
     assert container.run("systemctl", "is-enabled", "--", "-job.service").stdout.strip() == "enabled"
+    # systemd took the unit's TimeoutStartSec, not its DefaultTimeoutStartSec.
+    shown = container.run("systemctl", "show", "-p", "TimeoutStartUSec", "--", "-job.service").stdout
+    assert shown.strip() == "TimeoutStartUSec=45s", shown
     status = container.run(*ONWARD, "service", "status", "--", "-job", check=False)
     assert status.returncode == 0 and status.stdout.startswith("-job.service: "), status
     removed = container.run(*ONWARD, "service", "uninstall", "--", "-job", check=False)

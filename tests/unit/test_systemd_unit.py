@@ -40,7 +40,8 @@ CASES = {
     "everything": dict(command=ONWARD + ["run", "--db", "job.db", "--tasks", "tasks.txt", "--out", "out",
                                          "--concurrency", "4", "--grace", "30", "--", "sh", "-c",
                                          "echo {task} $X; exit 0"],
-                       user="root", env=["A=1", "B=two words", "C=%h \"quoted\" \\ $x"], watchdog=5),
+                       user="root", env=["A=1", "B=two words", "C=%h \"quoted\" \\ $x"], watchdog=5,
+                       start_timeout=12.5),
     "odd-paths": dict(command=ONWARD + ["run", f"--db={ODD}/s.db", "--tasks", f"{ODD}/t.txt", "--out",
                                         f"{ODD}/out", "--", "printf", "%s\\n", "{task}", ";"],
                       workdir=f"/tmp/{ODD}", env=[f"P={ODD}"], watchdog=0.25),
@@ -49,7 +50,7 @@ CASES = {
     "plain-command": dict(command=["sh", "-c", "exec sleep 100%"], user="root"),
     "secrets": dict(command=ONWARD + ["run", "--db", "postgresql://u:pw@h/db", "--", "psql",
                                       "postgresql://u:pw2@h/db", "-c", "select {task}"],
-                    env=["API_TOKEN=t0k", "LANG=C"], watchdog=0),
+                    env=["API_TOKEN=t0k", "LANG=C"], watchdog=0, start_timeout=0),
 }
 
 
@@ -74,7 +75,7 @@ def test_unit_says_what_an_admin_would_write(tmp_path: Path) -> None:
     lines = text.splitlines()
     for expected in ["[Unit]", "After=network-online.target", "Wants=network-online.target",
                      "StartLimitIntervalSec=60s", "StartLimitBurst=6", "[Service]", "Type=notify",
-                     "NotifyAccess=main", f"WorkingDirectory={tmp_path}", "User=crawler",
+                     "NotifyAccess=main", "TimeoutStartSec=90s", f"WorkingDirectory={tmp_path}", "User=crawler",
                      'Environment="LANG=C"', "Restart=on-failure", "RestartSec=100ms", "WatchdogSec=10s",
                      "KillSignal=SIGTERM", "KillMode=mixed", "Delegate=yes", "TimeoutStopSec=40s", "SuccessExitStatus=3",
                      "RestartPreventExitStatus=2 3", "[Install]", "WantedBy=multi-user.target"]:
@@ -90,6 +91,23 @@ def test_timeout_stop_outlasts_the_grace_period() -> None:
     explicit = systemd.render_unit("g", ONWARD + ["run", "--grace=2.5", "--", "true"]).text
     assert "TimeoutStopSec=12500ms" in explicit.splitlines()
     assert "TimeoutStopSec=70s" in systemd.render_unit("g", ONWARD + ["run"], grace=60).text.splitlines()
+
+
+def test_timeout_start_is_said_as_onward_supervise_says_it(tmp_path: Path) -> None:
+    # systemd's own default is 90 s too, but only as long as no admin changed DefaultTimeoutStartSec: the
+    # unit says it, as `onward supervise --start-timeout` does.
+    def said(**options: float) -> list[str]:
+        text = systemd.render_unit("s", ONWARD + ["run", "--", "true"], **options).text  # type: ignore[arg-type]
+        return [line for line in text.splitlines() if line.startswith("TimeoutStartSec=")]
+
+    assert said() == ["TimeoutStartSec=90s"]
+    assert said(start_timeout=600) == ["TimeoutStartSec=600s"]
+    assert said(start_timeout=12.5) == ["TimeoutStartSec=12500ms"]
+    assert said(start_timeout=0) == ["TimeoutStartSec=infinity"]
+    done = run_onward("service", "install", "--name", "s", "--start-timeout", "30", "--dry-run", "--",
+                      *ONWARD, "run", "--", "true", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert b"\nTimeoutStartSec=30s\n" in done.stdout
 
 
 @pytest.mark.parametrize(("word", "quoted"), [
@@ -137,7 +155,8 @@ def test_good_unit_names() -> None:
 @pytest.mark.parametrize("options", [
     dict(env=["NOEQUALS"]), dict(env=["1A=x"]), dict(env=["A=line\nbreak"]), dict(user="bad user"),
     dict(watchdog=-1), dict(watchdog=float("nan")), dict(watchdog=float("inf")), dict(watchdog=1e-300),
-    dict(watchdog=0.0005), dict(watchdog=0.099), dict(grace=-1), dict(workdir="/tmp/tab\there"),
+    dict(watchdog=0.0005), dict(watchdog=0.099), dict(start_timeout=-1), dict(start_timeout=float("nan")),
+    dict(start_timeout=5), dict(grace=-1), dict(workdir="/tmp/tab\there"),
     dict(command=[]), dict(command=["no-such-program-anywhere"]), dict(command=ONWARD + ["run", "x\ny"]),
     dict(command=ONWARD + ["run", "--grace", "soon"]),
 ])

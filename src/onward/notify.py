@@ -30,6 +30,7 @@ class Notifier:
         self._watchdog_every = (watchdog_usec / 1e6 / 4) if watchdog_usec else 0.0
         self._last_watchdog = 0.0
         self._progress_sent = False
+        self._kept: list[str] = []  # messages that must not be lost, waiting for room (see send)
 
     @property
     def watchdog_every(self) -> float | None:
@@ -53,22 +54,53 @@ class Notifier:
             usec = None
         return cls(address, usec)
 
-    def send(self, message: str) -> None:
+    def send(self, message: str, keep: bool = False) -> None:
+        """Send ``message`` without ever blocking. A supervisor that does not read (``onward supervise``
+        SIGSTOPped alone) lets its socket's queue fill, and a blocking send then held the worker's loop,
+        whose leases ran out while it waited (libsystemd's ``sd_notify`` blocks: systemd, PID 1, always
+        reads). A message the queue has no room for is dropped, or, with ``keep`` (READY=1, STOPPING=1,
+        progress: each said once), kept and sent before any later one, at the next send or ``watchdog()``
+        call. WATCHDOG=1 and STATUS= are dropped: a full queue of unread heartbeats loses nothing by one
+        more left out, and the next STATUS= replaces this one."""
         if self._sock is None or self._address is None:
             return
+        if keep:
+            self._kept.append(message)
+            self._flush()
+        elif self._flush():  # not before the kept ones: READY=1 must come first
+            self._deliver(message)
+
+    def _flush(self) -> bool:
+        """Send the kept messages, in order, as far as the queue takes them; True once none is left."""
+        while self._kept:
+            if self._deliver(self._kept[0]) is None:
+                return False
+            self._kept.pop(0)
+        return True
+
+    def _deliver(self, message: str) -> bool | None:
+        """One datagram, never blocking: True if sent, None if the supervisor's queue is full (try again
+        later), False if it cannot be sent at all (no supervisor listens there any more)."""
+        assert self._sock is not None and self._address is not None
         try:
-            self._sock.sendto(message.encode(), self._address)
+            self._sock.sendto(message.encode(), socket.MSG_DONTWAIT, self._address)
+        except BlockingIOError:
+            return None
         except OSError:
             # The supervisor may be restarting or gone; a lost notification must never stop the work.
-            pass
+            return False
+        return True
 
     def ready(self) -> None:
-        self.send(f"READY=1\nMAINPID={os.getpid()}")
+        self.send(f"READY=1\nMAINPID={os.getpid()}", keep=True)
 
     def status(self, text: str) -> None:
         self.send("STATUS=" + text.replace("\n", " "))
 
     def watchdog(self) -> None:
+        """Called at every turn of the worker's loop: sends WATCHDOG=1 when due, and what ``send`` kept."""
+        if self._kept:
+            self._flush()
         if not self._watchdog_every:
             return
         now = time.monotonic()
@@ -81,12 +113,13 @@ class Notifier:
         ``onward supervise`` then restarts it without backoff and does not count its death as a crash loop."""
         if not self._progress_sent:
             self._progress_sent = True
-            self.send(PROGRESS_FIELD + "=1")
+            self.send(PROGRESS_FIELD + "=1", keep=True)
 
     def stopping(self) -> None:
-        self.send("STOPPING=1")
+        self.send("STOPPING=1", keep=True)
 
     def close(self) -> None:
         if self._sock is not None:
+            self._flush()  # one last try: a supervisor that stays stopped sees the exit instead
             self._sock.close()
             self._sock = None

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -107,3 +108,37 @@ def test_a_short_watchdog_is_fed_whatever_the_heartbeat(tmp_path: Path) -> None:
         gate.touch()
         worker.wait(timeout=20)
         sock.close()
+
+
+def test_a_supervisor_that_does_not_read_never_blocks_the_sender_and_loses_no_ready(tmp_path: Path) -> None:
+    # Nobody reads the socket (a supervisor SIGSTOPped alone): its queue fills. Heartbeats and statuses that
+    # find it full are dropped; READY=1, progress and STOPPING=1 wait, and go first, in order, once it drains.
+    from onward.notify import PROGRESS_FIELD, Notifier
+
+    sock = listen(str(tmp_path / "notify.sock"))
+    notifier = Notifier(str(tmp_path / "notify.sock"), watchdog_usec=1)
+
+    def sender() -> None:
+        for _ in range(100):
+            notifier.send("WATCHDOG=1")
+        notifier.ready()
+        notifier.progress()
+        notifier.status("late")
+        notifier.stopping()
+
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    thread.join(5)
+    blocked = thread.is_alive()
+    messages: list[str] = []
+    while thread.is_alive():  # let a blocked sender go, so that the test ends
+        drain(sock, messages)
+        thread.join(0.05)
+    assert not blocked, "a send blocked on the full queue"
+    queued = drain(sock, [])
+    assert queued and all(m == "WATCHDOG=1" for m in queued), queued
+    notifier.watchdog()  # the next turn of the loop: what was kept goes first, in order
+    sent = drain(sock, [])
+    assert [m.split("\n")[0] for m in sent[:3]] == ["READY=1", f"{PROGRESS_FIELD}=1", "STOPPING=1"], sent
+    notifier.close()
+    sock.close()

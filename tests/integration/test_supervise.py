@@ -1373,6 +1373,29 @@ def test_the_shortest_watchdog_is_fed_by_a_real_worker(supervised: Callable[...,
     assert "watchdog:" not in job.log and len(job.workers()) == 1, job.log
 
 
+def test_a_stopped_supervisor_does_not_stall_its_worker(supervised: Callable[..., Supervised],
+                                                       tmp_path: Path) -> None:
+    # The supervisor alone is SIGSTOPped: nobody reads the worker's sd_notify datagrams, and the socket's
+    # queue (10 datagrams by default) is full within a second of WATCHDOG=1 every 0.1 s. A blocking send
+    # then held the worker's loop: no task finished and its leases ran out. The worker must go on.
+    (tmp_path / "t.txt").write_text("".join(f"t{i}\n" for i in range(200)))
+    job = supervised(["--watchdog", "0.4"], ["--tasks", "t.txt", "--heartbeat", "0.2", "--", "sleep", "0.1"])
+    job.ready(1)
+
+    def done() -> int:
+        return job.log.count(" done task=")
+
+    os.kill(job.proc.pid, signal.SIGSTOP)
+    try:
+        before = done()
+        # 20 tasks of 0.1 s: well past the second the queue takes to fill.
+        wait_for(lambda: done() >= before + 20, 15, f"20 tasks done while the supervisor is stopped; log:\n{job.log}")
+    finally:
+        os.kill(job.proc.pid, signal.SIGCONT)
+    assert job.stop() == 0, job.log
+    assert "worker stopped: stopped by SIGTERM" in job.log and len(job.workers()) == 1, job.log
+
+
 def test_sighup_stops_the_supervisor_and_its_worker_gracefully(supervise: Callable[..., Run]) -> None:
     # The terminal a supervisor was started from closes: SIGHUP stops it like SIGTERM, not by its default
     # action (which left the worker to die of PR_SET_PDEATHSIG with its tasks cut short).

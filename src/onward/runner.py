@@ -279,7 +279,7 @@ class Runner:
             self.notifier.stopping()
             self.inbox.refuse_calls()
             self._shutdown_attempts()
-            self._record_stop(stop_reason)
+            store_said = self._record_stop(stop_reason)
             self._restore_signals(saved_signals)
             self.selector.close()
             self.inbox.close()
@@ -288,7 +288,7 @@ class Runner:
         self.log.info(
             f"worker stopped: {stop_reason}; this run: done={self.summary.done} failed={self.summary.failed}"
             f" retried={self.summary.retried}"
-            + (f" cancelled={self.summary.cancelled}" if self.summary.cancelled else "") + "; store: " + " ".join(f"{k}={v}" for k, v in self.summary.counts.items())
+            + (f" cancelled={self.summary.cancelled}" if self.summary.cancelled else "") + f"; store: {store_said}"
         )
         return self.summary
 
@@ -319,19 +319,25 @@ class Runner:
         self.notifier.ready()
         self._notify_status(counts)
 
-    def _record_stop(self, stop_reason: str) -> None:
-        """The store's final counts, the worker's stop and the keep-awake marker (best effort on the way out)."""
+    def _record_stop(self, stop_reason: str) -> str:
+        """The store's final counts, the worker's stop and the keep-awake marker (best effort on the way out).
+        Returns what the worker's last line says of the store: its counts, or why they are not known (a
+        server gone, a disk failing), rather than nothing."""
+        said: str | None = None
         try:
             self.summary.counts = self.store.counts()
+            said = " ".join(f"{k}={v}" for k, v in self.summary.counts.items())
             self.store.worker_stopped(self.worker_id, stop_reason)
             self._release_keep_awake(self.summary.counts)
         except OnwardError as e:
             self.log.warning(f"could not record the stop: {e}")
+            said = said if said is not None else f"counts unknown ({e})"
         finally:
             if self.keep_awake is not None:
                 # Left in place or removed: either way no longer held by this worker (Job.run may return into a
                 # process that lives on, whose lock would keep every other worker from removing it).
                 self.keep_awake.leave()
+        return said or ""
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name

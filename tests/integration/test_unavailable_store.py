@@ -10,6 +10,7 @@ not count those restarts as a crash loop. A server that refuses the database or 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -113,3 +114,36 @@ def test_a_store_folder_that_cannot_be_created_for_an_io_error_exits_75(tmp_path
     assert done.stderr.decode().strip().splitlines() == [
         f"onward: error: cannot create folder {store_dir}: Input/output error"]
     assert not store_dir.exists()
+
+
+@pytest.mark.postgres
+def test_a_worker_stopped_while_its_server_is_unreachable_says_why_its_counts_are_unknown(tmp_path: Path) -> None:
+    # SIGTERM while the server is out of reach (the worker's connections cut, its port closed): the worker
+    # cannot read the store's counts on its way out. Its last line said "store: " and nothing more.
+    from tests.integration.test_supervise import SlowServer  # a relay to the local server; nothing held
+
+    log, started = tmp_path / "worker.log", tmp_path / "started"
+    with pgutil.fresh_database() as direct:
+        relay = SlowServer(direct, held=0, hold=0)
+        store = open_store(relay.url)
+        store.add(["a"])
+        store.close()
+        with open(log, "wb") as out:
+            worker = subprocess.Popen(onward_argv("run", "--db", relay.url, "--grace", "0.5", "--", "sh", "-c",
+                                                  f"touch {started}; exec sleep 60"),
+                                      stderr=out, env=dict(os.environ, PYTHONPATH=SRC))
+        try:
+            wait_for(started.exists, 20, f"the task to start; log:\n{log.read_text()}")
+            relay.close()
+            with pgutil.admin_connection() as admin:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                              (direct.rsplit("/", 1)[1],))
+            os.kill(worker.pid, signal.SIGTERM)
+            assert worker.wait(60) == 0, log.read_text()
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    last = log.read_text().strip().splitlines()[-1]
+    assert "worker stopped: stopped by SIGTERM" in last, last
+    assert "; store: counts unknown (" in last and "Connection refused" in last, last

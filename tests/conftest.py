@@ -21,7 +21,7 @@ import pytest
 from tests import pgutil
 
 if TYPE_CHECKING:
-    from onward.store.base import Store
+    from onward.store.base import RunningTask, Store
 
 BACKENDS = ["sqlite", "postgres"]
 
@@ -175,3 +175,8 @@ def result_bytes(store: Store, name: str) -> bytes:
     stored = store.result(name)
     assert stored is not None, f"task {name!r} has no result"
     return stored.data
+
+
+def because(reason: str) -> Callable[[RunningTask], str]:
+    """For ``Store.reclaim``: take the task over, whatever its read says, for ``reason``."""
+    return lambda _task: reason

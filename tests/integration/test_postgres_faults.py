@@ -41,7 +41,7 @@ from onward.store.base import (
 )
 from onward.store.postgres import SCHEMA_VERSION, PostgresStore
 from tests import pgutil
-from tests.conftest import onward_argv, result_bytes, run_onward, wait_for
+from tests.conftest import because, onward_argv, result_bytes, run_onward, wait_for
 from tests.reliability import record
 
 if TYPE_CHECKING:
@@ -438,7 +438,7 @@ def test_a_late_completion_is_rejected(pg_url: str) -> None:
         assert a.record_step(ca.task_id, ca.fence, StepRecord(1, "early", "value", b"1", time.time()))
         wait_for(lambda: b.running_tasks()[0].lease_expired, 5, "the lease to expire on the server's clock")
         # Given back uncounted (attempt 1 again): it had recorded a new step.
-        assert b.reclaim(ca.task_id, ca.fence, "lease expired") == Reclaimed(PENDING, counted=False)
+        assert b.reclaim(ca.task_id, ca.fence, because("lease expired")) == Reclaimed(PENDING, counted=False)
         (cb,) = b.claim(wb, 1, 30, 3)
         assert (cb.task_id, cb.attempt, cb.fence) == (ca.task_id, 1, ca.fence + 2)
 
@@ -577,7 +577,7 @@ def test_counts_stay_exact_under_concurrent_workers_and_compaction(pg_url: str) 
                     elif outcome < 0.9:
                         # A reclaim skips a row another transaction holds locked right now (a claimer's
                         # SKIP LOCKED scan may lock it in passing): the runner tries again next tick.
-                        while s.reclaim(c.task_id, c.fence, "lease expired") is None:
+                        while s.reclaim(c.task_id, c.fence, because("lease expired")) is None:
                             time.sleep(0.001)
                     else:
                         s.release(c.task_id, c.fence, "stop")

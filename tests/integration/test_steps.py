@@ -28,7 +28,7 @@ from onward.log import QUIET
 from onward.step_records import unframe
 from onward.steps import PICKLE, idempotency_key
 from onward.store import is_postgres_url, open_store
-from tests.conftest import run_onward, wait_for
+from tests.conftest import because, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -701,7 +701,7 @@ def test_a_step_finishing_after_its_task_was_taken_over_is_not_recorded(sqlite_u
     assert started.wait(10)
     other = open_store(sqlite_url)  # another worker takes the task over (as if our lease had expired)
     [running] = other.running_tasks()
-    reclaimed = other.reclaim(running.task_id, running.fence, "lease expired")
+    reclaimed = other.reclaim(running.task_id, running.fence, because("lease expired"))
     assert reclaimed is not None and reclaimed.state == "pending" and reclaimed.counted  # nothing new recorded
     other.close()
     release.set()

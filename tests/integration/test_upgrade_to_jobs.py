@@ -9,7 +9,7 @@ from onward.proc import current_owner
 from onward.store import open_store
 from onward.store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Owner, SourceMark, Store
 from onward.store.sqlbase import SCHEMA_VERSION
-from tests.conftest import run_onward
+from tests.conftest import because, run_onward
 
 
 def test_a_version_2_store_is_refused_until_upgraded_then_keeps_every_fact(v2_store: str) -> None:
@@ -43,7 +43,7 @@ def test_a_version_2_store_is_refused_until_upgraded_then_keeps_every_fact(v2_st
         # The running task's recorded steps still credit the claim that made them (furthest step 2, fence 1),
         # and the failed task can be retried.
         (running,) = store.running_tasks()
-        reclaimed = store.reclaim(running.task_id, running.fence, "owner died")
+        reclaimed = store.reclaim(running.task_id, running.fence, because("owner died"))
         assert reclaimed is not None and (reclaimed.state, reclaimed.counted) == (PENDING, False)
         assert store.retry(["failed-1"]) == 1
         assert store.counts() == {PENDING: 5, RUNNING: 0, DONE: 1, FAILED: 0, CANCELLED: 0, WAITING: 0}

@@ -32,7 +32,7 @@ from onward.store.base import (
     Store,
 )
 from onward.store.sqlbase import SCHEMA_VERSION
-from tests.conftest import worker
+from tests.conftest import because, worker
 
 
 def test_add_is_idempotent_and_counted(store: Store) -> None:
@@ -116,7 +116,7 @@ def test_a_completion_tried_again_after_its_commit_landed_is_done_not_fenced(sto
     # Another fence: refused, as ever.
     assert store.settled_under(a.task_id, a.fence + 1) is None
     (b,) = store.claim(w, 1, 30, 3)
-    store.reclaim(b.task_id, b.fence, "lease expired")  # the fence moves on; b pending again
+    store.reclaim(b.task_id, b.fence, because("lease expired"))  # the fence moves on; b pending again
     (b2,) = store.claim(w, 1, 30, 3)
     assert b2.name == "b" and b2.fence == b.fence + 2
     assert complete_again(b2, b"by the new owner")
@@ -305,8 +305,8 @@ def test_reclaim_fences_out_the_old_owner(store: Store) -> None:
     store.add(["a"])
     w = worker(store)
     (c,) = store.claim(w, 1, 30, 3)
-    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=True)
-    assert store.reclaim(c.task_id, c.fence, "again") is None
+    assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(PENDING, counted=True)
+    assert store.reclaim(c.task_id, c.fence, because("again")) is None
     assert not store.complete(c.task_id, c.fence, b"late", "bytes")
     assert store.renew(w, [Lease(c.task_id, c.fence)], 30, 0) == [c.task_id]
     (c2,) = store.claim(w, 1, 30, 3)
@@ -355,7 +355,7 @@ def test_reclaim_with_no_attempts_left_fails_the_task(store: Store) -> None:
     store.add(["poison"])
     w = worker(store)
     (c,) = store.claim(w, 1, 30, 1)
-    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(FAILED, counted=True)
+    assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(FAILED, counted=True)
     assert store.task("poison").state == FAILED  # type: ignore[union-attr]
 
 
@@ -373,14 +373,14 @@ def test_a_progressing_agent_is_not_quarantined_as_poison(store: Store) -> None:
         assert c.attempt == 1  # the number is reused, as after a release
         for index in (2 * run - 1, 2 * run):
             assert store.record_step(c.task_id, c.fence, step_record(index))
-        assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=False)
+        assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(PENDING, counted=False)
         assert store.task("agent").attempts == 0  # type: ignore[union-attr]
     # Owners that die with no new step count, up to max attempts, as before.
     for attempt in (1, 2, 3):
         (c,) = store.claim(w, 1, 30, 3)
         assert c.attempt == attempt
         state = FAILED if attempt == 3 else PENDING
-        assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(state, counted=True)
+        assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(state, counted=True)
     row = store.task("agent")
     assert row is not None and row.state == FAILED and row.attempts == 3 and row.error == "owner died"
 
@@ -394,24 +394,24 @@ def test_re_recording_steps_already_reached_is_not_progress(store: Store) -> Non
     (c,) = store.claim(w, 1, 30, 2)
     for index in (1, 2, 3):
         assert store.record_step(c.task_id, c.fence, step_record(index))
-    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=False)
+    assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(PENDING, counted=False)
     (c,) = store.claim(w, 1, 30, 2)
     assert store.drop_steps(c.task_id, c.fence, 3)  # the last record was an error: run that step again
     assert store.record_step(c.task_id, c.fence, step_record(3))
-    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=True)
+    assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(PENDING, counted=True)
     (c,) = store.claim(w, 1, 30, 2)
     assert store.drop_steps(c.task_id, c.fence, 2)  # replay="prefix": steps 2 and 3 dropped, then again
     assert store.record_step(c.task_id, c.fence, step_record(2))
     assert store.record_step(c.task_id, c.fence, step_record(3))
-    assert store.reclaim(c.task_id, c.fence, "lease expired") == Reclaimed(FAILED, counted=True)
+    assert store.reclaim(c.task_id, c.fence, because("lease expired")) == Reclaimed(FAILED, counted=True)
     # A step under a fence that moved on is refused, and moves nothing either.
     store.retry(["agent"])
     (c,) = store.claim(w, 1, 30, 2)
     assert not store.record_step(c.task_id, c.fence - 1, step_record(4))
-    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=True)
+    assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(PENDING, counted=True)
     (c,) = store.claim(w, 1, 30, 2)
     assert store.record_step(c.task_id, c.fence, step_record(4))
-    assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=False)
+    assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(PENDING, counted=False)
 
 
 def test_lease_expiry_is_seen_on_the_store_clock(store: Store) -> None:
@@ -558,7 +558,7 @@ def test_steps_are_recorded_under_the_fence(store: Store) -> None:
     assert not store.record_step(c.task_id, c.fence + 1, StepRecord(3, "x", "value", b"1", time.time()))
     assert store.drop_steps(c.task_id, c.fence, 2)
     assert [s.index for s in store.steps(c.task_id)] == [1]
-    assert store.reclaim(c.task_id, c.fence, "lost") == Reclaimed(PENDING, counted=False)
+    assert store.reclaim(c.task_id, c.fence, because("lost")) == Reclaimed(PENDING, counted=False)
     assert not store.record_step(c.task_id, c.fence, StepRecord(2, "late", "value", b"1", time.time()))
     assert not store.drop_steps(c.task_id, c.fence, 1)
     assert [s.index for s in store.steps(c.task_id)] == [1]
@@ -607,14 +607,14 @@ def test_db_upgrade_brings_a_version_1_store_up_and_keeps_how_far_its_agents_got
     store = open_store(store_url)
     try:
         assert [s.index for s in store.steps(c.task_id)] == [1, 2, 3]
-        assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=True)
+        assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(PENDING, counted=True)
         (c,) = store.claim(worker(store), 1, 30, 3)
         assert store.record_step(c.task_id, c.fence, step_record(3))  # no further than before the upgrade
-        assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=True)
+        assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(PENDING, counted=True)
         (c,) = store.claim(worker(store), 1, 30, 3)
         assert c.attempt == 3
         assert store.record_step(c.task_id, c.fence, step_record(4))
-        assert store.reclaim(c.task_id, c.fence, "owner died") == Reclaimed(PENDING, counted=False)
+        assert store.reclaim(c.task_id, c.fence, because("owner died")) == Reclaimed(PENDING, counted=False)
     finally:
         store.close()
 

@@ -22,7 +22,7 @@ from onward.store.base import (
     Store,
     Totals,
 )
-from tests.conftest import worker
+from tests.conftest import because, worker
 
 
 def test_a_new_store_has_the_default_job(store: Store) -> None:
@@ -145,7 +145,7 @@ def test_a_cancel_requested_task_ends_cancelled_however_its_attempt_ends(store: 
     c = claims["released"]
     assert store.release(c.task_id, c.fence, "worker stopping") == CANCELLED
     c = claims["reclaimed"]
-    reclaimed = store.reclaim(c.task_id, c.fence, "owner died")
+    reclaimed = store.reclaim(c.task_id, c.fence, because("owner died"))
     assert reclaimed is not None and reclaimed.state == CANCELLED
     c = claims["completed"]
     assert store.complete(c.task_id, c.fence, b"finished first", "bytes")  # its work is there: done wins
@@ -216,7 +216,7 @@ def test_activity_and_totals_count_completions_and_failed_attempts(store: Store)
     assert store.fail(c.task_id, c.fence, "boom", 0) == PENDING
     store.log_event("retrying", task_id=c.task_id, worker_id=w, attempt=1, detail="boom")
     d = claims["d"]
-    store.reclaim(d.task_id, d.fence, "owner died")
+    store.reclaim(d.task_id, d.fence, because("owner died"))
     store.log_event("reclaimed", task_id=d.task_id, worker_id=w, attempt=1, detail="owner died")
     store.log_event("fenced", task_id=d.task_id, worker_id=w, attempt=1, detail="not an attempt of its own")
     store.log_event("restart", detail="worker exited with status 1")

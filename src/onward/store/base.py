@@ -352,22 +352,21 @@ class WorkQueue(Protocol):
     def running_tasks(self) -> list[RunningTask]:
         """Every task in state running, with its owner and whether its lease has expired. Bounded."""
 
-    def reclaim(self, task_id: int, fence: int, reason: str | Callable[[RunningTask], str | None]
-                ) -> Reclaimed | None:
-        """Take a running task away from its owner (dead or lease expired): the fence moves on. If the
-        attempt made durable progress (``record_step`` under this fence reached a step index beyond the
-        furthest one recorded before), it is given back uncounted, like a release: a crash does not
-        quarantine an agent that is getting somewhere. Otherwise it counts: the task goes back to pending,
-        or to failed if its attempts are used up. Returns what was done, or None if the task is no longer
-        running under that fence. Bounded.
+    def reclaim(self, task_id: int, fence: int, decide: Callable[[RunningTask], str | None]) -> Reclaimed | None:
+        """Take a running task away from its owner (dead or lease expired), if ``decide`` says so: the fence
+        moves on. If the attempt made durable progress (``record_step`` under this fence reached a step index
+        beyond the furthest one recorded before), it is given back uncounted, like a release: a crash does
+        not quarantine an agent that is getting somewhere. Otherwise it counts: the task goes back to
+        pending, or to failed if its attempts are used up. Returns what was done, or None if the task is no
+        longer running under that fence, or was left. Bounded.
 
-        ``reason`` may be a function instead: the task is then read again (as ``running_tasks`` reads it)
-        under a lock that its owner's ``renew`` and every write about the task wait for, and the function
-        is called with that read, inside the transaction: it returns the reason to take the task over for,
-        or None to leave it (nothing written, None returned). So the caller decides on a lease that cannot
-        be renewed meanwhile, and what it does there (end the old attempt) is done only for a takeover that
-        commits, unless the commit itself fails. A row being written right now may be left for the next round
-        (None). The function must be quick: it holds up the owner's renewal."""
+        The task is read again (as ``running_tasks`` reads it) under a lock that its owner's ``renew`` and
+        every write about the task wait for, and ``decide`` is called with that read, inside the
+        transaction: it returns the reason to take the task over for, or None to leave it (nothing written,
+        None returned). So the caller decides on a lease that cannot be renewed meanwhile, and what it does
+        there (end the old attempt) is done only for a takeover that commits, unless the commit itself
+        fails. A row being written right now may be left for the next round (None). ``decide`` must be
+        quick: it holds up the owner's renewal."""
 
     def retry(self, names: Sequence[str] | None) -> int:
         """Failed tasks back to pending with attempts reset: the named ones (cancelled ones too), or every

@@ -484,18 +484,14 @@ class SqlStore:
                 self._work_ready()
         return str(row[0]) if row is not None else None
 
-    def reclaim(self, task_id: int, fence: int, reason: str | Callable[[RunningTask], str | None]
-                ) -> Reclaimed | None:
+    def reclaim(self, task_id: int, fence: int, decide: Callable[[RunningTask], str | None]) -> Reclaimed | None:
         with self._write():
-            if callable(reason):
-                # Read again under the lock the reclaim commits with (see running_one): the owner can renew
-                # neither before the caller decides on this read nor before what it decides is committed.
-                found = self._exec("running_one", {**self._clock(), "task_id": task_id, "fence": fence}).fetchone()
-                why = reason(running_task_of(found)) if found is not None else None
-                if why is None:
-                    return None
-            else:
-                why = reason
+            # Read again under the lock the reclaim commits with (see running_one): the owner can renew
+            # neither before the caller decides on this read nor before what it decides is committed.
+            found = self._exec("running_one", {**self._clock(), "task_id": task_id, "fence": fence}).fetchone()
+            why = decide(running_task_of(found)) if found is not None else None
+            if why is None:
+                return None
             row = self._exec("reclaim", {**self._clock(), "reason": why, "task_id": task_id,
                                          "fence": fence}).fetchone()
             if row is not None and row[0] == PENDING:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import onward_argv, require_tool, wait_for
+from tests.conftest import onward_argv, require_tool, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -214,3 +215,48 @@ def test_a_journal_that_refuses_the_probe_after_a_sync_never_has_that_sync_vouch
     c = sqlite3.connect(db)
     assert c.execute("SELECT count(*) FROM tasks WHERE state <> 'done'").fetchone()[0] == 0
     c.close()
+
+
+# --- a store on a file system mounted read-only ----------------------------------------------------------
+MAKE_STORE = """
+import os, signal, sys
+from onward.store import open_store
+from tests.conftest import worker
+store = open_store(sys.argv[1])
+store.add(["a", "b", "c"])
+claim = store.claim(worker(store), 1, 60.0, 3)[0]
+store.complete(claim.task_id, claim.fence, b"result of a", "bytes")
+if sys.argv[2] == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)  # its write-ahead log and index left beside the store, not checkpointed
+store.close()
+"""
+
+READERS = [["status", "--json"], ["list"], ["logs"], ["result", "a"], ["jobs"], ["metrics"], ["steps", "a"]]
+WRITERS = [["add", "d"], ["run", "--", "true"], ["retry", "a"], ["cancel", "b"], ["pause"], ["resume"],
+           ["send", "b", "k", "1"]]
+
+
+@pytest.mark.parametrize("left", ["closed", "killed"])
+def test_a_store_on_a_read_only_mount_is_read_and_never_written(small_disk: Path, left: str) -> None:
+    # SQLite cannot open a WAL store there ("unable to open database file": every command exited 2, the
+    # status of bad input). The reading commands read it (its log too, when one was left); the writing ones
+    # say the file system is read-only, in one line, exit 75 (the disk is at fault: try again later).
+    db = small_disk / "s.db"
+    made = subprocess.run([sys.executable, "-c", MAKE_STORE, str(db), left], cwd=Path(SRC).parent,
+                          env=dict(os.environ, PYTHONPATH=f"{SRC}:{Path(SRC).parent}"), capture_output=True)
+    assert made.returncode == (-9 if left == "killed" else 0), made.stderr
+    assert os.path.exists(f"{db}-wal") == (left == "killed")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    before = {p.name: p.read_bytes() for p in small_disk.iterdir()}
+    for command in READERS:
+        done = run_onward(*command, env={"ONWARD_DB": str(db)})
+        assert done.returncode == 0, (command, done.stderr)
+    status = json.loads(run_onward("status", "--json", env={"ONWARD_DB": str(db)}).stdout)
+    assert (status["done"], status["pending"]) == (1, 2), status  # the commit still in the log is read
+    assert run_onward("result", "a", env={"ONWARD_DB": str(db)}).stdout == b"result of a"
+    for command in WRITERS:
+        done = run_onward(*command, env={"ONWARD_DB": str(db)})
+        assert done.returncode == 75, (command, done.stderr)
+        assert done.stderr.decode() == f"onward: error: store {db}: cannot write to it: its file system is" \
+                                       " read-only (EROFS)\n", command
+    assert {p.name: p.read_bytes() for p in small_disk.iterdir()} == before

@@ -149,6 +149,33 @@ def _check_header(path: str) -> None:
         raise NotAStore(f"not an onward store: {path} is not an SQLite database")
 
 
+def _on_read_only_file_system(path: str) -> bool:
+    """Whether the store's file is on a file system mounted read-only (EROFS for any write)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False  # opening it says what is wrong
+
+
+def _read_only_location(path: str) -> str:
+    """How SQLite can read a store on a read-only file system. It reads a write-ahead log only through its
+    index (``-shm``), which it cannot make there: with both left beside the database (a worker killed, or
+    the disk turned read-only under it) it reads them as they are (``mode=ro``), committed pages of the log
+    included. With neither (the last connection closed cleanly and put everything in the database file),
+    the database file is the whole store, and ``immutable=1`` reads it without any (a read-only
+    ``mode=ro`` open of a WAL database needs that index all the same). Either way nothing is written, no
+    lock taken: a store written meanwhile through another, writable mount of the same disk may be read
+    as it was a moment before, or torn."""
+    from urllib.parse import quote
+
+    log_left = os.path.lexists(path + "-wal") or os.path.lexists(path + "-shm")
+    return "file:" + quote(os.path.abspath(path)) + ("?mode=ro" if log_left else "?immutable=1")
+
+
+def _read_only_error(path: str) -> StoreUnavailable:
+    return StoreUnavailable(f"store {path}: cannot write to it: its file system is read-only (EROFS)")
+
+
 def _os_error(what: str, e: OSError) -> StoreError:
     """``what`` failed: unavailable (exit 75, restarted) for a fault of the disk, else a plain store error."""
     kind = StoreUnavailable if e.errno in TRANSIENT_ERRNOS else StoreError
@@ -209,7 +236,10 @@ class SqliteStore(SqlStore):
         # also the key its connections are counted by (sqlite_locks).
         self._where = os.path.abspath(self.path)
         self._identity = self._file_identity()
-        self._connect(self.path, create, upgrade)
+        # On a read-only mount the store can still be read (status, list, logs ...); a write then fails
+        # as the disk fault it is (_translate_error), not as SQLite's "unable to open database file".
+        self._read_only_fs = _on_read_only_file_system(self.path)
+        self._connect(_read_only_location(self.path) if self._read_only_fs else self.path, create, upgrade)
         try:
             self._database()  # now, not at a failed sync: the guard then needs no new descriptor (_guard_log)
         except OSError as e:
@@ -222,7 +252,7 @@ class SqliteStore(SqlStore):
             self._db = sqlite3.connect(location, isolation_level=None, check_same_thread=False,
                                        uri=location.startswith("file:"))
         except sqlite3.DatabaseError as e:
-            raise _translate(e, self.path) from None
+            raise self._translate_error(e) from None
         try:
             # Identify the file before changing anything in it (switching to WAL rewrites its header).
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -237,7 +267,7 @@ class SqliteStore(SqlStore):
         except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
             self._db.close()
             self._db = None  # type: ignore[assignment]
-            raise _translate(e, self.path) from None
+            raise self._translate_error(e) from None
         except StoreError:
             self._db.close()
             self._db = None  # type: ignore[assignment]
@@ -265,7 +295,8 @@ class SqliteStore(SqlStore):
             raise _os_error(f"cannot create store {self.path}", e) from None
 
     def _configure(self) -> None:
-        mode = self._switch_to_wal()
+        # Read-only, the store stays as it is: a WAL store already (an immutable open reports "delete").
+        mode = "wal" if self._read_only_fs else self._switch_to_wal()
         if mode.lower() != "wal":
             raise StoreError(f"store {self.path}: cannot switch to WAL mode (got {mode})")
         self._db.execute("PRAGMA synchronous = FULL")
@@ -391,7 +422,8 @@ class SqliteStore(SqlStore):
         self._log_lost = None  # that connection's view of the log went with it
         try:
             # mode=rw: should the file go in the meantime, SQLite must not create an empty one in its place.
-            self._connect("file:" + quote(self._where) + "?mode=rw", create=False, upgrade=False)
+            self._connect(_read_only_location(self._where) if self._read_only_fs
+                          else "file:" + quote(self._where) + "?mode=rw", create=False, upgrade=False)
         except StoreError as e:
             self._db = _NotConnected(str(e))  # type: ignore[assignment]
             raise
@@ -399,6 +431,7 @@ class SqliteStore(SqlStore):
             self._log_suspect = self._guarded_for_mark = True
         self._db.execute("PRAGMA wal_autocheckpoint = 0")
 
+    _read_only_fs = False  # the store's file system is mounted read-only: opened to read only (__init__)
     _identity: tuple[int, int] | None = None  # the database file's device and inode (check_still_there, sqlite_locks)
     _wal_fd = -1  # the write-ahead log, opened at the first sync (it exists once anything was committed)
     _sync_thread: Any = None  # a SyncThread, made when a worker asks for sync_ahead_fd
@@ -680,6 +713,11 @@ class SqliteStore(SqlStore):
 
     def _translate_error(self, e: BaseException) -> StoreError:
         error = _translate(e, self.path)
+        text = str(e)
+        if self._read_only_fs and ("readonly" in text or "unable to open" in text):
+            # "attempt to write a readonly database", or "unable to open database file" where SQLite
+            # cannot read the log without making its index: the mount, not the store or the command.
+            return _read_only_error(self.path)
         if isinstance(error, CorruptStore) and self._log_suspect:
             # A page of the log the failed sync did not write, read back from the disk once the kernel dropped it:
             # the file on the disk is not damaged, the log in memory is (see _lose_log).

@@ -426,7 +426,8 @@ class Waits(Protocol):
 
     def mail(self, task_id: int, key: str) -> tuple[str | None, float | None]:
         """For a running task's wait on ``key``: the value sent for it (or None), and the deadline recorded
-        when the task last parked on that key (or None). Bounded."""
+        when the task last parked on that key (or None). Inside a transaction it holds sends to the task
+        off until that commits: call it in the one that records the wait (``record_wait``). Bounded."""
 
     def record_wait(self, task_id: int, fence: int, step: StepRecord, key: str) -> bool:
         """Record the outcome of a wait (a step record) and, in the same transaction, take the value for

@@ -869,10 +869,19 @@ WITH holds AS (
 )
 SELECT count(*) FROM holds;
 
+-- name: lock_task
+-- Orders a wait's steps (its look in the mailbox, its record, its park) against a send to its task: each
+-- takes the task's row lock first, in a statement of its own, so that its next statements (each with a
+-- snapshot of its own, at READ COMMITTED) see what the other committed. A statement that reads the mailbox
+-- and then waits for the row lock would not: its snapshot was taken before that wait, and a value sent
+-- meanwhile was missed (a task parked 'waiting' for a value already in its mailbox, for ever), or taken away
+-- unseen by a timed-out wait's record. The task's state, as of the lock.
+SELECT state FROM onward.tasks WHERE id = %(task_id)s FOR UPDATE;
+
 -- name: park
--- A task that waits for a value gives its claim back uncounted and parks (see the SQLite version). The row
--- lock taken by the UPDATE orders it against a send: a value committed first makes the task pending here,
--- a send after it finds the task waiting and delivers.
+-- A task that waits for a value gives its claim back uncounted and parks (see the SQLite version), under
+-- the task's row lock (lock_task): a value committed first makes the task pending here, a send after it
+-- finds the task waiting and delivers.
 WITH mail AS (
     SELECT EXISTS (SELECT 1 FROM onward.mailbox AS m WHERE m.task_id = %(task_id)s AND m.key = %(wait_key)s) AS sent
 ), changed AS (

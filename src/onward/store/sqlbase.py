@@ -626,7 +626,11 @@ class SqlStore:
             task = self._exec("task", {"key": self._key(name)}).fetchone()
             if task is None:
                 return "unknown"
-            task_id, state = task[0], task[2]
+            task_id = task[0]
+            locked = self._exec("lock_task", {"task_id": task_id}).fetchone()  # its state, as of the lock
+            if locked is None:
+                return "unknown"
+            state = locked[0]
             if state in FINAL_STATES:
                 return f"already {state}"
             params = {**self._clock(), "task_id": task_id, "wait_key": key, "value": value}
@@ -641,6 +645,7 @@ class SqlStore:
         return "delivered" if delivered else "stored"
 
     def mail(self, task_id: int, key: str) -> tuple[str | None, float | None]:
+        self._exec("lock_task", {"task_id": task_id})  # a send waits until the wait is recorded or parked
         row = self._exec("mail", {"task_id": task_id, "wait_key": key}).fetchone()
         return (None, None) if row is None else (row[0], row[1])
 
@@ -654,6 +659,7 @@ class SqlStore:
 
     def park(self, task_id: int, fence: int, key: str, until: float | None) -> str | None:
         with self._write():
+            self._exec("lock_task", {"task_id": task_id})  # before the park's statement reads the mailbox
             row = self._exec("park", {**self._clock(), "task_id": task_id, "fence": fence, "wait_key": key,
                                       "until": until}).fetchone()
             if row is not None and row[0] == PENDING:

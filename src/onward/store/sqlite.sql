@@ -633,6 +633,11 @@ SELECT 1 FROM tasks WHERE id = :task_id AND fence = :fence AND state = 'running'
 -- name: settled_under
 SELECT state FROM tasks WHERE id = :task_id AND fence = :fence AND state <> 'running';
 
+-- name: lock_task
+-- The task's state. On PostgreSQL this takes the task's row lock, ordering a wait's steps against a send;
+-- here every write holds the store's write lock (BEGIN IMMEDIATE) from its start, which orders them already.
+SELECT state FROM tasks WHERE id = :task_id;
+
 -- name: park
 -- A task that waits for a value gives its claim back uncounted (as a release) and parks: 'waiting' until the
 -- value comes (send) or its deadline (:until, NULL for none) passes (wake_due). A value already in the

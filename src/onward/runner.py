@@ -70,6 +70,8 @@ STOP_COMMIT_SECONDS = 5.0
 RESOURCE_PAUSE = 1.0
 # How often a worker looks for waits whose deadline passed (ctx.wait's timeout), while its job has some.
 WAKE_DUE_EVERY = 1.0
+# A step back of the wall clock larger than this between two turns of the loop is taken as the clock set back.
+CLOCK_BACK_SECONDS = 1.0
 # An idle worker's polls double from 10 ms to a second; past this, each also asks the store when the next
 # retry is due, so that it wakes then (``_idle_timeout``). The wake comes this much after the due time: a
 # claim takes only tasks whose time has come (``ready_at <= now``), and the store's clock is not this one.
@@ -135,6 +137,10 @@ class Runner:
         self._marker_held = False  # this worker made the keep-awake marker exist
         self._waits_seen = False  # the job had waiting tasks at the last heartbeat, or one parked here since
         self._wake_due_at = 0.0  # monotonic time before which waits' deadlines are not looked at again
+        # Whether the next look at waits' deadlines also wakes the tasks parked at a later moment than the
+        # store's clock now (it went back since, see _loop): at this worker's first look, and after its wall
+        # clock was seen going back.
+        self._clock_went_back = True
         # After this worker was frozen: monotonic time before which it takes over no task by its lease's expiry
         # (see _loop). Tasks of owners known dead are taken back at once as ever.
         self._lease_takeovers_from = 0.0
@@ -376,6 +382,14 @@ class Runner:
                 # the thaw, as this one does now. Taking their tasks over in the moment before would kill live
                 # commands and count an attempt for nothing. Give them a lease's time to renew first.
                 self._lease_takeovers_from = now + cfg.lease_seconds
+            if wall < last_wall - CLOCK_BACK_SECONDS:
+                # The wall clock was set back (a VM resumed from an older snapshot, an NTP step): waits' and
+                # sleeps' deadlines, kept in wall-clock time, now lie further ahead than promised. Their tasks
+                # run again at once and park until at most their wait's length from now.
+                self.log.warning(f"the wall clock went back {last_wall - wall:.1f} s; waiting tasks look at their"
+                                 " deadlines again")
+                self._clock_went_back = True
+                self._wake_due_at = 0.0
             last_turn, last_wall = now, wall
             if now >= next_tick:
                 self._tick()
@@ -535,7 +549,8 @@ class Runner:
                 # once a second, and only while the job has waiting tasks (as of the last heartbeat, or
                 # parked here since).
                 self._wake_due_at = started + WAKE_DUE_EVERY
-                self.store.wake_due()
+                self.store.wake_due(behind=self._clock_went_back)
+                self._clock_went_back = False
             claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
                                       self.config.max_attempts, child) if want > 0 else []
             for claim in claims:

@@ -206,10 +206,12 @@ class StepLog:
             self._errors.pop(last, None)
 
     def record(self, index: int, name: str, kind: str, serializer: str, seconds: float,
-               payload: bytes | Callable[[float], bytes], error: BaseException | None = None) -> bytes:
+               payload: bytes | Callable[[float], bytes], error: BaseException | None = None,
+               replacing: bool = False) -> bytes:
         """Commit one record (durable when this returns). ``payload`` may be a function of the store's
         clock, evaluated inside the commit (durable sleeps record their deadline that way). ``error``: the
-        exception an error record holds. Returns the payload written."""
+        exception an error record holds. ``replacing``: the record replayed at ``index`` is replaced. Returns
+        the payload written."""
         task_id, fence, attempt, worker = self.task_id, self.fence, self.attempt, self.worker_id
         note = self._replay_note()
 
@@ -228,6 +230,8 @@ class StepLog:
             crashpoints.hit("step_recorded")
         with self._lock:
             self.recorded += 1
+            if replacing:
+                self._history = [r for r in self._history if r.index != index]
             self._history.append(StepRecord(index, name, kind, frame(serializer, seconds, attempt, fence, written),
                                             0.0))
             if kind == CHECKPOINT:
@@ -251,8 +255,10 @@ class StepLog:
             if value is not None:
                 payload = received_payload(value)
             else:
-                if until is None and timeout is not None:
-                    until = now + timeout
+                if timeout is not None:
+                    # At most the whole timeout from now: a deadline further ahead was set before the store's
+                    # clock went back (see Store.wake_due), and would make the wait last that much longer.
+                    until = now + timeout if until is None else min(until, now + timeout)
                 if until is None or now < until:
                     return None, until
                 payload = timeout_payload(timeout)

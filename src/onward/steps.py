@@ -322,13 +322,21 @@ def step(fn: Any = None, *, name: str | None = None, max_attempts: int = 1,
 # Each returns what it can answer from memory, or a function that commits, for the caller to run in place
 # (a sync task) or in a thread (an asyncio task, so that the event loop does not wait on the fsync).
 def sleep_deadline(log: StepLog, seconds: float) -> float | Callable[[], float]:
-    """A durable sleep's deadline on the store's clock: recorded on the first run, read back on replay."""
+    """A durable sleep's deadline on the store's clock: recorded on the first run, read back on replay. A
+    recorded deadline more than ``seconds`` ahead of the store's clock was set before that clock went back (a
+    VM resumed from an older snapshot, an NTP step): it is recorded again, ``seconds`` from now, so that the
+    sleep lasts at most its length once more instead of as long as the clock went back."""
     index, record = log.begin("sleep", SLEEP)
+    replacing = record is not None
     if record is not None:
-        return float(JSON.loads(log.replayed_one(record).payload))
+        deadline = float(JSON.loads(log.replayed_one(record).payload))
+        if deadline - log.store_now() <= seconds:
+            return deadline
 
     def commit() -> float:
-        payload = log.record(index, "sleep", SLEEP, JSON.name, seconds, lambda now: JSON.dumps(now + seconds))
+        payload = log.record(index, "sleep", SLEEP, JSON.name, seconds,
+                             lambda now: JSON.dumps(min(deadline, now + seconds) if replacing else now + seconds),
+                             replacing=replacing)
         return float(JSON.loads(payload))
     return commit
 

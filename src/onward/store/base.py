@@ -438,8 +438,10 @@ class Waits(Protocol):
         ``until`` (store clock) passes. Returns the new state: ``waiting``; ``pending`` when the value was
         sent meanwhile; ``cancelled`` when a cancel was requested; None if fenced out. Bounded."""
 
-    def wake_due(self) -> int:
+    def wake_due(self, behind: bool = False) -> int:
         """Make every waiting task whose deadline passed pending (it runs again and records its timeout).
+        ``behind``: also those with a deadline that were last claimed later than the store's clock now (the
+        clock was set back since): they run again and park until at most their wait's length from now.
         Returns how many. Bounded."""
 
     def waits(self, limit: int = 100) -> list[WaitRow]:

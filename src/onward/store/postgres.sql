@@ -903,11 +903,13 @@ WITH mail AS (
 SELECT state FROM changed;
 
 -- name: wake_due
--- Waits whose deadline passed become claimable (the task runs again and records the timeout).
+-- Waits whose deadline passed become claimable (see the SQLite version, for %(behind)s too).
 WITH changed AS (
-    UPDATE onward.tasks SET state = 'pending'
+    UPDATE onward.tasks SET state = 'pending', ready_at = least(ready_at, onward.epoch())
      WHERE id IN (SELECT id FROM onward.tasks
-                   WHERE job_id = %(job)s AND state = 'waiting' AND ready_at <= onward.epoch()
+                   WHERE job_id = %(job)s AND state = 'waiting'
+                     AND (ready_at <= onward.epoch()
+                          OR (%(behind)s AND ready_at < 1e300 AND started_at > onward.epoch()))
                      FOR UPDATE SKIP LOCKED)
     RETURNING job_id
 ), counted AS (

@@ -666,9 +666,9 @@ class SqlStore:
                 self._work_ready()
         return str(row[0]) if row is not None else None
 
-    def wake_due(self) -> int:
+    def wake_due(self, behind: bool = False) -> int:
         with self._write():
-            cur = self._exec("wake_due", self._clock())
+            cur = self._exec("wake_due", {**self._clock(), "behind": behind})
             row = cur.fetchone() if cur.description else None
             woken = int(row[0]) if row is not None else max(cur.rowcount, 0)
             if woken:

@@ -655,10 +655,14 @@ UPDATE tasks
 RETURNING state;
 
 -- name: wake_due
--- Waits whose deadline passed become claimable (the task runs again and records the timeout).
-UPDATE tasks SET state = 'pending'
+-- Waits whose deadline passed become claimable (the task runs again and records the timeout). With :behind
+-- (the clock was seen going back) so do those with a deadline claimed later than now: the clock was set back
+-- since, and their deadline lies further ahead than promised; the task parks again until at most its wait's
+-- length from now.
+UPDATE tasks SET state = 'pending', ready_at = min(ready_at, :now)
  WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_waiting
-               WHERE job_id = :job AND state = 'waiting' AND ready_at <= :now);
+               WHERE job_id = :job AND state = 'waiting'
+                 AND (ready_at <= :now OR (:behind AND ready_at < 1e300 AND started_at > :now)));
 
 -- name: mail
 -- The value waiting for a task's wait, and the deadline recorded when it parked on that wait.

@@ -99,6 +99,12 @@ def lock_waiters(admin: Any, db: str) -> int:
 def send_while_held(url: str, side: Path, value: str) -> subprocess.CompletedProcess[bytes]:
     """Hold task t's row lock; let t go on to its wait, which stops at that lock (parking, or recording its
     timeout); send ``value`` meanwhile; let go. The send's outcome."""
+    return run_while_held(url, side, "send", "--db", url, "t", "k", value)
+
+
+def run_while_held(url: str, side: Path, *command: str) -> subprocess.CompletedProcess[bytes]:
+    """Hold task t's row lock; let t go on to its wait, which stops at that lock; run the onward ``command``
+    meanwhile; let go. The command's outcome."""
     import psycopg
 
     db = url.rsplit("/", 1)[1]
@@ -108,7 +114,7 @@ def send_while_held(url: str, side: Path, value: str) -> subprocess.CompletedPro
         holder.execute("SELECT 1 FROM onward.tasks WHERE name = 't' FOR UPDATE")
         (side / "go").touch()
         wait_for(lambda: lock_waiters(admin, db) >= 1, 30, "the worker to reach the held lock")
-        send = subprocess.Popen(onward_argv("send", "--db", url, "t", "k", value), stdout=subprocess.PIPE,
+        send = subprocess.Popen(onward_argv(*command), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": SRC})
         # The send either completes meanwhile, or queues behind the lock too.
         wait_for(lambda: send.poll() is not None or lock_waiters(admin, db) >= 2, 30, "the send to be made")
@@ -160,3 +166,21 @@ def test_a_value_sent_while_a_timeout_is_recorded_is_not_dropped(pg_url: str, tm
             store.close()
     else:
         assert got == {"got": "late"}
+
+
+def test_a_cancel_while_its_task_is_being_parked_cancels_it(pg_url: str, tmp_path: Path, worker: Any) -> None:
+    """cancel tried 'pending', then 'waiting', then 'running', each in a statement of its own: a task parked
+    between the last two was missed by both, and cancel said it was already waiting, and left it waiting."""
+    side = tmp_path / "side"
+    side.mkdir()
+    assert run_onward("add", "--db", pg_url, "t").returncode == 0
+    worker(pg_url, side)
+    wait_for(lambda: (side / "ready").exists(), 60, "t to run")
+    cancelled = run_while_held(pg_url, side, "cancel", "--db", pg_url, "t")
+    assert cancelled.returncode == 0, cancelled.stderr
+    store = open_store(pg_url, create=False)
+    try:
+        wait_for(lambda: (row := store.task("t")) is not None and row.state == "cancelled", 30,
+                 "t to be cancelled")
+    finally:
+        store.close()

@@ -372,6 +372,11 @@ class SqlStore:
                 if name in outcome:
                     continue
                 key = self._key(name)
+                # The task's row lock first (see lock_task): a park, a send or a claim committed between the
+                # statements below was missed by all three (a task parked meanwhile stayed waiting).
+                found = self._exec("task_id", {"key": key}).fetchone()
+                if found is not None:
+                    self._exec("lock_task", {"task_id": found[0]})
                 row = self._exec("cancel_pending", {**self._clock(), "key": key}).fetchone()
                 if row is not None:
                     outcome[name] = CANCELLED

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -184,3 +186,139 @@ def test_a_cancel_while_its_task_is_being_parked_cancels_it(pg_url: str, tmp_pat
                  "t to be cancelled")
     finally:
         store.close()
+
+
+# --- many rounds at random ------------------------------------------------------------------------------
+# Each task "r<round>-<i>-<timeout ms>" notes its run and waits once for "k" (0 ms: no timeout); values come
+# from several sender processes at random moments, and a canceller cancels some tasks meanwhile.
+RACE_WORKER = textwrap.dedent('''
+    import os, sys
+    from onward import Job
+    from onward.errors import WaitTimeout
+    url, side = sys.argv[1], sys.argv[2]
+    job = Job(url, heartbeat=0.3, concurrency=2)
+
+    @job.task
+    def handle(task, ctx):
+        ctx.step("before", lambda: open(os.path.join(side, task), "a").write("x"))
+        timeout = int(task.rsplit("-", 1)[1]) / 1000 or None
+        try:
+            return {"got": ctx.wait("k", timeout=timeout)}
+        except WaitTimeout:
+            return "timed out"
+
+    sys.exit(job.run().exit_code)
+''')
+# argv: url, seed, what ("send <id>" or "cancel"), then task names. Prints one line per call: task, value, outcome.
+RACE_SENDER = textwrap.dedent('''
+    import json, random, sys, time
+    from onward import Job
+    from onward.errors import OnwardError
+    url, seed, what, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+    rng = random.Random(seed)
+    rng.shuffle(names)
+    with Job(url) as job:
+        for name in names:
+            time.sleep(rng.random() * 0.03)
+            if what == "cancel":
+                if rng.random() < 0.2:
+                    print(name, "-", json.dumps(job.cancel([name])[name]), flush=True)
+                continue
+            value = f"{what}/{name}"
+            try:
+                outcome = job.send(name, "k", value)
+            except OnwardError as e:
+                outcome = "refused: " + str(e)
+            print(name, value, json.dumps(outcome), flush=True)
+''')
+
+
+def race_round(url: str, tmp_path: Path, rng: random.Random, n: int, senders: int) -> list[str]:
+    """One round: n tasks, two workers, ``senders`` sender processes and a canceller at once, then a last
+    value to every task left. The breaches of the rules found (empty: none)."""
+    from onward.store.states import FINAL_STATES
+
+    side = tmp_path / "side"
+    side.mkdir(exist_ok=True)
+    round_id = rng.randrange(1 << 30)
+    names = [f"r{round_id}-{i}-{rng.choice([0, 50, 200, 400, 800])}" for i in range(n)]
+    assert run_onward("add", "--db", url, *names).returncode == 0
+    env = {**os.environ, "PYTHONPATH": SRC}
+    workers = [subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), url, str(side)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+    try:
+        time.sleep(rng.random() * 0.5)
+        callers = [subprocess.Popen([sys.executable, str(tmp_path / "sender.py"), url, str(rng.randrange(1 << 30)),
+                                     what, *names], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                   for what in [*(f"s{k}" for k in range(senders)), "cancel"]]
+        lines = []
+        for caller in callers:
+            out, err = caller.communicate(timeout=120)
+            assert caller.returncode == 0, err.decode()
+            lines += out.decode().splitlines()
+        store = open_store(url, create=False)
+        try:
+            def settled() -> bool:
+                rows = [store.task(name) for name in names]
+                return all(r is not None and r.state in FINAL_STATES for r in rows)
+
+            # Waits without a timeout end with the last value (or were cancelled); the others by 0.8 s.
+            r = subprocess.run([sys.executable, str(tmp_path / "sender.py"), url, "0", "last", *names],
+                               env=env, capture_output=True, timeout=60)
+            lines += r.stdout.decode().splitlines()
+            wait_for(settled, 60, "every task to end")
+            return check_round(store, names, lines, side)
+        finally:
+            store.close()
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait(timeout=30)
+
+
+def check_round(store: Any, names: list[str], lines: list[str], side: Path) -> list[str]:
+    breaches = []
+    accepted: dict[str, list[str]] = {name: [] for name in names}
+    for line in lines:
+        name, value, outcome = line.split(" ", 2)
+        if json.loads(outcome) in ("delivered", "stored"):
+            accepted[name].append(value)
+    for name in names:
+        row = store.task(name)
+        task_id = store.task_id(name)
+        kept = store.mail(task_id, "k")[0]
+        kept = None if kept is None else json.loads(kept)
+        got = None
+        if row.state == "done":
+            stored = store.result(name)
+            if stored.data != b"timed out":  # a str result is kept as it is
+                got = json.loads(stored.data)["got"]
+            if got is not None and got not in accepted[name]:
+                breaches.append(f"{name}: received {got!r}, which no send was told was accepted")
+        for value in accepted[name]:
+            if value != got and value != kept:
+                breaches.append(f"{name} ({row.state}, got {got!r}, kept {kept!r}): {value!r} was accepted, then lost")
+        if row.attempts > 1:
+            breaches.append(f"{name}: {row.attempts} attempts counted (waiting used some up)")
+        runs = (side / name).read_text() if (side / name).exists() else ""
+        if len(runs) > 1:
+            breaches.append(f"{name}: its step ran {len(runs)} times")
+    return breaches
+
+
+@pytest.mark.torture
+@pytest.mark.timeout(1800)
+def test_sends_cancels_and_timeouts_at_once_lose_nothing(store_url: str, tmp_path: Path, seed: int) -> None:
+    """Rounds of tasks that wait once each, with values from several processes at once, cancels and
+    timeouts falling at the same moments: every value accepted (exit 0) is received or still kept for the
+    task's next wait; no task stays waiting; waiting uses up no attempt; no step runs twice."""
+    import random
+
+    rng = random.Random(seed)
+    (tmp_path / "worker.py").write_text(RACE_WORKER)
+    (tmp_path / "sender.py").write_text(RACE_SENDER)
+    rounds = int(os.environ.get("ONWARD_WAIT_RACE_ROUNDS", "20"))
+    breaches: list[str] = []
+    for _ in range(rounds):
+        breaches += race_round(store_url, tmp_path, rng, n=24, senders=3)
+    assert not breaches, f"seed {seed}: " + "\n".join(breaches[:30])

@@ -32,6 +32,10 @@ PHASES = (
     "lease_renewed",  # the renewal of this worker's leases committed
     "retry_scheduled",  # a failed attempt committed as pending again (retry later)
     "reclaim",  # another worker's abandoned task committed back to pending; not journaled yet
+    # Durable waits (ctx.wait, parked sleeps):
+    "wait_parking",  # the wait found no value: the attempt ends parked, nothing of that committed yet
+    "wait_parked",  # the park committed (the task waits, slot and lease given back); not reported yet
+    "wait_recorded",  # the wait's outcome (value or timeout) committed as a step; ctx.wait not returned yet
 )
 
 

@@ -161,6 +161,8 @@ class Settler:
                                  attempt=claim.attempt, detail=detail)
 
         def report_parked() -> None:
+            if crashpoints.ARMED:  # the park is committed; not reported yet
+                crashpoints.hit("wait_parked")
             self.summary.parked += 1
             self.log.info(f"task={quote(claim.name)} {detail}; its slot is free meanwhile")
         return report_parked

@@ -268,6 +268,8 @@ class StepLog:
             return payload, None
 
         payload, until = self._call(look, f"wait {key} was not recorded")
+        if crashpoints.ARMED:  # the wait's outcome is committed, or the task is about to park (nothing committed)
+            crashpoints.hit("wait_parking" if payload is None else "wait_recorded")
         if payload is not None:
             with self._lock:
                 self.recorded += 1

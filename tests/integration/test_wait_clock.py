@@ -1,18 +1,23 @@
-"""Parked waits and sleeps when the wall clock is set back (a VM resumed from an older snapshot, an NTP step):
-their deadlines are kept in wall-clock time (SQLite: this machine's clock), so a clock an hour behind made a
-parked 3 s sleep last an hour and 3 s. Now a deadline never lies further ahead than its wait's or sleep's
-whole length: the task parks again for at most that, and it never ends early."""
+"""Parked waits and sleeps when the sandbox sleeps and when the wall clock moves. Frozen (the cgroup freezer)
+past the lease and every deadline, its clock set forward meanwhile: each timed-out wait raises once, a value
+sent meanwhile is received, nothing runs twice. Set back (a VM resumed from an older snapshot, an NTP step):
+deadlines are kept in wall-clock time (SQLite: this machine's clock), so a clock an hour behind made a parked
+3 s sleep last an hour and 3 s; now a deadline never lies further ahead than its wait's or sleep's whole
+length: the task parks again for at most that, and it never ends early."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+from onward.store import open_store
 from tests.conftest import run_onward, wait_for
-from tests.integration.test_cli_run import wall_clock_shifter
+from tests.integration.test_cli_run import frozen_by_cgroup, wall_clock_shifter
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 LENGTH = 3.0  # each task's sleep or wait timeout, in seconds
@@ -68,6 +73,72 @@ def test_a_wall_clock_set_back_neither_stretches_nor_shortens_a_parked_sleep_or_
         for task in ("nap", "wait"):
             took = float((side / f"{task}.end").read_text()) - float((side / f"{task}.start").read_text())
             assert LENGTH - 0.1 <= took <= 2 * LENGTH + 3, (task, took)
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+
+
+# "to" waits for "k" at most 1 s, "send" waits for it with no timeout, "nap" sleeps 2 s (parked). Each notes its
+# step's runs, its timeouts and its results beside.
+SANDBOX_WORKER = textwrap.dedent('''
+    import os, sys
+    from onward import Job
+    from onward.errors import WaitTimeout
+    url, side, marker = sys.argv[1], sys.argv[2], sys.argv[3]
+    job = Job(url, heartbeat=0.3, concurrency=2, keep_awake=marker, park_sleeps_over=0.5)
+
+    def note(task, what):
+        with open(os.path.join(side, task + "." + what), "a") as f:
+            f.write("x")
+
+    @job.task
+    def handle(task, ctx):
+        ctx.step("before", lambda: note(task, "before"))
+        if task == "nap":
+            ctx.sleep(2)
+            return ["rested"]
+        try:
+            return [ctx.wait("k", timeout=1 if task == "to" else None)]
+        except WaitTimeout:
+            note(task, "timeouts")
+            return ["timed out"]
+
+    sys.exit(job.run(lease=2).exit_code)
+''')
+
+
+def test_a_sandbox_frozen_past_every_deadline_with_its_clock_set_forward(store_url: str, tmp_path: Path) -> None:
+    side, marker = tmp_path / "side", tmp_path / "keep-awake"
+    side.mkdir()
+    (tmp_path / "worker.py").write_text(SANDBOX_WORKER)
+    clock_env, offset = wall_clock_shifter(tmp_path)
+    tasks = ["to", "send", "nap"]
+    assert run_onward("add", "--db", store_url, *tasks).returncode == 0
+    with open(tmp_path / "worker.log", "wb") as log:
+        worker = subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), store_url, str(side), str(marker)],
+                                  stderr=log, stdout=subprocess.DEVNULL,
+                                  env={**os.environ, "PYTHONPATH": SRC, **clock_env})
+    try:
+        wait_for(lambda: b"waiting 3" in run_onward("status", "--db", store_url).stdout, 30, "every task to park")
+        wait_for(lambda: not marker.exists(), 30, "the keep-awake marker to go while every task waits")
+        with frozen_by_cgroup(worker.pid, worker.pid):
+            sent = run_onward("send", "--db", store_url, "send", "k", '"during"')
+            assert sent.returncode == 0 and b"runs again" in sent.stderr, sent.stderr
+            time.sleep(3)  # the pause itself: past the lease (2 s), the timeout (1 s) and the sleep (2 s)
+            offset.write_text("3600\n")  # then the sandbox's wall clock is set (an hour later)
+        store = open_store(store_url, create=False)
+        try:
+            wait_for(lambda: all((row := store.task(t)) is not None and row.state == "done" for t in tasks), 30,
+                     f"every task to finish; log:\n{(tmp_path / 'worker.log').read_text()}")
+            got = {t: json.loads(r.data) for t in tasks if (r := store.result(t)) is not None}
+            attempts = {t: row.attempts for t in tasks if (row := store.task(t)) is not None}
+        finally:
+            store.close()
+        assert got == {"to": ["timed out"], "send": ["during"], "nap": ["rested"]}
+        assert attempts == {"to": 1, "send": 1, "nap": 1}
+        assert all((side / f"{t}.before").read_text() == "x" for t in tasks)  # each step ran once
+        assert (side / "to.timeouts").read_text() == "x"  # the timeout raised once
+        wait_for(lambda: not marker.exists(), 30, "the keep-awake marker to go once everything is done")
     finally:
         worker.kill()
         worker.wait(timeout=30)

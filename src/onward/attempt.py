@@ -168,6 +168,10 @@ class Loop(Protocol):
         """Report the attempt's outcome (exactly once) from the attempt's own thread, which may settle it
         there and then (True) and be handed the next attempt to run (see ``Runner.settle_here``)."""
 
+    def abort(self, error: BaseException) -> None:
+        """From an attempt's thread that cannot report its outcome (``post`` or ``settle_here`` failed, no
+        memory left): stop the worker with ``error`` rather than leave the attempt running for good."""
+
     def note_child(self, claim: Claim, pid: int, start: int) -> None:
         """Record in the store (crash-safe) the process an attempt is about to run its command in, before
         the command runs: a worker taking the task over kills it first. Raises ``Fenced`` if the claim is

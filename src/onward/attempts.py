@@ -28,6 +28,10 @@ from .threads import EventLoopThread, ThreadPool
 # of going to another thread.
 _lane = threading.local()
 
+# An attempt's error when its traceback could not be formatted for want of memory (made ahead: there may be
+# none left to make it then).
+NO_MEMORY_FOR_TRACEBACK = "out of memory: no memory was left to format the error's traceback"
+
 # The fork path of commands under its old name here (tests start a command through it into a cgroup that
 # is gone).
 _spawn = spawn_forked
@@ -58,7 +62,15 @@ class PythonAttempt(Attempt):
         with no hand-over between threads."""
         attempt: PythonAttempt | None = self
         while attempt is not None:
-            attempt = attempt._run_here()
+            try:
+                attempt = attempt._run_here()
+            except BaseException as e:  # noqa: BLE001 - see below
+                # Not even its outcome could be made or handed over (no memory left for it). An attempt that
+                # never reports holds its task for good, its lease renewed by a loop that looks healthy to
+                # any watchdog: the worker stops instead, as after an error of its own, and the task is
+                # reclaimed from it.
+                self._worker.abort(e)  # (every attempt this thread runs has the same worker)
+                return
 
     def _run_here(self) -> PythonAttempt | None:
         token = durable.CURRENT.set(self.ctx)
@@ -89,7 +101,7 @@ class PythonAttempt(Attempt):
     def start_async(self, loop: asyncio.AbstractEventLoop) -> None:
         self.ctx = AsyncTaskContext(self, self._worker)
         self._aio_loop = loop
-        self._future = asyncio.run_coroutine_threadsafe(self._run_async(), loop)
+        self._future = asyncio.run_coroutine_threadsafe(self._run_async_or_abort(), loop)
 
     async def _run_async(self) -> None:
         durable.CURRENT.set(self.ctx)  # this asyncio task's own copy of the context
@@ -107,6 +119,13 @@ class PythonAttempt(Attempt):
         if self.ctx.used_step_log is not None:
             await asyncio.to_thread(self.ctx.used_step_log.finish)
         self._report(outcome)
+
+    async def _run_async_or_abort(self) -> None:
+        """``_run_async``; if not even its outcome could be made or reported, the worker stops (see ``run``)."""
+        try:
+            await self._run_async()
+        except BaseException as e:  # noqa: BLE001
+            self._worker.abort(e)
 
     async def wait_stop_async(self, timeout: float) -> None:
         """Wait until told to stop, at most ``timeout`` seconds (an asyncio task's ``stop_event.wait``)."""
@@ -132,8 +151,16 @@ class PythonAttempt(Attempt):
             if self.cancel_reason is not None:
                 return Outcome.failure(self.cancel_reason)
             return Outcome.released(f"stopped: {e}")
-        tail = error_tail("".join(traceback.format_exception(type(e), e, e.__traceback__)), False,
-                          self._worker.secrets)
+        if isinstance(e, MemoryError):
+            # What the task allocated is still held by its frames, which the traceback keeps alive: let it
+            # go before the traceback is formatted, which takes memory too (a thread that died of a second
+            # MemoryError here left its attempt running for good).
+            traceback.clear_frames(e.__traceback__)
+        try:
+            tail = error_tail("".join(traceback.format_exception(type(e), e, e.__traceback__)), False,
+                              self._worker.secrets)
+        except MemoryError:
+            tail = NO_MEMORY_FOR_TRACEBACK
         if isinstance(e, StepDrift):
             tail = f"StepDrift: {e}"  # the one line that says it all; the traceback points into onward
         if self.cancel_reason is not None:

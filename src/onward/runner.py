@@ -195,6 +195,13 @@ class Runner:
                 self.wake()
             return True
 
+    def abort(self, error: BaseException) -> None:
+        """From an attempt's thread that cannot report its outcome (no memory left to): the loop raises
+        ``error`` at its next turn and the worker stops, as after an error of its own turn."""
+        if self._lane_error is None:
+            self._lane_error = error
+        self.wake()
+
     def _alone(self) -> bool:
         """With the turn held: whether a task's thread may commit on its own now. One attempt is running
         (nothing to group its commit with), no tick is due (the loop takes that turn itself) and no failed

@@ -1,0 +1,76 @@
+"""A worker of Python tasks for the memory tests, run in a real subprocess through the Job API:
+
+    python -m tests.crash.memory_worker STORE OUT MODE EXECLOG [MAX_ATTEMPTS]
+
+Tasks ``t<n>`` work a little and return ``result of TASK fence=F`` (also written to the folder OUT); every
+execution appends ``start`` and ``end`` lines to EXECLOG in the format of tests/crash/kill_checker.py (one
+write per line, O_APPEND). The
+task named ``hog`` is where memory runs out, as MODE says:
+
+- ``fill``: it allocates until not even 64 bytes more can be had (RLIMIT_AS set by the test's launcher),
+  holding everything in its own locals, then lets the MemoryError go: the attempt must fail with it and
+  the worker go on;
+- ``touch``: it allocates and touches 600 MiB, for the kernel's OOM killer to end the whole worker (a
+  cgroup's memory limit set by the test);
+- ``async-fill``: ``fill`` in an ``async def`` task.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from onward import Job
+
+
+def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> int:
+    log_fd = os.open(exec_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    pid = os.getpid()
+
+    def note(what: str, task: str, fence: int) -> None:
+        os.write(log_fd, f"{what} {task} f{fence} {pid} {time.time():.6f}\n".encode())
+
+    job = Job(store, max_attempts=max_attempts, retry_delay=0, heartbeat=0.5, out=out, log_level=1)
+
+    def fill() -> None:
+        keep: list[bytearray] = []
+        size = 1 << 20
+        while True:
+            try:
+                keep.append(bytearray(size))
+            except MemoryError:
+                if size <= 64:
+                    raise
+                size //= 2
+
+    def touch() -> None:
+        hog = bytearray(600 << 20)
+        for i in range(0, len(hog), 4096):
+            hog[i] = 1
+
+    def work(task: str, ctx: Any) -> str:
+        fence = ctx._attempt.claim.fence  # test-only: the claim's fence names the execution
+        note("start", task, fence)
+        if task == "hog" and mode in ("fill", "async-fill"):
+            fill()
+        if task == "hog" and mode == "touch":
+            touch()
+        time.sleep(0.01)
+        note("end", task, fence)
+        return f"result of {task} fence={fence}"
+
+    if mode == "async-fill":
+        @job.task
+        async def handle_async(task: str, ctx: Any) -> str:
+            return work(task, ctx)
+    else:
+        job.task(work)
+    job.add([f"t{i}" for i in range(10)] + ["hog"] + [f"t{i}" for i in range(10, 20)])
+    return job.run().exit_code
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    sys.exit(main(a[0], a[1], a[2], a[3], int(a[4]) if len(a) > 4 else 3))

@@ -31,7 +31,7 @@ from .errors import (
     WedgedTask,
 )
 from .log import NORMAL, QUIET, VERBOSE, Log, iso_time, json_line
-from .pipes import quiet_broken_pipe, unavailable_line
+from .pipes import out_of_memory_line, quiet_broken_pipe, unavailable_line
 from .store.base import STATES
 
 if TYPE_CHECKING:
@@ -458,6 +458,16 @@ def _run_cli(argv: list[str] | None) -> int:
         if line is None:
             raise
         _say_error(line)
+        return 75
+    except MemoryError as e:
+        # The same, met by Python's allocator (or SQLite's) rather than by a system call: anywhere in a
+        # worker, its commit of a big result included. Whatever that commit was, it did not happen, and a
+        # worker's running tasks stay claimed: the next worker reclaims them at once, as after a crash.
+        line = out_of_memory_line(e)
+        try:
+            _say_error(line)
+        except MemoryError:
+            os.write(2, b"onward: error: out of memory\n")
         return 75
     return status if isinstance(status, int) else 0
 

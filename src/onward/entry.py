@@ -45,6 +45,11 @@ def main() -> None:
                     raise
                 sys.stderr.write(f"onward: error: {line}\n")
                 sys.exit(75)
+            except MemoryError as e:  # as the CLI says it (cli._run_cli)
+                from .pipes import out_of_memory_line
+
+                sys.stderr.write(f"onward: error: {out_of_memory_line(e)}\n")
+                sys.exit(75)
             gc.enable()
     if args[:1] == ["run"]:
         from .gate import START_GATE

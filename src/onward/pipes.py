@@ -1,5 +1,6 @@
 """A reader that goes away early (`onward list | head`, `onward status | head -1`) is not an error worth a
-traceback: what is left to write goes nowhere. Nor is stdout on a full disk: one line, exit 75."""
+traceback: what is left to write goes nowhere. Nor is stdout on a full disk, nor no memory left: one line,
+exit 75."""
 
 from __future__ import annotations
 
@@ -29,3 +30,19 @@ def unavailable_line(e: OSError, doing: str = "") -> str | None:
     if doing:
         return f"{doing}: {e.strerror}"
     return f"{e.strerror}: {e.filename}" if e.filename else str(e.strerror)
+
+
+def out_of_memory_line(e: MemoryError) -> str:
+    """The one line for a command that ran out of memory (exit 75, unavailable right now, as ``ENOMEM`` is).
+    What the command held is let go first: the tracebacks of ``e`` and of the errors it was raised while
+    handling keep every frame's locals alive (a worker's results, a report's rows), and saying the line
+    takes memory too."""
+    import traceback
+
+    seen: set[int] = set()
+    error: BaseException | None = e
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__context__
+    return "out of memory"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import onward_argv, run_onward, wait_for
-from tests.crash.kill_checker import check_run, query
+from tests.crash.kill_checker import check_run, integrity_problems, query
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
@@ -80,6 +80,33 @@ def test_a_python_task_out_of_memory_fails_its_attempts_and_the_worker_goes_on(s
     assert (state, attempts) == ("failed", 6), (state, attempts, error)
     assert "MemoryError" in error or "out of memory" in error, error
     assert_the_others_done_once(store_url, tmp_path)
+
+
+def test_a_worker_out_of_memory_in_its_own_code_says_one_line_and_exits_75(store_url: str,
+                                                                           tmp_path: Path) -> None:
+    """`onward run --concurrency 4` of commands that each print 16 MB, under a 100 MiB RLIMIT_AS: the worker
+    runs out of memory in its own code (reading the outputs, or SQLite's copy of a result in its commit).
+    It says so in one line and exits 75, as for ENOMEM (a supervisor restarts it), instead of a traceback
+    and exit 1; what it had not committed is not done, and the next worker finishes the job, each task done
+    once."""
+    tasks = tmp_path / "tasks.txt"
+    names = [str(i) for i in range(8)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    run = onward_argv("run", "-q", "--db", store_url, "--tasks", str(tasks), "--concurrency", "4", "--",
+                      "head", "-c", "16000000", "/dev/zero")
+    limited = subprocess.run(run, env=ENV, capture_output=True, timeout=120,
+                             preexec_fn=address_space(100 * 2**20))
+    err = limited.stderr.decode(errors="replace")
+    assert limited.returncode == 75, err[-3000:]
+    assert err.splitlines() == ["onward: error: out of memory"], err[-3000:]
+    assert integrity_problems(store_url) == []
+    again = subprocess.run(run, env=ENV, capture_output=True, timeout=120)
+    assert again.returncode == 0, again.stderr.decode()[-3000:]
+    states = dict(query(store_url, "SELECT name, state FROM {t}tasks"))
+    assert states == {n: "done" for n in names}
+    assert query(store_url, "SELECT task_id FROM {t}events WHERE kind = 'done' GROUP BY task_id"
+                            " HAVING count(*) > 1") == []
+    assert integrity_problems(store_url) == []
 
 
 # --- the kernel's OOM killer (cgroup v1 memory limit) -------------------------------------------------------

@@ -7,7 +7,7 @@ output folder are all checked before the store is created or a single task is ad
 from __future__ import annotations
 
 from .command_handler import CommandHandler, check_command
-from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
+from .config import DEFAULT_MAX_RESULT_BYTES, MAX_STORED_BYTES, RunConfig
 from .errors import StoreMissing, UsageError
 from .keepawake import marker_path
 from .log import Log
@@ -82,6 +82,9 @@ def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | No
     check_command(command)
     if max_result_bytes < 1:
         raise UsageError(f"--max-result-bytes must be at least 1 (got {max_result_bytes})")
+    if max_result_bytes > MAX_STORED_BYTES:
+        raise UsageError(f"--max-result-bytes must be at most {MAX_STORED_BYTES:,}, what a store takes"
+                         f" (got {max_result_bytes:,})")
     marker = marker_path(keep_awake)
     url = store_url(db)
     store = LazyStore(url, job)

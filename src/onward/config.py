@@ -16,6 +16,12 @@ from .log import NORMAL, QUIET, VERBOSE
 
 # The largest stdout a command's attempt may produce as its result (the CLI's --max-result-bytes).
 DEFAULT_MAX_RESULT_BYTES = 16 * 1024 * 1024
+# The largest value a store takes: a task's result, a durable step's value (and `onward run`'s
+# --max-result-bytes at most). Below what either backend can hold in one row (SQLite: 1,000,000,000 bytes,
+# PostgreSQL: 1 GiB), with room for the rest of the row; a bigger one failed its commit with "string or blob
+# too big", and the worker retried that commit, with the other tasks' outcomes, for good. A value near it
+# already takes seconds to commit and about three times its size in memory.
+MAX_STORED_BYTES = 512 * 1024 * 1024
 
 
 # The longest duration any setting may name (about 11.5 days). The kernel's timers take at most 2**31 - 1

@@ -5,21 +5,32 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .config import MAX_STORED_BYTES
 from .errors import UsageError
 
 
 def encode(value: Any) -> tuple[bytes, str]:
     if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value), "bytes"
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogateescape"), "str"
-    problem = json_problem(value)
-    if problem is None:
-        try:
-            return json.dumps(value, ensure_ascii=False, allow_nan=False).encode(), "json"
-        except (TypeError, ValueError) as e:
-            problem = str(e)
-    raise UsageError(f"task result is not str, bytes or a JSON value: {problem}")
+        data, kind = bytes(value), "bytes"
+    elif isinstance(value, str):
+        data, kind = value.encode("utf-8", "surrogateescape"), "str"
+    else:
+        problem = json_problem(value)
+        if problem is None:
+            try:
+                data, kind = json.dumps(value, ensure_ascii=False, allow_nan=False).encode(), "json"
+            except (TypeError, ValueError) as e:
+                problem = str(e)
+        if problem is not None:
+            raise UsageError(f"task result is not str, bytes or a JSON value: {problem}")
+    check_stored_size("task result", len(data))
+    return data, kind
+
+
+def check_stored_size(what: str, size: int) -> None:
+    """Refuse a value bigger than a store takes (``MAX_STORED_BYTES``) before anything tries to commit it."""
+    if size > MAX_STORED_BYTES:
+        raise UsageError(f"{what} is {size:,} bytes, more than a store takes ({MAX_STORED_BYTES:,} at most)")
 
 
 MAX_DEPTH = 200  # arrays and objects in one another: json.loads of a deeper value may exhaust the stack

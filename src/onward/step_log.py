@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from . import crashpoints
 from .errors import Fenced, OnwardError, StepDrift, StoreError
+from .results import check_stored_size
 from .step_records import (
     CHECKPOINT,
     ERROR,
@@ -212,6 +213,8 @@ class StepLog:
         clock, evaluated inside the commit (durable sleeps record their deadline that way). ``error``: the
         exception an error record holds. ``replacing``: the record replayed at ``index`` is replaced. Returns
         the payload written."""
+        if not callable(payload):
+            check_stored_size(f"step {name!r}'s value", len(payload))
         task_id, fence, attempt, worker = self.task_id, self.fence, self.attempt, self.worker_id
         note = self._replay_note()
 

@@ -12,7 +12,9 @@ task named ``hog`` is where memory runs out, as MODE says:
   the worker go on;
 - ``touch``: it allocates and touches 600 MiB, for the kernel's OOM killer to end the whole worker (a
   cgroup's memory limit set by the test);
-- ``async-fill``: ``fill`` in an ``async def`` task.
+- ``async-fill``: ``fill`` in an ``async def`` task;
+- ``big-result``: it returns 1,000,000,001 bytes, more than SQLite holds in a row;
+- ``big-step``: it records a durable step whose value is one byte more than a store takes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from typing import Any
 
 from onward import Job
+from onward.config import MAX_STORED_BYTES
 
 
 def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> int:
@@ -50,9 +53,13 @@ def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> i
         for i in range(0, len(hog), 4096):
             hog[i] = 1
 
-    def work(task: str, ctx: Any) -> str:
+    def work(task: str, ctx: Any) -> str | bytes:
         fence = ctx._attempt.claim.fence  # test-only: the claim's fence names the execution
         note("start", task, fence)
+        if task == "hog" and mode == "big-result":
+            return b"x" * 1_000_000_001
+        if task == "hog" and mode == "big-step":
+            ctx.step("big", lambda: "x" * (MAX_STORED_BYTES + 1))
         if task == "hog" and mode in ("fill", "async-fill"):
             fill()
         if task == "hog" and mode == "touch":
@@ -63,7 +70,7 @@ def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> i
 
     if mode == "async-fill":
         @job.task
-        async def handle_async(task: str, ctx: Any) -> str:
+        async def handle_async(task: str, ctx: Any) -> str | bytes:
             return work(task, ctx)
     else:
         job.task(work)

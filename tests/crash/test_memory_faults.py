@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from onward.config import MAX_STORED_BYTES
 from tests.conftest import onward_argv, run_onward, wait_for
 from tests.crash.kill_checker import check_run, integrity_problems, query
 
@@ -107,6 +108,35 @@ def test_a_worker_out_of_memory_in_its_own_code_says_one_line_and_exits_75(store
     assert query(store_url, "SELECT task_id FROM {t}events WHERE kind = 'done' GROUP BY task_id"
                             " HAVING count(*) > 1") == []
     assert integrity_problems(store_url) == []
+
+
+# --- values bigger than a store takes ------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["big-result", "big-step"])
+def test_a_value_bigger_than_a_store_takes_fails_its_attempt_at_once(store_url: str, tmp_path: Path,
+                                                                    mode: str) -> None:
+    """A result of 1,000,000,001 bytes (more than SQLite holds in a row), or a durable step's value one byte
+    over MAX_STORED_BYTES: the attempt fails naming the size, before any commit. The result failed its
+    commit with "string or blob too big" instead, and the worker retried that commit, with every other
+    task's outcome, for good."""
+    if mode == "big-step" and store_url.startswith("postgresql"):
+        pytest.skip("a step's value is refused before any store call: SQLite's case is enough")
+    worker = subprocess.run(memory_worker(store_url, tmp_path, mode, 1), env=ENV, capture_output=True,
+                            timeout=120)
+    err = worker.stderr.decode(errors="replace")
+    assert worker.returncode == 3, err[-3000:]
+    state, attempts, error = hog(store_url)
+    assert state == "failed" and f"more than a store takes ({MAX_STORED_BYTES:,} at most)" in error, error[-500:]
+    assert_the_others_done_once(store_url, tmp_path)
+
+
+def test_max_result_bytes_over_what_a_store_takes_is_refused(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\n")
+    r = run_onward("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tasks), "--max-result-bytes",
+                   str(MAX_STORED_BYTES + 1), "--", "echo", "{task}")
+    assert r.returncode == 2 and r.stderr.decode().count("\n") == 1, r.stderr
+    assert "--max-result-bytes must be at most" in r.stderr.decode()
+    assert not (tmp_path / "s.db").exists()
 
 
 # --- the kernel's OOM killer (cgroup v1 memory limit) -------------------------------------------------------

@@ -14,12 +14,18 @@ task named ``hog`` is where memory runs out, as MODE says:
   cgroup's memory limit set by the test);
 - ``async-fill``: ``fill`` in an ``async def`` task;
 - ``big-result``: it returns 1,000,000,001 bytes, more than SQLite holds in a row;
-- ``big-step``: it records a durable step whose value is one byte more than a store takes.
+- ``big-step``: it records a durable step whose value is one byte more than a store takes;
+- ``random``: there is no ``hog``; the tasks are ``t0`` to ``t<N-1>`` (N in $MEMORY_TASKS), four run at
+  once, and each execution touches a share of memory drawn from $MEMORY_SEED, its name and its fence (10
+  to 70 MiB) for a moment: in a cgroup limited to 200 MiB the OOM killer ends the worker whenever the tasks
+  running at that moment need more, which is at random moments (drawn anew for each execution: tasks
+  claimed together again after a kill do not die together for ever).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sys
 import time
 from typing import Any
@@ -53,6 +59,13 @@ def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> i
         for i in range(0, len(hog), 4096):
             hog[i] = 1
 
+    def touch_share(task: str, fence: int) -> None:
+        rng = random.Random(f"{os.environ.get('MEMORY_SEED', '0')}-{task}-{fence}")
+        share = bytearray(rng.randint(10, 70) << 20)
+        for i in range(0, len(share), 4096):
+            share[i] = 1
+        time.sleep(rng.uniform(0, 0.05))
+
     def work(task: str, ctx: Any) -> str | bytes:
         fence = ctx._attempt.claim.fence  # test-only: the claim's fence names the execution
         note("start", task, fence)
@@ -64,6 +77,8 @@ def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> i
             fill()
         if task == "hog" and mode == "touch":
             touch()
+        if mode == "random":
+            touch_share(task, fence)
         time.sleep(0.01)
         note("end", task, fence)
         return f"result of {task} fence={fence}"
@@ -74,6 +89,9 @@ def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> i
             return work(task, ctx)
     else:
         job.task(work)
+    if mode == "random":
+        job.add([f"t{i}" for i in range(int(os.environ["MEMORY_TASKS"]))])
+        return job.run(concurrency=4).exit_code
     job.add([f"t{i}" for i in range(10)] + ["hog"] + [f"t{i}" for i in range(10, 20)])
     return job.run().exit_code
 

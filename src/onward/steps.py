@@ -45,12 +45,13 @@ module is the API on top of them (``@step``, ``run_step``, durable sleep and che
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload
 
@@ -182,7 +183,8 @@ def _retryable(spec: StepSpec, e: BaseException, tries: int) -> bool:
     return tries < spec.max_attempts and isinstance(e, spec.retry_on) and not isinstance(e, OnwardError)
 
 
-def _replay(log: StepLog, spec: StepSpec, record: StepRecord) -> Any:
+def replay(log: StepLog, spec: StepSpec, record: StepRecord) -> Any:
+    """The value recorded at ``record``, or its error raised again (``StepLog.end_failed`` knows it)."""
     f = log.replayed_one(record)
     if record.kind == ERROR:
         raise log.replayed_error(record, f)
@@ -203,37 +205,76 @@ def _as_recorded(spec: StepSpec, value: Any, payload: bytes) -> Any:
     return spec.serializer.loads(payload)
 
 
+class StepRun:
+    """A step call reached for real (no record at its position): its call index and key, the time its
+    first try began, and the two ways it ends, each committing the step's record (durable when it returns;
+    an asyncio caller runs them in a thread). What makes a try and when to try again is the caller's:
+    ``run_step``'s retry loop, or a framework that retries a call by calling again (``openai_agents``)."""
+
+    def __init__(self, log: StepLog, spec: StepSpec, index: int) -> None:
+        self.log, self.spec, self.index = log, spec, index
+        self.key = idempotency_key(log.task, spec.name, index)
+        self.started = time.monotonic()
+
+    @contextlib.contextmanager
+    def body(self) -> Iterator[None]:
+        """While a try of the body runs: ``current_step_key()`` is this step's, and steps called from the
+        body are plain calls (the outer step is what is recorded)."""
+        token = _RUNNING_STEP.set(StepCall(self.spec.name, self.index, self.key))
+        try:
+            yield
+        finally:
+            _RUNNING_STEP.reset(token)
+
+    def failed(self, e: BaseException) -> None:
+        """No try follows the one that raised ``e``: record it as the step's outcome (onward's own exceptions,
+        cancellation, fencing, drift, are not a step's outcome and are not recorded)."""
+        if recordable(e):
+            kind, data = encode_error(e)
+            self.log.record(self.index, self.spec.name, ERROR, kind, time.monotonic() - self.started, data, e)
+
+    def returned(self, value: Any) -> Any:
+        """Record ``value``; return it as replay will (decoded from the record)."""
+        payload = self.spec.serializer.dumps(value)
+        self.log.record(self.index, self.spec.name, VALUE, self.spec.serializer.name,
+                        time.monotonic() - self.started, payload)
+        return _as_recorded(self.spec, value, payload)
+
+
+def begin_step(ctx: StepContext, spec: StepSpec) -> StepRun | StepRecord:
+    """Take the step's call index in the loaded journal: the record to replay there (``replay``), or the
+    ``StepRun`` to run it for real."""
+    log = ctx.step_log
+    index, record = log.begin(spec.name, VALUE, spec.mismatch)
+    if record is not None:
+        return record
+    ctx.check()  # stopping or cancelled: do not pay for a call whose result could not be kept
+    return StepRun(log, spec, index)
+
+
 def run_step(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     log = ctx.step_log
     if not log.loaded:
         log.load()
-    index, record = log.begin(spec.name, VALUE, spec.mismatch)
-    if record is not None:
-        return _replay(log, spec, record)
-    ctx.check()  # stopping or cancelled: do not pay for a call whose result could not be kept
-    token = _RUNNING_STEP.set(StepCall(spec.name, index, idempotency_key(log.task, spec.name, index)))
-    started = time.monotonic()
+    run = begin_step(ctx, spec)
+    if isinstance(run, StepRecord):
+        return replay(log, spec, run)
     tries = 1
     try:
-        while True:
-            try:
-                value = fn(*args, **kwargs)
-                break
-            except BaseException as e:
-                if not _retryable(spec, e, tries):
-                    raise
-                ctx.pause(spec.delay(tries), f"step {spec.name}: retry {tries} of {spec.max_attempts - 1}")
-                tries += 1
+        with run.body():
+            while True:
+                try:
+                    value = fn(*args, **kwargs)
+                    break
+                except BaseException as e:
+                    if not _retryable(spec, e, tries):
+                        raise
+                    ctx.pause(spec.delay(tries), f"step {spec.name}: retry {tries} of {spec.max_attempts - 1}")
+                    tries += 1
     except BaseException as e:
-        _RUNNING_STEP.reset(token)
-        if recordable(e):
-            kind, data = encode_error(e)
-            log.record(index, spec.name, ERROR, kind, time.monotonic() - started, data, e)
+        run.failed(e)
         raise
-    _RUNNING_STEP.reset(token)
-    payload = spec.serializer.dumps(value)
-    log.record(index, spec.name, VALUE, spec.serializer.name, time.monotonic() - started, payload)
-    return _as_recorded(spec, value, payload)
+    return run.returned(value)
 
 
 async def run_step_async(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any,
@@ -241,37 +282,28 @@ async def run_step_async(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any
     log = ctx.step_log
     if not log.loaded:
         await asyncio.to_thread(log.load)
-    index, record = log.begin(spec.name, VALUE, spec.mismatch)
-    if record is not None:
-        return _replay(log, spec, record)
-    ctx.check()
-    token = _RUNNING_STEP.set(StepCall(spec.name, index, idempotency_key(log.task, spec.name, index)))
-    started = time.monotonic()
+    run = begin_step(ctx, spec)
+    if isinstance(run, StepRecord):
+        return replay(log, spec, run)
     tries = 1
     try:
-        while True:
-            try:
-                value = fn(*args, **kwargs)
-                if inspect.isawaitable(value):
-                    value = await value
-                break
-            except BaseException as e:
-                if not _retryable(spec, e, tries):
-                    raise
-                await ctx.apause(spec.delay(tries), f"step {spec.name}: retry {tries} of {spec.max_attempts - 1}")
-                tries += 1
+        with run.body():
+            while True:
+                try:
+                    value = fn(*args, **kwargs)
+                    if inspect.isawaitable(value):
+                        value = await value
+                    break
+                except BaseException as e:
+                    if not _retryable(spec, e, tries):
+                        raise
+                    await ctx.apause(spec.delay(tries), f"step {spec.name}: retry {tries} of {spec.max_attempts - 1}")
+                    tries += 1
     except BaseException as e:
-        _RUNNING_STEP.reset(token)
-        if recordable(e):
-            kind, data = encode_error(e)
-            await asyncio.to_thread(log.record, index, spec.name, ERROR, kind, time.monotonic() - started, data, e)
+        await asyncio.to_thread(run.failed, e)
         raise
-    _RUNNING_STEP.reset(token)
-    payload = spec.serializer.dumps(value)
     # The commit blocks a thread, not the event loop: other asyncio tasks run on (and share the fsync).
-    await asyncio.to_thread(log.record, index, spec.name, VALUE, spec.serializer.name,
-                            time.monotonic() - started, payload)
-    return _as_recorded(spec, value, payload)
+    return await asyncio.to_thread(run.returned, value)
 
 
 @overload

@@ -28,11 +28,11 @@ Needs ``pip install 'onward[openai-agents]'``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import dataclasses
 import inspect
 import json
-import time
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -71,8 +71,9 @@ from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from ..errors import UsageError
-from ..step_records import ERROR, JSON, VALUE, decode_error, encode_error, idempotency_key, recordable
-from ..steps import _RUNNING_STEP, StepCall, StepContext, active_context
+from ..step_records import ERROR, recordable
+from ..steps import StepContext, StepRun, StepSpec, active_context, begin_step, replay
+from ..store.base import StepRecord
 from .calls import IDEMPOTENCY_HEADER, durable_call_async
 
 _RESPONSE: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
@@ -94,6 +95,7 @@ def _decode_response(data: Any) -> ModelResponse:
 
 
 MODEL_STEP = "openai_agents.model"
+_MODEL = StepSpec(MODEL_STEP)
 # Advice for an error replayed from the record: the runner already tried that call as often as it would,
 # so the abort marker vetoes a retry the policy would otherwise make (again, and without a call).
 _FINAL = ModelRetryAdvice(suggested=False, reason="the recorded outcome of this model call",
@@ -107,93 +109,94 @@ class _Try:
     ctx: StepContext
     input: Any
     error: BaseException
-    index: int = 0  # the step's call index, its key and the time its first try began, when it ran for real
-    key: str = ""
-    started: float = 0.0
-    replayed: bool = False  # the error is the step's record, replayed
+    run: StepRun | None = None  # the step run for real; None: the error is the step's record, replayed
 
     def record(self) -> None:
         """Record the error as the step's outcome: no try followed it."""
-        if not self.replayed:
-            kind, data = encode_error(self.error)
-            self.ctx.step_log.record(self.index, MODEL_STEP, ERROR, kind, time.monotonic() - self.started, data)
+        if self.run is not None:
+            self.run.failed(self.error)
 
 
 class DurableRun:
-    """One run's durable clones (by the id of the agent cloned, and of the clone) and models. The runner
-    retries a failed model call by calling the model again; the tries are one step, so a failed try is
-    recorded only once no try follows it: when the model is called for another request, or at the run's
-    end (``settle``)."""
+    """One run's durable clones (by the id of the agent cloned, and of the clone), and the models whose last
+    try failed during the run. The runner retries a failed model call by calling the model again; the
+    tries are one step, so a failed try is recorded only once no try follows it: when the model is called
+    for another request, or at the run's end (``settle``). A model registers with the run that calls it
+    (``_RUN``), not the one that made it: a run resumed from a ``RunState`` calls the models of the clones
+    of the run that returned the state."""
 
     def __init__(self) -> None:
         self.agents: dict[int, Agent[Any]] = {}
-        self.models: list[OnwardModel] = []
+        self.failed: list[OnwardModel] = []
 
     def settle(self) -> None:
-        for model in self.models:
+        for model in self.failed:
             failed, model.failed = model.failed, None
             if failed is not None:
                 failed.record()
+        self.failed.clear()
+
+
+# The run whose ``Runner.run`` is going on (set by ``OnwardRunner``; the runner's tasks inherit it).
+_RUN: contextvars.ContextVar[DurableRun | None] = contextvars.ContextVar("onward_openai_agents_run", default=None)
 
 
 class OnwardModel(Model):
     """A model whose ``get_response`` calls, inside an onward task, are durable steps: one step per call,
     whatever the number of tries the runner makes of it (recorded: the outcome of the last)."""
 
-    def __init__(self, wrapped: Model, run: DurableRun | None = None) -> None:
+    def __init__(self, wrapped: Model) -> None:
         self.wrapped = wrapped
         self.failed: _Try | None = None
         self.replayed_errors: list[BaseException] = []
-        if run is not None:
-            run.models.append(self)
 
     async def get_response(self, system_instructions: Any, input: Any, model_settings: ModelSettings, *args: Any,
                            **kwargs: Any) -> ModelResponse:
         ctx = active_context()
         if ctx is None:
             return await self.wrapped.get_response(system_instructions, input, model_settings, *args, **kwargs)
-        log = ctx.step_log
-        if not log.loaded:
-            await asyncio.to_thread(log.load)
         failed, self.failed = self.failed, None
         # The runner tries a call again with the very same input list; anything else is another call.
         if failed is not None and failed.ctx is ctx and failed.input is input:
-            if failed.replayed:  # no call: the record is the call's outcome, whatever the tries
+            if failed.run is None:  # no call: the record is the call's outcome, whatever the tries
                 self.failed = failed
                 raise failed.error
-            attempt = failed
+            run = failed.run
+            ctx.check()  # stopping or cancelled: do not pay for a try whose result could not be kept
         else:
             if failed is not None:
                 await asyncio.to_thread(failed.record)
-            index, record = log.begin(MODEL_STEP, VALUE)
-            if record is not None:
-                f = log.replayed_one(record)
-                if record.kind == ERROR:
-                    error = decode_error(f)
-                    self.replayed_errors = [error]
-                    self.failed = _Try(ctx, input, error, replayed=True)
-                    raise error
-                return _decode_response(JSON.loads(f.payload))
-            attempt = _Try(ctx, input, error=Exception(), index=index,
-                           key=idempotency_key(log.task, MODEL_STEP, index), started=time.monotonic())
-        ctx.check()  # stopping or cancelled: do not pay for a call whose result could not be kept
+            log = ctx.step_log
+            if not log.loaded:
+                await asyncio.to_thread(log.load)
+            begun = begin_step(ctx, _MODEL)
+            if isinstance(begun, StepRecord):
+                try:
+                    return _decode_response(replay(log, _MODEL, begun))
+                except BaseException as e:
+                    if begun.kind == ERROR:  # the recorded outcome: raised again, and not retried
+                        self.replayed_errors = [e]
+                        self._failed(_Try(ctx, input, e))
+                    raise
+            run = begun
         # The step's key as a header, for a server that deduplicates: the same on every try.
-        headers = {IDEMPOTENCY_HEADER: attempt.key, **(model_settings.extra_headers or {})}
+        headers = {IDEMPOTENCY_HEADER: run.key, **(model_settings.extra_headers or {})}
         settings = dataclasses.replace(model_settings, extra_headers=headers)
-        token = _RUNNING_STEP.set(StepCall(MODEL_STEP, attempt.index, attempt.key))
         try:
-            response = await self.wrapped.get_response(system_instructions, input, settings, *args, **kwargs)
+            with run.body():
+                response = await self.wrapped.get_response(system_instructions, input, settings, *args, **kwargs)
         except BaseException as e:
             if recordable(e):
-                attempt.error = e
-                self.failed = attempt
+                self._failed(_Try(ctx, input, e, run))
             raise
-        finally:
-            _RUNNING_STEP.reset(token)
-        data = _encode_response(response)
-        await asyncio.to_thread(log.record, attempt.index, MODEL_STEP, VALUE, JSON.name,
-                                time.monotonic() - attempt.started, JSON.dumps(data))
-        return _decode_response(data)
+        return _decode_response(await asyncio.to_thread(run.returned, _encode_response(response)))
+
+    def _failed(self, failed: _Try) -> None:
+        """The call's last try failed: recorded when no try follows it (see ``DurableRun``)."""
+        self.failed = failed
+        run = _RUN.get()
+        if run is not None and self not in run.failed:
+            run.failed.append(self)
 
     # Everything else a Model offers is the wrapped model's: the runner asks it for retry advice (a
     # provider's retry-after, replay safety) and has it release run-scoped resources at the run's end.
@@ -222,12 +225,11 @@ class OnwardModel(Model):
 class OnwardModelProvider(ModelProvider):
     """The run's model provider, its models wrapped in ``OnwardModel``."""
 
-    def __init__(self, wrapped: ModelProvider, run: DurableRun | None = None) -> None:
+    def __init__(self, wrapped: ModelProvider) -> None:
         self.wrapped = wrapped
-        self.run = run
 
     def get_model(self, model_name: str | None) -> Model:
-        return OnwardModel(self.wrapped.get_model(model_name), self.run)
+        return OnwardModel(self.wrapped.get_model(model_name))
 
     async def aclose(self) -> None:
         close = getattr(self.wrapped, "aclose", None)
@@ -404,7 +406,7 @@ def durable_agent(agent: Agent[Any], run: DurableRun | None = None) -> Agent[Any
     clone.tools = [durable_tool(t) for t in agent.tools]
     _durable_mcp_tools(clone)
     if isinstance(agent.model, Model) and not isinstance(agent.model, OnwardModel):
-        clone.model = OnwardModel(agent.model, run)
+        clone.model = OnwardModel(agent.model)
     clone.handoffs = [durable_agent(h, run) if isinstance(h, Agent) else durable_handoff(h, run)
                       for h in agent.handoffs]
     return clone
@@ -448,11 +450,11 @@ def durable_handoff(handoff: Any, run: DurableRun) -> Any:
     return durable
 
 
-def durable_run_config(config: RunConfig | None, run: DurableRun | None = None) -> RunConfig:
+def durable_run_config(config: RunConfig | None) -> RunConfig:
     config = config if config is not None else RunConfig()
     if isinstance(config.model, Model):
-        return dataclasses.replace(config, model=OnwardModel(config.model, run))
-    return dataclasses.replace(config, model_provider=OnwardModelProvider(config.model_provider, run))
+        return dataclasses.replace(config, model=OnwardModel(config.model))
+    return dataclasses.replace(config, model_provider=OnwardModelProvider(config.model_provider))
 
 
 def _refuse_foreign_state(input: Any) -> None:
@@ -495,10 +497,12 @@ class OnwardRunner:
         _refuse_session(kwargs)
         _refuse_foreign_state(input)
         run = DurableRun()
+        token = _RUN.set(run)
         try:
             return await Runner.run(durable_agent(starting_agent, run), input,
-                                    run_config=durable_run_config(run_config, run), **kwargs)
+                                    run_config=durable_run_config(run_config), **kwargs)
         finally:
+            _RUN.reset(token)
             await asyncio.to_thread(run.settle)
 
     @classmethod
@@ -509,10 +513,12 @@ class OnwardRunner:
         _refuse_session(kwargs)
         _refuse_foreign_state(input)
         run = DurableRun()
+        token = _RUN.set(run)
         try:
             return Runner.run_sync(durable_agent(starting_agent, run), input,
-                                   run_config=durable_run_config(run_config, run), **kwargs)
+                                   run_config=durable_run_config(run_config), **kwargs)
         finally:
+            _RUN.reset(token)
             run.settle()
 
     @classmethod

@@ -112,15 +112,31 @@ class StepLog:
     def store_now(self) -> float:
         return time.time() + self._clock_offset
 
-    def begin(self, name: str, kind: str,
-              mismatch: Callable[[StepRecord], str | None] | None = None) -> tuple[int, StepRecord | None]:
-        """Hand out the next call index; return it with the record to replay there, if any. ``mismatch``
-        tells what makes a record of this name another call's (drift too), None when it fits."""
+    def reserve(self, count: int) -> list[int]:
+        """Hand out the next ``count`` call indices at once, for calls that will run concurrently: each is
+        then begun at its own (``begin(..., at=index)``), in whatever order they come, so that a call's
+        position does not depend on how long the others took. One that never comes leaves its index
+        unrecorded, on every attempt alike."""
         if self.failure is not None:
             raise type(self.failure)(str(self.failure))
         with self._lock:
-            self._position += 1
-            index = self._position
+            first = self._position + 1
+            self._position += count
+        return list(range(first, first + count))
+
+    def begin(self, name: str, kind: str, mismatch: Callable[[StepRecord], str | None] | None = None,
+              at: int | None = None) -> tuple[int, StepRecord | None]:
+        """Hand out the next call index (or ``at``, one ``reserve`` handed out); return it with the record to
+        replay there, if any. ``mismatch`` tells what makes a record of this name another call's (drift
+        too), None when it fits."""
+        if self.failure is not None:
+            raise type(self.failure)(str(self.failure))
+        with self._lock:
+            if at is None:
+                self._position += 1
+                index = self._position
+            else:
+                index = at
             self._names[name] = count = self._names.get(name, 0) + 1
             record = self._pending.pop(index, None)
             if record is None:

@@ -241,11 +241,11 @@ class StepRun:
         return _as_recorded(self.spec, value, payload)
 
 
-def begin_step(ctx: StepContext, spec: StepSpec) -> StepRun | StepRecord:
-    """Take the step's call index in the loaded journal: the record to replay there (``replay``), or the
-    ``StepRun`` to run it for real."""
+def begin_step(ctx: StepContext, spec: StepSpec, at: int | None = None) -> StepRun | StepRecord:
+    """Take the step's call index in the loaded journal (the next one, or ``at``, reserved for it with
+    ``StepLog.reserve``): the record to replay there (``replay``), or the ``StepRun`` to run it for real."""
     log = ctx.step_log
-    index, record = log.begin(spec.name, VALUE, spec.mismatch)
+    index, record = log.begin(spec.name, VALUE, spec.mismatch, at)
     if record is not None:
         return record
     ctx.check()  # stopping or cancelled: do not pay for a call whose result could not be kept
@@ -278,11 +278,11 @@ def run_step(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any
 
 
 async def run_step_async(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any,
-                         kwargs: Any) -> Any:
+                         kwargs: Any, at: int | None = None) -> Any:
     log = ctx.step_log
     if not log.loaded:
         await asyncio.to_thread(log.load)
-    run = begin_step(ctx, spec)
+    run = begin_step(ctx, spec, at)
     if isinstance(run, StepRecord):
         return replay(log, spec, run)
     tries = 1

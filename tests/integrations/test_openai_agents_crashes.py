@@ -6,8 +6,10 @@ survive the kills. The runs are forked from a process that imported the SDK once
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
+import signal
 import textwrap
 from collections import Counter
 from collections.abc import Iterator
@@ -303,3 +305,149 @@ def test_custom_shell_and_apply_patch_tools_are_steps_paid_once_across_kills(ser
         expected_steps += ["openai_agents.model", LOCAL_STEPS[n % len(LOCAL_STEPS)]]
     assert [r.name for r in records] == expected_steps + ["openai_agents.model"]
     assert integrity(db) == "ok"
+
+
+# --- one turn of several tool calls, each kind beside the others ---------------------------------------
+# The agent: its model asks, in one answer, for an apply_patch call of three operations, two shell calls and
+# a custom tool call, then answers with their outputs. The SDK runs the function tools concurrently, and
+# beside them each other kind one call (one operation) after another, so the steps interleave as the tools'
+# durations (seeded) make them. Each tool appends what it did to a file once it has done it (its side
+# effect), and SIGKILLs the worker as the KILL_AT-th tool run begins, if asked.
+TURN_AGENT = '''
+import asyncio, json, os, signal, sys
+from agents import (Agent, ApplyPatchTool, CustomTool, Model, ModelResponse, ShellTool, set_tracing_disabled)
+from agents.editor import ApplyPatchResult
+from agents.usage import Usage
+from openai.types.responses import (ResponseApplyPatchToolCall, ResponseCustomToolCall,
+                                    ResponseFunctionShellToolCall, ResponseOutputMessage, ResponseOutputText)
+from openai.types.responses.response_apply_patch_tool_call import OperationCreateFile
+from openai.types.responses.response_function_shell_tool_call import Action
+from onward import Job
+from onward.integrations.openai_agents import OnwardRunner
+
+db, effects, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+delays = json.loads(sys.argv[4])  # seconds each tool takes, by its token
+set_tracing_disabled(True)
+started = []
+
+
+async def run_tool(token):
+    started.append(token)
+    if len(started) == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)  # between steps: the tools before this one may have committed
+    await asyncio.sleep(delays[token])
+    with open(effects, "a") as f:
+        f.write(json.dumps({"token": token, "pid": os.getpid()}) + "\\n")
+    return token
+
+
+class Scripted(Model):
+    async def get_response(self, system_instructions, input, *args, **kwargs):
+        outputs = [i for i in input if isinstance(i, dict) and str(i.get("type", "")).endswith("call_output")]
+        if not outputs:
+            ops = [OperationCreateFile(type="create_file", path=f"patch{n}.txt", diff="+x") for n in range(3)]
+            items = [ResponseApplyPatchToolCall(type="apply_patch_call", id="ap", call_id="c1", status="completed",
+                                                operation=ops[0], operations=ops),
+                     ResponseFunctionShellToolCall(type="shell_call", id="sh1", call_id="c2", status="completed",
+                                                   action=Action(commands=["shell1"])),
+                     ResponseFunctionShellToolCall(type="shell_call", id="sh2", call_id="c3", status="completed",
+                                                   action=Action(commands=["shell2"])),
+                     ResponseCustomToolCall(type="custom_tool_call", call_id="c4", input="custom", name="count",
+                                            id="ct")]
+        else:
+            text = " | ".join(sorted(json.dumps(o.get("output"), sort_keys=True) for o in outputs))
+            items = [ResponseOutputMessage(type="message", id="m", role="assistant", status="completed",
+                                           content=[ResponseOutputText(type="output_text", text=text, annotations=[])])]
+        return ModelResponse(output=items, usage=Usage(), response_id=None)
+
+    def stream_response(self, *args, **kwargs):
+        raise NotImplementedError
+
+
+class Editor:
+    async def create_file(self, operation):
+        return ApplyPatchResult(status="completed", output=await run_tool(operation.path.split(".")[0]))
+
+    def update_file(self, operation):
+        raise NotImplementedError
+
+    def delete_file(self, operation):
+        raise NotImplementedError
+
+
+async def shell(request):
+    return await run_tool(request.data.action.commands[0])
+
+
+async def custom(ctx, input):
+    return await run_tool(input)
+
+
+agent = Agent(name="tools", model=Scripted(),
+              tools=[ApplyPatchTool(editor=Editor()), ShellTool(executor=shell),
+                     CustomTool(name="count", description="Count.", on_invoke_tool=custom)])
+job = Job(db, max_attempts=3, retry_delay=0, heartbeat=1.0)
+
+
+@job.task
+async def solve(question, ctx):
+    return str((await OnwardRunner.run(agent, question)).final_output)
+
+
+job.add(["one turn"])
+sys.exit(job.run().exit_code)
+'''
+TOKENS = ["patch0", "patch1", "patch2", "shell1", "shell2", "custom"]
+
+
+def test_a_turn_of_several_tool_calls_resumes_after_a_kill_between_any_two(server: ForkServer, tmp_path: Path,
+                                                                           seed: int) -> None:
+    """A kill as each tool run begins (the tools before it done, and recorded or in flight): the resumed
+    turn replays every recorded step at its own position and runs each tool whose record was not committed,
+    whatever order the tools' durations gave their steps. Before each step's position was reserved from
+    the model's answer, a step that followed another of its kind (an apply_patch call's second operation,
+    the second shell call) took the next position when it began: on replay it began sooner, found another
+    tool's record there, and the task failed with StepDrift."""
+    rng = random.Random(seed)
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent(TURN_AGENT))
+    # The operations take longer than the other tools: steps of other kinds begin between two operations.
+    delays = {token: round(rng.uniform(0.03, 0.06) if token.startswith("patch") else rng.uniform(0, 0.01), 3)
+              for token in TOKENS}
+    print(f"tool durations {delays}")
+
+    def argv(db: Path, effects: Path, kill_at: int) -> list[str]:
+        return [str(agent), str(db), str(effects), str(kill_at), json.dumps(delays)]
+
+    reference_db = tmp_path / "reference.db"
+    assert server.start(argv(reference_db, tmp_path / "reference-effects", 0)).wait(60) == 0, \
+        server.stderr.read_text()[-3000:]
+    reference = open_store(str(reference_db), create=False)
+    expected = reference.result("one turn")
+    reference.close()
+    assert expected is not None and all(token.encode() in expected.data for token in TOKENS)
+
+    for kill_at in range(1, len(TOKENS) + 1):
+        db, effects = tmp_path / f"agent{kill_at}.db", tmp_path / f"effects{kill_at}"
+        assert server.start(argv(db, effects, kill_at)).wait(60) == -signal.SIGKILL
+        store = open_store(str(db), create=False)
+        task_id = store.task_id("one turn")
+        assert task_id is not None
+        committed = {token for r in store.steps(task_id) for token in TOKENS
+                     if r.name != "openai_agents.model" and token.encode() in r.data}
+        store.close()
+        done_before = {e["token"] for e in json_lines(effects)}
+        assert server.start(argv(db, effects, 0)).wait(60) == 0, \
+            f"kill at tool run {kill_at}: {server.stderr.read_text()[-3000:]}"
+        store = open_store(str(db), create=False)
+        try:
+            assert store.result("one turn") == expected
+        finally:
+            store.close()
+        per_token = Counter(e["token"] for e in json_lines(effects))
+        # Every tool's effect is there; one whose step was recorded at the kill was not run again (one
+        # in flight then, its effect done but its record not committed, may have run twice).
+        assert sorted(per_token) == sorted(TOKENS)
+        assert all(per_token[token] == 1 for token in committed), (kill_at, committed, per_token)
+        assert all(per_token[token] <= 1 + (token in done_before) for token in TOKENS)
+        assert integrity(db) == "ok"

@@ -151,15 +151,18 @@ def durable_call(name: str, call: Callable[[str | None], T], encode: Callable[[T
 
 async def durable_call_async(name: str, call: Callable[[str | None], Awaitable[T]], encode: Callable[[T], Any],
                              decode: Callable[[Any], T],
-                             mismatch: Callable[[StepRecord], str | None] | None = None) -> T:
-    """``durable_call`` for a coroutine: the commit waits in a thread, not on the event loop."""
+                             mismatch: Callable[[StepRecord], str | None] | None = None,
+                             at: Callable[[StepContext], int | None] | None = None) -> T:
+    """``durable_call`` for a coroutine: the commit waits in a thread, not on the event loop. ``at``: the
+    call index reserved for this call in the task's journal (``StepLog.reserve``), if any."""
     ctx = active_context()
     if ctx is None:
         return await call(None)
 
     async def body() -> Any:
         return encode(await call(current_step_key()))
-    return decode(await run_step_async(ctx, StepSpec(name, mismatch=mismatch), body, (), {}))
+    index = at(ctx) if at is not None else None
+    return decode(await run_step_async(ctx, StepSpec(name, mismatch=mismatch), body, (), {}, at=index))
 
 
 # --- a stream, one step -----------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import inspect
 import json
 import weakref
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 try:
@@ -71,6 +71,7 @@ from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from ..errors import UsageError
+from ..step_log import StepLog
 from ..step_records import ERROR, recordable
 from ..steps import StepContext, StepRun, StepSpec, active_context, begin_step, replay
 from ..store.base import StepRecord
@@ -172,7 +173,7 @@ class OnwardModel(Model):
             begun = begin_step(ctx, _MODEL)
             if isinstance(begun, StepRecord):
                 try:
-                    return _decode_response(replay(log, _MODEL, begun))
+                    return _reserve_tool_steps(log, _decode_response(replay(log, _MODEL, begun)))
                 except BaseException as e:
                     if begun.kind == ERROR:  # the recorded outcome: raised again, and not retried
                         self.replayed_errors = [e]
@@ -189,7 +190,8 @@ class OnwardModel(Model):
             if recordable(e):
                 self._failed(_Try(ctx, input, e, run))
             raise
-        return _decode_response(await asyncio.to_thread(run.returned, _encode_response(response)))
+        answer = _decode_response(await asyncio.to_thread(run.returned, _encode_response(response)))
+        return _reserve_tool_steps(ctx.step_log, answer)
 
     def _failed(self, failed: _Try) -> None:
         """The call's last try failed: recorded when no try follows it (see ``DurableRun``)."""
@@ -235,6 +237,76 @@ class OnwardModelProvider(ModelProvider):
         close = getattr(self.wrapped, "aclose", None)
         if close is not None:
             await close()
+
+
+@dataclass
+class _Reserved:
+    """The call indices reserved for the tool steps of the model's answers so far, until each step runs."""
+
+    calls: dict[Any, int] = field(default_factory=dict)  # a tool call's call_id -> its step's index
+    operations: list[tuple[Any, int]] = field(default_factory=list)  # an apply_patch operation -> its index
+
+
+_RESERVED: weakref.WeakKeyDictionary[StepLog, _Reserved] = weakref.WeakKeyDictionary()  # per attempt
+_ONE_STEP_CALLS = frozenset({"function_call", "custom_tool_call", "shell_call", "local_shell_call"})
+
+
+def _reserve_tool_steps(log: StepLog, answer: ModelResponse) -> ModelResponse:
+    """Reserve the call indices of the tool steps ``answer`` asks for, in its order (one per tool call, one
+    per operation of an apply_patch call), on the first run as on replay. The SDK runs a turn's function
+    tools concurrently, and beside them each other kind (custom, shell, local shell, apply_patch) one call
+    after another: a step that follows another of its kind (a second shell call, an apply_patch call's
+    second operation) began once the first one's commit returned, after steps of other kinds that began
+    meanwhile, but on replay it begins at once. Taking the next index as each step began made a resumed
+    turn drift (``StepDrift``, the task failed for good). An index reserved for a call that does not run
+    (a handoff, a rejected call) stays unrecorded. An answer with one tool step at most reserves nothing:
+    that step's index is the next one either way (as recorded before reservations)."""
+    wanted: list[tuple[bool, Any]] = []  # (an apply_patch operation, its key or the call's id)
+    for item in answer.output:
+        kind = _field(item, "type")
+        if kind in _ONE_STEP_CALLS and _field(item, "call_id"):
+            wanted.append((False, _field(item, "call_id")))
+        elif kind == "apply_patch_call":
+            operations = _field(item, "operations")
+            if not isinstance(operations, list) or not operations:
+                operations = [_field(item, "operation")]
+            wanted += [(True, _operation_key(op)) for op in operations if op is not None]
+    if len(wanted) > 1:
+        reserved = _RESERVED.setdefault(log, _Reserved())
+        for (operation, key), index in zip(wanted, log.reserve(len(wanted)), strict=True):
+            if operation:
+                reserved.operations.append((key, index))
+            else:
+                reserved.calls[key] = index
+    return answer
+
+
+def _field(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
+
+
+def _operation_key(operation: Any) -> tuple[str, str, Any]:
+    """An apply_patch operation as the editor is given it (the SDK drops a delete's diff)."""
+    kind = str(_field(operation, "type"))
+    return kind, str(_field(operation, "path")), None if kind == "delete_file" else _field(operation, "diff")
+
+
+def _reserved_call(ctx: StepContext, call_id: Any) -> int | None:
+    reserved = _RESERVED.get(ctx.step_log)
+    return None if reserved is None or not call_id else reserved.calls.pop(call_id, None)
+
+
+def _reserved_operation(ctx: StepContext, operation: Any) -> int | None:
+    """The index reserved for the first operation not run yet that is ``operation``: the SDK runs an
+    answer's apply_patch calls, and each call's operations, in order."""
+    reserved = _RESERVED.get(ctx.step_log)
+    if reserved is not None:
+        key = _operation_key(operation)
+        for i, (reserved_key, index) in enumerate(reserved.operations):
+            if reserved_key == key:
+                del reserved.operations[i]
+                return index
+    return None
 
 
 _REFUSED = object()  # the SDK refuses a tool's output (it does not fit the tool's declared output schema)
@@ -290,7 +362,8 @@ def durable_tool(tool: Any) -> Any:
             tool_call = getattr(ctx, "tool_call", None) or ResponseFunctionToolCall(
                 type="function_call", name=tool.name, arguments=arguments, call_id="")
             return await durable_call_async(name, lambda key: invoke(ctx, arguments),
-                                            lambda output: _tool_record(tool, tool_call, output), _same)
+                                            lambda output: _tool_record(tool, tool_call, output), _same,
+                                            at=lambda c: _reserved_call(c, getattr(ctx, "tool_call_id", None)))
 
         return _copy_with(tool, on_invoke_tool=durable_invoke)
     # The SDK runs these tools itself (not through a FunctionTool's on_invoke_tool), from the call in the
@@ -301,11 +374,14 @@ def durable_tool(tool: Any) -> Any:
     # failed output it sends the model.
     if isinstance(tool, CustomTool):
         return _copy_with(tool, on_invoke_tool=_durable_callable(
-            tool.on_invoke_tool, tool.name, lambda out: out if isinstance(out, str) else str(out), _same))
+            tool.on_invoke_tool, tool.name, lambda out: out if isinstance(out, str) else str(out), _same,
+            lambda c, ctx, input: _reserved_call(c, getattr(ctx, "tool_call_id", None))))
     if isinstance(tool, LocalShellTool):
-        return _copy_with(tool, executor=_durable_callable(tool.executor, tool.name, _through_text, _same))
+        return _copy_with(tool, executor=_durable_callable(tool.executor, tool.name, _through_text, _same,
+                                                           _request_call))
     if isinstance(tool, ShellTool) and tool.executor is not None:  # a hosted environment has no executor
-        return _copy_with(tool, executor=_durable_callable(tool.executor, tool.name, _shell_record, _shell_result))
+        return _copy_with(tool, executor=_durable_callable(tool.executor, tool.name, _shell_record, _shell_result,
+                                                           _request_call))
     if isinstance(tool, ApplyPatchTool):
         return _copy_with(tool, editor=_DurableEditor(tool.editor, tool.name))
     return tool
@@ -345,16 +421,21 @@ def _shell_result(data: Any) -> Any:
     return data
 
 
-def _durable_callable(call: Any, tool_name: str, encode: Any, decode: Any) -> Any:
+def _request_call(ctx: StepContext, request: Any) -> int | None:
+    """A shell or local shell executor's request: the index reserved for its call."""
+    return _reserved_call(ctx, getattr(getattr(request, "data", None), "call_id", None))
+
+
+def _durable_callable(call: Any, tool_name: str, encode: Any, decode: Any, reserved: Any) -> Any:
     """``call`` (sync or async; the SDK awaits what it returns when it is awaitable) as a step named
-    ``openai_agents.tool.NAME``."""
+    ``openai_agents.tool.NAME``, at the index ``reserved(ctx, *args)`` if it gives one."""
     name = f"openai_agents.tool.{tool_name}"
 
     async def durable(*args: Any) -> Any:
         async def once(key: str | None) -> Any:
             out = call(*args)
             return await out if inspect.isawaitable(out) else out
-        return await durable_call_async(name, once, encode, decode)
+        return await durable_call_async(name, once, encode, decode, at=lambda ctx: reserved(ctx, *args))
     return durable
 
 
@@ -380,9 +461,12 @@ class _DurableEditor:
 
     def __init__(self, editor: Any, tool_name: str) -> None:
         self.editor = editor
-        self.create_file = _durable_callable(editor.create_file, tool_name, _patch_record, _patch_result)
-        self.update_file = _durable_callable(editor.update_file, tool_name, _patch_record, _patch_result)
-        self.delete_file = _durable_callable(editor.delete_file, tool_name, _patch_record, _patch_result)
+        self.create_file = _durable_callable(editor.create_file, tool_name, _patch_record, _patch_result,
+                                             _reserved_operation)
+        self.update_file = _durable_callable(editor.update_file, tool_name, _patch_record, _patch_result,
+                                             _reserved_operation)
+        self.delete_file = _durable_callable(editor.delete_file, tool_name, _patch_record, _patch_result,
+                                             _reserved_operation)
 
     def __getattr__(self, name: str) -> Any:
         if name == "editor":

@@ -317,6 +317,8 @@ def _sent_to_model(tool: FunctionTool, tool_call: Any, output: Any) -> Any:
     """What the SDK sends the model for ``output`` of ``tool``: its function_call_output, made by the SDK's
     own rules (a string as it is, structured outputs as content items, a declared output schema as its
     JSON, anything else ``str(output)``)."""
+    # ``_output_type_adapter`` is private (openai-agents 0.24.0 has no public one; its own tool execution
+    # passes the same attribute here): read defensively, a tool without it is sent as without a schema.
     try:
         return ItemHelpers.tool_call_output_item(
             tool_call, output, output_json_schema=tool.output_json_schema,
@@ -527,7 +529,9 @@ def durable_handoff(handoff: Any, run: DurableRun) -> Any:
     durable = _copy_with(handoff, on_invoke_handoff=durable_invoke)
     # The runner reads the target through this weak reference too (to register its tools before the
     # handoff): point it at the clone, which ``run`` keeps alive.
-    ref = getattr(handoff, "_agent_ref", None)  # absent from SDK versions before it
+    # Private, with no public equivalent in openai-agents 0.24.0 (the SDK's own turn resolution reads it too);
+    # absent from versions before it.
+    ref = getattr(handoff, "_agent_ref", None)
     target = ref() if ref is not None else None
     if isinstance(target, Agent):
         durable._agent_ref = weakref.ref(durable_agent(target, run))
@@ -548,7 +552,8 @@ def _refuse_foreign_state(input: Any) -> None:
     tool calls would not be steps: after a crash, the approved tool and every model call after it would
     run again. It cannot be given durable clones instead: the SDK binds an approval to the very agent
     object the state holds. So it is refused inside a task. ``_current_agent`` is the SDK's private
-    attribute (there is no public one): read defensively, and a state without it is let through."""
+    attribute (there is no public one in openai-agents 0.24.0, whose own code reads it): read defensively,
+    and a state without it is let through."""
     if not isinstance(input, RunState):
         return
     agent = getattr(input, "_current_agent", None)

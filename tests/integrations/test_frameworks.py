@@ -213,29 +213,23 @@ def test_pydantic_ai_toolsets_given_per_run_are_steps_too(tmp_path: Path) -> Non
     assert names == ["pydantic_ai.model.request", "pydantic_ai.tool.lookup", "pydantic_ai.model.request"]
 
 
-def test_openai_agents_streamed_run_is_refused_inside_a_task(tmp_path: Path, stub: Stub) -> None:
-    from onward import Job
-    from onward.errors import UsageError
+def test_openai_agents_streamed_run_replays_without_calls(tmp_path: Path, stub: Stub) -> None:
+    """A streamed run (the stub streams server-sent events through the SDK's chat-completions model): each
+    model call a step of its events, each tool call a step; the second attempt replays the same events."""
     from onward.integrations.openai_agents import OnwardRunner
-    from onward.log import QUIET
 
-    make = agents_agent(stub, [])
-    refused: list[str] = []
-    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
+    tools: list[str] = []
+    make = agents_agent(stub, tools)
 
-    @job.task
-    def task(name: str, ctx: object) -> str:
-        try:
-            OnwardRunner.run_streamed(make(), QUESTION)
-        except UsageError as e:
-            refused.append(str(e))
-        return "done"
-
-    job.add(["t"])
-    assert job.run().exit_code == 0
-    job.close()
-    assert refused == ["OnwardRunner.run_streamed is not durable: inside a task use OnwardRunner.run"]
-    assert stub.count() == 0
+    async def run() -> Any:
+        result = OnwardRunner.run_streamed(make(), QUESTION)
+        events = [e.data.type if e.type == "raw_response_event" else e.type async for e in result.stream_events()]
+        return result.final_output, events
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed and first[0] == "The product is 210."
+    assert "response.output_text.delta" in first[1] and "run_item_stream_event" in first[1]
+    assert stub.count() == 4 and tools == ["2 * 3", "6 * 5", "30 * 7"]  # the second attempt made no call
+    assert all(c["key"] and c["key"].startswith("onward-") and c["stream"] for c in stub.calls())
 
 
 def test_pydantic_ai_a_model_override_around_the_run_is_kept(tmp_path: Path) -> None:

@@ -144,6 +144,109 @@ def test_mcp_tool_calls_are_steps_paid_once_across_kills(server: ForkServer, tmp
     assert integrity(db) == "ok"
 
 
+# --- a failed model call of a run resumed from its RunState ------------------------------------------
+# A task that resumes a RunState (an approval) in a second run whose model call fails every try; the task
+# handles the error, and its worker is SIGKILLed inside the next step. Each model try and tool run is
+# appended to a file: the counts survive the kill.
+RESUMED_FAILURE = """
+import os, signal, sys
+from agents import Agent, Model, ModelResponse, ModelRetryAdvice, ModelRetrySettings, ModelSettings
+from agents import function_tool, retry_policies, set_tracing_disabled
+from agents.usage import Usage
+from onward import Job, step
+from onward.integrations.openai_agents import OnwardRunner
+from openai.types.responses import ResponseFunctionToolCall
+
+db = sys.argv[1]
+set_tracing_disabled(True)
+
+
+def note(line):
+    with open(db + ".runs", "a") as f:
+        f.write(line + "\\n")
+
+
+class Overloaded(Exception):
+    pass
+
+
+class Model429(Model):
+    # Asks for the tool, then fails every try of the call after the approved tool ran.
+    async def get_response(self, system_instructions, input, *args, **kwargs):
+        if any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in input):
+            note("fail")
+            raise Overloaded("try again")
+        note("model")
+        call = ResponseFunctionToolCall(type="function_call", name="pay", arguments='{"amount": 5}', call_id="p1",
+                                        id="fc_p1", status="completed")
+        return ModelResponse(output=[call], usage=Usage(), response_id=None)
+
+    def get_retry_advice(self, request):
+        return ModelRetryAdvice(suggested=True, retry_after=0)
+
+    def stream_response(self, *args, **kwargs):
+        raise NotImplementedError
+
+
+@function_tool(needs_approval=True)
+def pay(amount: int) -> str:
+    \"\"\"Pay an amount.\"\"\"
+    note("pay")
+    return f"paid {amount}"
+
+
+@step
+def fallback() -> str:
+    note("fallback")
+    if not os.path.exists(db + ".killed"):
+        open(db + ".killed", "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)  # the worker dies in the step after the handled error
+    return "fallback"
+
+
+settings = ModelSettings(retry=ModelRetrySettings(max_retries=2, policy=retry_policies.provider_suggested()))
+agent = Agent(name="m", model=Model429(), tools=[pay], model_settings=settings)
+job = Job(db, max_attempts=3, retry_delay=0)
+
+
+@job.task
+async def t(task, ctx):
+    state = (await OnwardRunner.run(agent, "pay 5")).to_state()
+    state.approve(state.get_interruptions()[0])
+    try:
+        return (await OnwardRunner.run(agent, state)).final_output
+    except Overloaded:
+        return fallback()
+
+
+job.add(["t"])
+sys.exit(job.run().exit_code)
+"""
+
+
+def test_a_failed_model_call_of_a_resumed_run_state_replays_after_a_kill(server: ForkServer, tmp_path: Path) -> None:
+    """The resumed run calls the models of the clones of the run that returned the state: a call whose every
+    try failed there must still be recorded at the run's end (it was not: the next step took the position
+    after it, and after the kill the model was tried again, three more tries paid for)."""
+    script = tmp_path / "worker.py"
+    script.write_text(RESUMED_FAILURE)
+    db = str(tmp_path / "job.db")
+    assert server.start([str(script), db]).wait(60) == -signal.SIGKILL, server.stderr.read_text()[-3000:]
+    assert server.start([str(script), db]).wait(60) == 0, server.stderr.read_text()[-3000:]
+    ran = Path(db + ".runs").read_text().splitlines()
+    # Every call once; only the step in flight at the kill twice. The failed call replayed as its error.
+    assert ran == ["model", "pay", "fail", "fail", "fail", "fallback", "fallback"]
+    store = open_store(db, create=False)
+    try:
+        task_id = store.task_id("t")
+        assert task_id is not None
+        kinds = [(r.name, r.kind) for r in store.steps(task_id)]
+    finally:
+        store.close()
+    assert kinds == [("openai_agents.model", "value"), ("openai_agents.tool.pay", "value"),
+                     ("openai_agents.model", "error"), ("fallback", "value")]
+
+
 # --- tools the SDK runs in-process without being function tools -----------------------------------------
 # The agent: a model in the worker (each call appended to a file) that makes one call of each tool in
 # turn, eight in all, then answers with their outputs; each tool's code appends each run to another file.
@@ -451,3 +554,136 @@ def test_a_turn_of_several_tool_calls_resumes_after_a_kill_between_any_two(serve
         assert all(per_token[token] == 1 for token in committed), (kill_at, committed, per_token)
         assert all(per_token[token] <= 1 + (token in done_before) for token in TOKENS)
         assert integrity(db) == "ok"
+
+
+# --- a streamed run, with a handoff and tools ------------------------------------------------------------
+# The agent: a triage agent whose model (the SDK's testing model, streamed) asks for two calculator calls in
+# one answer, then hands off to a second agent, which asks for one more and answers with what it was sent.
+# The task consumes the run's events and returns the final output with the number of events it saw. Each
+# model call and tool run is appended to a file, so the counts survive the kills.
+STREAMED_AGENT = '''
+import asyncio, json, sys
+from agents import Agent, function_tool, set_tracing_disabled
+from agents.testing import ModelStep, ScriptedModel
+from agents.testing.model import assistant_message, function_call
+from onward import Job
+from onward.integrations.openai_agents import OnwardRunner
+
+db, model_log, tool_log, question = sys.argv[1:5]
+set_tracing_disabled(True)
+
+
+def logged(path, entry):
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\\n")
+
+
+def outputs(call):
+    return [i["output"] for i in call.input if isinstance(i, dict) and i.get("type") == "function_call_output"]
+
+
+async def triage(call):
+    done = outputs(call)
+    logged(model_log, {"agent": "triage", "turn": len(done)})
+    await asyncio.sleep(0.02)  # a model call takes its time: some kills land inside it
+    if not done:
+        return [function_call("calculator", {"expression": "6 * 7"}, call_id="t1"),
+                function_call("calculator", {"expression": "2 * 3"}, call_id="t2")]
+    return [function_call("transfer_to_finisher", {}, call_id="h1")]
+
+
+async def finisher(call):
+    done = outputs(call)
+    logged(model_log, {"agent": "finisher", "turn": len(done)})
+    await asyncio.sleep(0.02)
+    if len(done) < 4:
+        return [function_call("calculator", {"expression": "42 * 6"}, call_id="f1")]
+    return [assistant_message("finished: " + ", ".join(str(d) for d in done))]
+
+
+@function_tool
+async def calculator(expression: str) -> str:
+    """Multiply 'a * b'."""
+    await asyncio.sleep(0.02)
+    logged(tool_log, {"expression": expression})
+    a, b = (int(x) for x in expression.split("*"))
+    return str(a * b)
+
+
+def scripted(responder):
+    return ScriptedModel([ModelStep.respond(responder)] * 16)
+
+
+finisher_agent = Agent(name="finisher", model=scripted(finisher), tools=[calculator])
+agent = Agent(name="triage", model=scripted(triage), tools=[calculator], handoffs=[finisher_agent])
+job = Job(db, max_attempts=1000, retry_delay=0, heartbeat=1.0)
+
+
+@job.task
+async def solve(question, ctx):
+    result = OnwardRunner.run_streamed(agent, question, max_turns=16)
+    events = [event async for event in result.stream_events()]
+    return f"{result.final_output} ({result.last_agent.name}, {len(events)} events)"
+
+
+job.add([question])
+sys.exit(job.run().exit_code)
+'''
+STREAMED_STEPS = ["openai_agents.model.stream", "openai_agents.tool.calculator", "openai_agents.tool.calculator",
+                  "openai_agents.model.stream", "openai_agents.model.stream", "openai_agents.tool.calculator",
+                  "openai_agents.model.stream"]
+
+
+@pytest.fixture
+def streaming_server(tmp_path: Path) -> Iterator[ForkServer]:
+    s = ForkServer(tmp_path, ["onward", "onward.integrations.openai_agents", "agents.testing"])
+    yield s
+    s.close()
+
+
+def test_a_streamed_run_with_a_handoff_and_tools_is_paid_once_across_kills(streaming_server: ForkServer,
+                                                                          tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent(STREAMED_AGENT))
+
+    def argv(db: Path, models: Path, tools: Path) -> list[str]:
+        return [str(agent), str(db), str(models), str(tools), "stream it"]
+
+    reference_db = tmp_path / "reference.db"
+    code = streaming_server.start(argv(reference_db, tmp_path / "reference-models", tmp_path / "reference-tools")
+                                  ).wait(60)
+    assert code == 0, streaming_server.stderr.read_text()[-3000:]
+    reference = open_store(str(reference_db), create=False)
+    expected = reference.result("stream it")
+    reference.close()
+    assert expected is not None and expected.data.startswith(b"finished: 42, 6, {") and b"252" in expected.data
+    assert len(json_lines(tmp_path / "reference-models")) == 4 and len(json_lines(tmp_path / "reference-tools")) == 3
+
+    db, models, tools = tmp_path / "agent.db", tmp_path / "models", tmp_path / "tools"
+
+    def progress() -> int:  # the distinct calls made so far: a call made again is no progress
+        return (len({(c["agent"], c["turn"]) for c in json_lines(models)})
+                + len({c["expression"] for c in json_lines(tools)}))
+    done = kill_until_done(streaming_server, argv(db, models, tools), progress, db, PLAN, rng)
+    model_calls, tool_calls = json_lines(models), json_lines(tools)
+    print(f"kills {done.kills} ({done.in_commit} inside a commit); model calls {len(model_calls)};"
+          f" tool runs {len(tool_calls)}")
+
+    store = open_store(str(db), create=False)
+    try:
+        assert store.result("stream it") == expected  # the same final output, and as many events, as uninterrupted
+        task_id = store.task_id("stream it")
+        assert task_id is not None
+        records = store.steps(task_id)
+    finally:
+        store.close()
+    per_tool_call = Counter(c["expression"] for c in tool_calls)
+    per_model_call = Counter((c["agent"], c["turn"]) for c in model_calls)
+    assert sorted(per_tool_call) == ["2 * 3", "42 * 6", "6 * 7"]
+    assert sorted(per_model_call) == [("finisher", 3), ("finisher", 4), ("triage", 0), ("triage", 2)]
+    # Every call made once, plus at most one repeat per kill: the one in flight when it came.
+    repeats = sum(n - 1 for n in per_tool_call.values()) + sum(n - 1 for n in per_model_call.values())
+    assert repeats <= done.kills
+    assert [r.name for r in records] == STREAMED_STEPS
+    assert integrity(db) == "ok"

@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +50,6 @@ from onward.log import QUIET  # noqa: E402
 from onward.store import open_store  # noqa: E402
 
 set_tracing_disabled(True)
-ROOT = str(Path(__file__).resolve().parents[2])
-SRC = str(Path(ROOT) / "src")
 
 
 def items(input: Any) -> list[Any]:
@@ -287,100 +281,45 @@ def test_a_model_call_whose_every_try_failed_runs_again_when_the_attempt_failed_
     assert step_kinds(tmp_path / "job.db") == [("openai_agents.model", "value")]
 
 
-# A task that resumes a RunState (an approval) in a second run whose model call fails every try; the task
-# handles the error, and its worker is SIGKILLed inside the next step. Each model try and tool run is
-# appended to a file: the counts survive the kill.
-RESUMED_FAILURE = """
-import os, signal, sys
-from agents import Agent, Model, ModelResponse, ModelRetryAdvice, ModelRetrySettings, ModelSettings
-from agents import function_tool, retry_policies, set_tracing_disabled
-from agents.usage import Usage
-from onward import Job, step
-from onward.integrations.openai_agents import OnwardRunner
-from tests.integrations.test_openai_agents_durable import answer, message, tool_call
+@pytest.mark.parametrize("fail", [1, 3])
+def test_a_streamed_model_call_the_runner_retries_is_one_step(tmp_path: Path, fail: int) -> None:
+    """Streamed (the SDK's testing model): the tries of a call are one step, as in a run; one that failed
+    every try is recorded when the result's events end, and replays as its error without a try."""
+    from agents.testing import ModelStep, ScriptedModel
+    from agents.testing.model import assistant_message
 
-db = sys.argv[1]
-set_tracing_disabled(True)
+    calls: list[str] = []
 
+    def respond(call: Any) -> Any:
+        if calls.count("fail") < fail:
+            calls.append("fail")
+            return ModelStep.raise_error(Overloaded("try again"),
+                                         retry_advice=ModelRetryAdvice(suggested=True, retry_after=0))
+        calls.append("m")
+        return [assistant_message("m: hi")]
 
-def note(line):
-    with open(db + ".runs", "a") as f:
-        f.write(line + "\\n")
+    agent = Agent(name="m", model=ScriptedModel([ModelStep.respond(respond)] * 8),
+                  model_settings=provider_suggested())
 
+    @step
+    def fallback() -> str:
+        calls.append("fallback")
+        return "fallback"
 
-class Overloaded(Exception):
-    pass
-
-
-class Model429(Model):
-    # Asks for the tool, then fails every try of the call after the approved tool ran.
-    async def get_response(self, system_instructions, input, *args, **kwargs):
-        if any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in input):
-            note("fail")
-            raise Overloaded("try again")
-        note("model")
-        return answer(tool_call("pay", {"amount": 5}, "p1"))
-
-    def get_retry_advice(self, request):
-        return ModelRetryAdvice(suggested=True, retry_after=0)
-
-    def stream_response(self, *args, **kwargs):
-        raise NotImplementedError
-
-
-@function_tool(needs_approval=True)
-def pay(amount: int) -> str:
-    \"\"\"Pay an amount.\"\"\"
-    note("pay")
-    return f"paid {amount}"
-
-
-@step
-def fallback() -> str:
-    note("fallback")
-    if not os.path.exists(db + ".killed"):
-        open(db + ".killed", "w").close()
-        os.kill(os.getpid(), signal.SIGKILL)  # the worker dies in the step after the handled error
-    return "fallback"
-
-
-settings = ModelSettings(retry=ModelRetrySettings(max_retries=2, policy=retry_policies.provider_suggested()))
-agent = Agent(name="m", model=Model429(), tools=[pay], model_settings=settings)
-job = Job(db, max_attempts=3, retry_delay=0)
-
-
-@job.task
-async def t(task, ctx):
-    state = (await OnwardRunner.run(agent, "pay 5")).to_state()
-    state.approve(state.get_interruptions()[0])
-    try:
-        return (await OnwardRunner.run(agent, state)).final_output
-    except Overloaded:
-        return fallback()
-
-
-job.add(["t"])
-sys.exit(job.run().exit_code)
-"""
-
-
-def test_a_failed_model_call_of_a_resumed_run_state_replays_after_a_kill(tmp_path: Path) -> None:
-    """The resumed run calls the models of the clones of the run that returned the state: a call whose every
-    try failed there must still be recorded at the run's end (it was not: the next step took the position
-    after it, and after the kill the model was tried again, three more tries paid for)."""
-    script = tmp_path / "worker.py"
-    script.write_text(RESUMED_FAILURE)
-    db = str(tmp_path / "job.db")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, ROOT]))
-    first = subprocess.run([sys.executable, str(script), db], env=env, capture_output=True, timeout=60)
-    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
-    second = subprocess.run([sys.executable, str(script), db], env=env, capture_output=True, timeout=60)
-    assert second.returncode == 0, second.stderr.decode()[-3000:]
-    ran = Path(db + ".runs").read_text().splitlines()
-    # Every call once; only the step in flight at the kill twice. The failed call replayed as its error.
-    assert ran == ["model", "pay", "fail", "fail", "fail", "fallback", "fallback"]
-    assert step_kinds(tmp_path / "job.db") == [("openai_agents.model", "value"), ("openai_agents.tool.pay", "value"),
-                                               ("openai_agents.model", "error"), ("fallback", "value")]
+    async def run() -> Any:
+        result = OnwardRunner.run_streamed(agent, "hello")
+        try:
+            return [e.type async for e in result.stream_events()][-1], result.final_output
+        except Overloaded:
+            return fallback()
+    first, replayed = run_twice(tmp_path, run, is_async=True)
+    assert first == replayed
+    if fail == 1:
+        assert first == ("run_item_stream_event", "m: hi") and calls == ["fail", "m"]
+        assert step_kinds(tmp_path / "job.db") == [("openai_agents.model.stream", "value")]
+    else:
+        assert first == "fallback" and calls == ["fail", "fail", "fail", "fallback"]
+        assert step_kinds(tmp_path / "job.db") == [("openai_agents.model.stream", "error"), ("fallback", "value")]
 
 
 # --- a tool's output reaches the model as under Runner ------------------------------------------

@@ -17,10 +17,10 @@ when JSON would not give the model the same text) and their models wrapped (``On
 one step); a model named by a string is wrapped through the run's model provider. The agents passed in
 are not changed. The tools the SDK runs in this process without their being function tools (a custom
 tool, a local shell, a shell's local executor, an apply_patch editor) are steps too, named the same way.
-Outside a task the run is ``agents.Runner``'s own. Streamed runs are not durable: ``run_streamed`` works
-outside a task and raises ``UsageError`` inside one, as does a run given a ``session=`` (the session is
-written outside the task's record) or whose agents have a ``ComputerTool`` (a replay cannot rebuild the
-computer's state).
+``OnwardRunner.run_streamed`` is durable the same way, each streamed model call a step of its events
+(``openai_agents.model.stream``). Outside a task the run is ``agents.Runner``'s own. Inside one, a run given a
+``session=`` (the session is written outside the task's record) or whose agents have a ``ComputerTool`` (a
+replay cannot rebuild the computer's state) raises ``UsageError``.
 
 Needs ``pip install 'onward[openai-agents]'``.
 """
@@ -75,7 +75,7 @@ from ..step_log import StepLog
 from ..step_records import ERROR, recordable
 from ..steps import StepContext, StepRun, StepSpec, active_context, begin_step, replay
 from ..store.base import StepRecord
-from .calls import IDEMPOTENCY_HEADER, durable_call_async
+from .calls import IDEMPOTENCY_HEADER, ModelCodec, durable_call_async
 
 _RESPONSE: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
 
@@ -97,6 +97,21 @@ def _decode_response(data: Any) -> ModelResponse:
 
 MODEL_STEP = "openai_agents.model"
 _MODEL = StepSpec(MODEL_STEP)
+_STREAM = StepSpec("openai_agents.model.stream")
+_EVENTS = ModelCodec("openai")  # a streamed call's events: the Responses API's event types
+
+
+def _keyed(settings: ModelSettings, run: StepRun) -> ModelSettings:
+    """The step's key as a header, for a server that deduplicates: the same on every try."""
+    return dataclasses.replace(settings, extra_headers={IDEMPOTENCY_HEADER: run.key, **(settings.extra_headers or {})})
+
+
+def _streamed_output(events: list[Any]) -> list[Any]:
+    """The output items of a streamed answer, as the runner reads them: the completed response's, or the
+    items of its ``output_item.done`` events when that is empty."""
+    done = [e for e in events if getattr(e, "type", None) == "response.completed"]
+    output = list(getattr(getattr(done[-1], "response", None), "output", None) or []) if done else []
+    return output or [e.item for e in events if getattr(e, "type", None) == "response.output_item.done"]
 # Advice for an error replayed from the record: the runner already tried that call as often as it would,
 # so the abort marker vetoes a retry the policy would otherwise make (again, and without a call).
 _FINAL = ModelRetryAdvice(suggested=False, reason="the recorded outcome of this model call",
@@ -156,42 +171,93 @@ class OnwardModel(Model):
         ctx = active_context()
         if ctx is None:
             return await self.wrapped.get_response(system_instructions, input, model_settings, *args, **kwargs)
-        failed, self.failed = self.failed, None
-        # The runner tries a call again with the very same input list; anything else is another call.
-        if failed is not None and failed.ctx is ctx and failed.input is input:
-            if failed.run is None:  # no call: the record is the call's outcome, whatever the tries
-                self.failed = failed
-                raise failed.error
-            run = failed.run
-            ctx.check()  # stopping or cancelled: do not pay for a try whose result could not be kept
-        else:
-            if failed is not None:
-                await asyncio.to_thread(failed.record)
-            log = ctx.step_log
-            if not log.loaded:
-                await asyncio.to_thread(log.load)
-            begun = begin_step(ctx, _MODEL)
-            if isinstance(begun, StepRecord):
-                try:
-                    return _reserve_tool_steps(log, _decode_response(replay(log, _MODEL, begun)))
-                except BaseException as e:
-                    if begun.kind == ERROR:  # the recorded outcome: raised again, and not retried
-                        self.replayed_errors = [e]
-                        self._failed(_Try(ctx, input, e))
-                    raise
-            run = begun
-        # The step's key as a header, for a server that deduplicates: the same on every try.
-        headers = {IDEMPOTENCY_HEADER: run.key, **(model_settings.extra_headers or {})}
-        settings = dataclasses.replace(model_settings, extra_headers=headers)
+        run = await self._begin(ctx, input, _MODEL)
+        if isinstance(run, StepRecord):
+            answer = _decode_response(self._replay(ctx, input, _MODEL, run))
+            _reserve_tool_steps(ctx.step_log, answer.output)
+            return answer
         try:
             with run.body():
-                response = await self.wrapped.get_response(system_instructions, input, settings, *args, **kwargs)
+                response = await self.wrapped.get_response(system_instructions, input, _keyed(model_settings, run),
+                                                           *args, **kwargs)
         except BaseException as e:
             if recordable(e):
                 self._failed(_Try(ctx, input, e, run))
             raise
         answer = _decode_response(await asyncio.to_thread(run.returned, _encode_response(response)))
-        return _reserve_tool_steps(ctx.step_log, answer)
+        _reserve_tool_steps(ctx.step_log, answer.output)
+        return answer
+
+    async def stream_response(self, system_instructions: Any, input: Any, model_settings: ModelSettings, *args: Any,
+                              **kwargs: Any) -> AsyncIterator[Any]:
+        """A streamed call (``Runner.run_streamed``) as the step ``openai_agents.model.stream``: its events are
+        handed on as they come and recorded when the stream ends; a replay yields the recorded events."""
+        ctx = active_context()
+        if ctx is None:
+            async for event in self.wrapped.stream_response(system_instructions, input, model_settings, *args,
+                                                            **kwargs):
+                yield event
+            return
+        run = await self._begin(ctx, input, _STREAM)
+        if isinstance(run, StepRecord):
+            events = _EVENTS.decode_chunks(self._replay(ctx, input, _STREAM, run))
+            for event in events:
+                yield event
+            _reserve_tool_steps(ctx.step_log, _streamed_output(events))
+            return
+        events = []
+        stream: Any = None
+        try:
+            # The stream's code runs as it is iterated: inside the step's body each time (steps it calls are
+            # plain calls, as in get_response), never across a yield, which would leak the body's context
+            # variable into the runner's task.
+            with run.body():
+                stream = self.wrapped.stream_response(system_instructions, input, _keyed(model_settings, run), *args,
+                                                      **kwargs).__aiter__()
+            while True:
+                with run.body():
+                    try:
+                        event = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                events.append(event)
+                yield event
+        except BaseException as e:
+            # An error after some events: the error alone is the record (a replay raises it before any event).
+            if recordable(e):
+                self._failed(_Try(ctx, input, e, run))
+            raise
+        finally:
+            if stream is not None and hasattr(stream, "aclose"):  # left before its end: the runner closed this one
+                await stream.aclose()
+        # The runner acts on the answer (runs its tools) only once this generator ends: after the commit.
+        await asyncio.to_thread(run.returned, _EVENTS.encode_chunks(events))
+        _reserve_tool_steps(ctx.step_log, _streamed_output(events))
+
+    async def _begin(self, ctx: StepContext, input: Any, spec: StepSpec) -> StepRun | StepRecord:
+        """The step of this call: the record to replay, or the step to run (a new one, or the one whose last
+        try failed, which the runner tries again with the very same input list)."""
+        failed, self.failed = self.failed, None
+        if failed is not None and failed.ctx is ctx and failed.input is input:
+            if failed.run is None:  # no call: the record is the call's outcome, whatever the tries
+                self.failed = failed
+                raise failed.error
+            ctx.check()  # stopping or cancelled: do not pay for a try whose result could not be kept
+            return failed.run
+        if failed is not None:
+            await asyncio.to_thread(failed.record)
+        if not ctx.step_log.loaded:
+            await asyncio.to_thread(ctx.step_log.load)
+        return begin_step(ctx, spec)
+
+    def _replay(self, ctx: StepContext, input: Any, spec: StepSpec, record: StepRecord) -> Any:
+        try:
+            return replay(ctx.step_log, spec, record)
+        except BaseException as e:
+            if record.kind == ERROR:  # the recorded outcome: raised again, and not retried
+                self.replayed_errors = [e]
+                self._failed(_Try(ctx, input, e))
+            raise
 
     def _failed(self, failed: _Try) -> None:
         """The call's last try failed: recorded when no try follows it (see ``DurableRun``)."""
@@ -202,9 +268,6 @@ class OnwardModel(Model):
 
     # Everything else a Model offers is the wrapped model's: the runner asks it for retry advice (a
     # provider's retry-after, replay safety) and has it release run-scoped resources at the run's end.
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        return self.wrapped.stream_response(*args, **kwargs)
-
     def get_retry_advice(self, request: ModelRetryAdviceRequest) -> ModelRetryAdvice | None:
         if any(request.error is e for e in self.replayed_errors):
             return _FINAL
@@ -251,8 +314,8 @@ _RESERVED: weakref.WeakKeyDictionary[StepLog, _Reserved] = weakref.WeakKeyDictio
 _ONE_STEP_CALLS = frozenset({"function_call", "custom_tool_call", "shell_call", "local_shell_call"})
 
 
-def _reserve_tool_steps(log: StepLog, answer: ModelResponse) -> ModelResponse:
-    """Reserve the call indices of the tool steps ``answer`` asks for, in its order (one per tool call, one
+def _reserve_tool_steps(log: StepLog, output: list[Any]) -> None:
+    """Reserve the call indices of the tool steps an answer's ``output`` asks for, in its order (one per tool call, one
     per operation of an apply_patch call), on the first run as on replay. The SDK runs a turn's function
     tools concurrently, and beside them each other kind (custom, shell, local shell, apply_patch) one call
     after another: a step that follows another of its kind (a second shell call, an apply_patch call's
@@ -262,7 +325,7 @@ def _reserve_tool_steps(log: StepLog, answer: ModelResponse) -> ModelResponse:
     (a handoff, a rejected call) stays unrecorded. An answer with one tool step at most reserves nothing:
     that step's index is the next one either way (as recorded before reservations)."""
     wanted: list[tuple[bool, Any]] = []  # (an apply_patch operation, its key or the call's id)
-    for item in answer.output:
+    for item in output:
         kind = _field(item, "type")
         if kind in _ONE_STEP_CALLS and _field(item, "call_id"):
             wanted.append((False, _field(item, "call_id")))
@@ -278,7 +341,6 @@ def _reserve_tool_steps(log: StepLog, answer: ModelResponse) -> ModelResponse:
                 reserved.operations.append((key, index))
             else:
                 reserved.calls[key] = index
-    return answer
 
 
 def _field(item: Any, name: str) -> Any:
@@ -611,9 +673,31 @@ class OnwardRunner:
             run.settle()
 
     @classmethod
-    def run_streamed(cls, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> Any:
-        """``Runner.run_streamed`` outside a task. Inside a task it raises ``UsageError``: a streamed run is
-        not durable here, and silently running one would pay every call again on resume."""
-        if active_context() is not None:
-            raise UsageError("OnwardRunner.run_streamed is not durable: inside a task use OnwardRunner.run")
-        return Runner.run_streamed(starting_agent, input, **kwargs)
+    def run_streamed(cls, starting_agent: Agent[Any], input: Any, *, run_config: RunConfig | None = None,
+                     **kwargs: Any) -> Any:
+        """``Runner.run_streamed``, durable inside a task: each streamed model call is a step whose events
+        are recorded when its stream ends, and replayed; tools are steps as in ``run``. The calls whose
+        every try failed are recorded when the result's ``stream_events()`` ends (consume it to its end)."""
+        if active_context() is None:
+            return Runner.run_streamed(starting_agent, input, run_config=run_config, **kwargs)
+        _refuse_session(kwargs)
+        _refuse_foreign_state(input)
+        run = DurableRun()
+        token = _RUN.set(run)  # the runner's task, created here, inherits it
+        try:
+            result = Runner.run_streamed(durable_agent(starting_agent, run), input,
+                                         run_config=durable_run_config(run_config), **kwargs)
+        finally:
+            _RUN.reset(token)
+        stream_events = result.stream_events
+
+        async def settled_stream_events() -> AsyncIterator[Any]:
+            try:
+                async for event in stream_events():
+                    yield event
+            finally:
+                if result.is_complete:
+                    await asyncio.to_thread(run.settle)
+
+        setattr(result, "stream_events", settled_stream_events)  # noqa: B010 - mypy refuses assigning to a method
+        return result

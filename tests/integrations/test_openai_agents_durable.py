@@ -435,6 +435,40 @@ def test_a_computer_tool_is_refused_inside_a_task(tmp_path: Path) -> None:
     assert calls == []  # no model call, no computer
 
 
+def test_a_sandbox_agent_is_refused_inside_a_task(tmp_path: Path) -> None:
+    """The runner adds a SandboxAgent's capability tools (a shell's exec_command, ...) when the run starts:
+    they were not steps, and a resumed run ran the sandbox's commands again (once per attempt)."""
+    from agents import RunConfig
+    from agents.sandbox import SandboxAgent, SandboxRunConfig
+    from agents.sandbox.capabilities import Shell
+    from agents.sandbox.sandboxes.unix_local import UnixLocalSandboxClient
+
+    from onward.errors import UsageError
+
+    calls: list[str] = []
+    sandboxed = SandboxAgent(name="s", model=ScriptedModel("s", calls, "exec_command", {"cmd": "true"}),
+                             capabilities=[Shell()])
+    plain = Agent(name="m", model=ScriptedModel("m", calls, "", {}), handoffs=[sandboxed])
+    refused: list[str] = []
+    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
+
+    @job.task
+    async def t(name: str, ctx: object) -> str:
+        for agent in (sandboxed, plain):  # as the starting agent, and as a handoff's target
+            try:
+                await OnwardRunner.run(agent, "run it",
+                                       run_config=RunConfig(sandbox=SandboxRunConfig(client=UnixLocalSandboxClient())))
+            except UsageError as e:
+                refused.append(str(e))
+        return "done"
+
+    job.add(["t"])
+    assert job.run().exit_code == 0
+    job.close()
+    assert len(refused) == 2 and all("SandboxAgent ('s')" in r for r in refused)
+    assert calls == []  # no model call, no command
+
+
 def test_a_hosted_tools_call_is_part_of_the_model_calls_step(tmp_path: Path) -> None:
     from agents import WebSearchTool
     from openai.types.responses.response_function_web_search import ActionSearch, ResponseFunctionWebSearch

@@ -19,8 +19,9 @@ are not changed. The tools the SDK runs in this process without their being func
 tool, a local shell, a shell's local executor, an apply_patch editor) are steps too, named the same way.
 ``OnwardRunner.run_streamed`` is durable the same way, each streamed model call a step of its events
 (``openai_agents.model.stream``). Outside a task the run is ``agents.Runner``'s own. Inside one, a run given a
-``session=`` (the session is written outside the task's record) or whose agents have a ``ComputerTool`` (a
-replay cannot rebuild the computer's state) raises ``UsageError``.
+``session=`` (the session is written outside the task's record), whose agents have a ``ComputerTool`` (a
+replay cannot rebuild the computer's state) or are a ``SandboxAgent`` (its capabilities' tools are added
+by the runner, not as steps, and its workspace is outside the record) raises ``UsageError``.
 
 Needs ``pip install 'onward[openai-agents]'``.
 """
@@ -66,6 +67,7 @@ from agents import (
     ShellTool,
 )
 from agents.editor import ApplyPatchResult
+from agents.sandbox import SandboxAgent
 from openai.types.responses import ResponseFunctionToolCall
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
@@ -548,6 +550,12 @@ def durable_agent(agent: Agent[Any], run: DurableRun | None = None) -> Agent[Any
     memo = run.agents
     if id(agent) in memo:
         return memo[id(agent)]
+    if isinstance(agent, SandboxAgent):
+        raise UsageError(f"OnwardRunner.run does not take a SandboxAgent ({agent.name!r}) inside a task: the"
+                         " runner adds its capabilities' tools (exec_command, apply_patch, ...) when the run"
+                         " starts, so their calls are not steps, and its sandbox's workspace is state outside"
+                         " the task's record: a resumed run would run the commands again. Run it outside a"
+                         " task, or give a plain Agent function tools")
     clone = agent.clone()
     setattr(clone, _ORIGINAL, agent)  # marks it durable (see _refuse_foreign_state)
     memo[id(agent)] = memo[id(clone)] = clone  # before the handoffs: agents may hand off to each other

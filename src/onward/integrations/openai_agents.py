@@ -233,7 +233,11 @@ class OnwardModel(Model):
             if stream is not None and hasattr(stream, "aclose"):  # left before its end: the runner closed this one
                 await stream.aclose()
         # The runner acts on the answer (runs its tools) only once this generator ends: after the commit.
-        await asyncio.to_thread(run.returned, _EVENTS.encode_chunks(events))
+        # Rebuilt once first: events of a class outside the openai package fail their first run here
+        # (StoreError) rather than every replay.
+        record = _EVENTS.encode_chunks(events)
+        _EVENTS.decode_chunks(record)
+        await asyncio.to_thread(run.returned, record)
         _reserve_tool_steps(ctx.step_log, _streamed_output(events))
 
     async def _begin(self, ctx: StepContext, input: Any, spec: StepSpec) -> StepRun | StepRecord:

@@ -322,6 +322,35 @@ def test_a_streamed_model_call_the_runner_retries_is_one_step(tmp_path: Path, fa
         assert step_kinds(tmp_path / "job.db") == [("openai_agents.model.stream", "error"), ("fallback", "value")]
 
 
+def test_a_streamed_call_whose_events_cannot_be_rebuilt_fails_its_first_run(tmp_path: Path) -> None:
+    from agents.testing import ModelStep, ScriptedModel
+    from agents.testing.model import assistant_message
+    from openai.types.responses import ResponseCompletedEvent
+
+    class Completed(ResponseCompletedEvent):
+        """An event class outside the openai package: a replay could not rebuild it."""
+
+    class Rewrapping(ScriptedModel):
+        async def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            async for event in super().stream_response(*args, **kwargs):
+                yield Completed(**event.model_dump()) if isinstance(event, ResponseCompletedEvent) else event
+
+    agent = Agent(name="m", model=Rewrapping([ModelStep(output=[assistant_message("hi")])]))
+    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
+
+    @job.task
+    async def t(name: str, ctx: object) -> Any:
+        result = OnwardRunner.run_streamed(agent, "hello")
+        return [e.type async for e in result.stream_events()]
+
+    job.add(["t"])
+    assert job.run().exit_code != 0
+    task = job.store.task("t")
+    job.close()
+    assert task is not None and "StoreError" in (task.error or "") and "outside openai" in (task.error or "")
+    assert step_kinds(tmp_path / "job.db") == []  # nothing recorded that a replay would fail on
+
+
 # --- a tool's output reaches the model as under Runner ------------------------------------------
 class Reading:
     """A tool's return the SDK str()s for the model, and JSON cannot hold."""

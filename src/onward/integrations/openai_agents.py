@@ -114,6 +114,8 @@ def _streamed_output(events: list[Any]) -> list[Any]:
     done = [e for e in events if getattr(e, "type", None) == "response.completed"]
     output = list(getattr(getattr(done[-1], "response", None), "output", None) or []) if done else []
     return output or [e.item for e in events if getattr(e, "type", None) == "response.output_item.done"]
+
+
 # Advice for an error replayed from the record: the runner already tried that call as often as it would,
 # so the abort marker vetoes a retry the policy would otherwise make (again, and without a call).
 _FINAL = ModelRetryAdvice(suggested=False, reason="the recorded outcome of this model call",
@@ -321,8 +323,8 @@ _ONE_STEP_CALLS = frozenset({"function_call", "custom_tool_call", "shell_call", 
 
 
 def _reserve_tool_steps(log: StepLog, output: list[Any]) -> None:
-    """Reserve the call indices of the tool steps an answer's ``output`` asks for, in its order (one per tool call, one
-    per operation of an apply_patch call), on the first run as on replay. The SDK runs a turn's function
+    """Reserve the call indices of the tool steps an answer's ``output`` asks for, in its order (one per tool
+    call, one per operation of an apply_patch call), on the first run as on replay. The SDK runs a turn's function
     tools concurrently, and beside them each other kind (custom, shell, local shell, apply_patch) one call
     after another: a step that follows another of its kind (a second shell call, an apply_patch call's
     second operation) began once the first one's commit returned, after steps of other kinds that began

@@ -6,6 +6,7 @@ PostgreSQL tests skip with a reason when no server answers, except in CI (CI=tru
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -14,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -143,6 +144,18 @@ def run_onward(*args: str, input: bytes | None = None, timeout: float = 120, env
         full_env.update(env)
     return subprocess.run(onward_argv(*args), input=input, capture_output=True, timeout=timeout, env=full_env,
                           cwd=cwd)
+
+
+def task_result(url: str, task: str) -> Any:
+    """A task's result as ``onward result`` prints it (JSON decoded; a str result as printed), or None
+    while it has none."""
+    r = run_onward("result", "--db", url, task)
+    if r.returncode != 0:
+        return None
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        return r.stdout.decode()
 
 
 def require_tool(name: str) -> str:

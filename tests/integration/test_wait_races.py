@@ -21,7 +21,7 @@ import pytest
 
 from onward.store import open_store
 from tests import pgutil
-from tests.conftest import onward_argv, run_onward, wait_for
+from tests.conftest import onward_argv, run_onward, task_result, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -81,16 +81,6 @@ def worker(tmp_path: Path) -> Iterator[Callable[[str, Path], subprocess.Popen[by
         proc.wait(timeout=30)
 
 
-def result(url: str, task: str) -> Any:
-    r = run_onward("result", "--db", url, task)
-    if r.returncode != 0:
-        return None
-    try:
-        return json.loads(r.stdout)
-    except ValueError:
-        return r.stdout.decode()  # a str result is printed as it is
-
-
 def lock_waiters(admin: Any, db: str) -> int:
     """How many sessions of database ``db`` wait for a lock now."""
     row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
@@ -138,9 +128,9 @@ def test_a_value_sent_while_its_task_is_being_parked_wakes_it(pg_url: str, tmp_p
     wait_for(lambda: (side / "ready").exists(), 60, "t to run")
     sent = send_while_held(pg_url, side, '"yes"')
     assert sent.returncode == 0, sent.stderr
-    wait_for(lambda: result(pg_url, "t") is not None, 30,
+    wait_for(lambda: task_result(pg_url, "t") is not None, 30,
              f"t to receive the value it was sent ({run_onward('status', '--db', pg_url).stdout.decode()})")
-    assert result(pg_url, "t") == {"got": "yes"}
+    assert task_result(pg_url, "t") == {"got": "yes"}
 
 
 def test_a_value_sent_while_a_timeout_is_recorded_is_not_dropped(pg_url: str, tmp_path: Path, worker: Any) -> None:
@@ -156,8 +146,8 @@ def test_a_value_sent_while_a_timeout_is_recorded_is_not_dropped(pg_url: str, tm
     wait_for(lambda: (side / "ready").exists(), 60, "t to run again once its wait's deadline passed")
     sent = send_while_held(pg_url, side, '"late"')
     assert sent.returncode == 0, sent.stderr
-    wait_for(lambda: result(pg_url, "t") is not None, 30, "t to finish")
-    got = result(pg_url, "t")
+    wait_for(lambda: task_result(pg_url, "t") is not None, 30, "t to finish")
+    got = task_result(pg_url, "t")
     if got == "timed out":
         store = open_store(pg_url, create=False)
         try:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from onward.store import open_store
-from tests.conftest import onward_argv, run_onward, wait_for
+from tests.conftest import onward_argv, run_onward, task_result, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -118,16 +118,6 @@ def count(side: Path, task: str, what: str) -> int:
     return len(path.read_text()) if path.exists() else 0
 
 
-def result(url: str, task: str) -> Any:
-    r = run_onward("result", "--db", url, task)
-    if r.returncode != 0:
-        return None
-    try:
-        return json.loads(r.stdout)
-    except ValueError:
-        return r.stdout.decode()  # a str result is printed as it is
-
-
 def send(url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
     return run_onward("send", "--db", url, *args)
 
@@ -145,7 +135,7 @@ def test_a_waiting_task_frees_its_slot_survives_sigkill_and_lets_the_sandbox_sle
     marker = tmp_path / "keep-awake"
     first = start(store_url, side, concurrency=1, marker=marker)
     # With one slot, the waiting task does not hold it: the plain task runs meanwhile.
-    wait_for(lambda: result(store_url, "plain1") == "plain", 60, f"plain1 to run; log:\n{first.log}")
+    wait_for(lambda: task_result(store_url, "plain1") == "plain", 60, f"plain1 to run; log:\n{first.log}")
     report = wait_for(lambda: (s := status(store_url))["waiting"] == 1 and s, 30, "w1 to wait")
     assert isinstance(report, dict) and report["running"] == 0
     assert report["tasks_waiting"] == [{"task": "w1-hang", "key": "approval", "until": None}]
@@ -160,8 +150,8 @@ def test_a_waiting_task_frees_its_slot_survives_sigkill_and_lets_the_sandbox_sle
     wait_for(lambda: count(side, "w1-hang", "after") == 1, 60, f"w1 to resume; log:\n{second.log}")
     wait_for(marker.exists, 30, "the keep-awake marker back once a task runs")
     (side / "go").touch()
-    wait_for(lambda: result(store_url, "w1-hang") is not None, 60, "w1 to finish")
-    assert result(store_url, "w1-hang") == {"got": {"ok": True, "by": "ana"}}
+    wait_for(lambda: task_result(store_url, "w1-hang") is not None, 60, "w1 to finish")
+    assert task_result(store_url, "w1-hang") == {"got": {"ok": True, "by": "ana"}}
     assert count(side, "w1-hang", "before") == 1  # the step before the wait ran once, then was replayed
     store = open_store(store_url, create=False)
     try:
@@ -183,8 +173,8 @@ def test_a_wait_survives_a_supervisor_restart(store_url: str, side: Path, start:
     wait_for(lambda: len(re.findall(r"worker (\d+) started: ", sup.log)) >= 2, 60,
              f"the supervisor to restart its worker; log:\n{sup.log}")
     assert send(store_url, "w2", "approval", '"yes"').returncode == 0
-    wait_for(lambda: result(store_url, "w2") is not None, 60, f"w2 to finish; log:\n{sup.log}")
-    assert result(store_url, "w2") == {"got": "yes"} and count(side, "w2", "before") == 1
+    wait_for(lambda: task_result(store_url, "w2") is not None, 60, f"w2 to finish; log:\n{sup.log}")
+    assert task_result(store_url, "w2") == {"got": "yes"} and count(side, "w2", "before") == 1
 
 
 def test_a_value_sent_before_the_wait_is_received_and_refusals_store_nothing(
@@ -206,11 +196,11 @@ def test_a_value_sent_before_the_wait_is_received_and_refusals_store_nothing(
     r = send(store_url, "early", "approval", '{"n": 2}')  # a second value before the first was received
     assert r.returncode == 1 and b"never replaced" in r.stderr, r.stderr
     worker = start(store_url, side, flavour="async")
-    wait_for(lambda: result(store_url, "early") is not None, 60, f"early to finish; log:\n{worker.log}")
-    assert result(store_url, "early") == {"got": {"n": 1}}
+    wait_for(lambda: task_result(store_url, "early") is not None, 60, f"early to finish; log:\n{worker.log}")
+    assert task_result(store_url, "early") == {"got": {"n": 1}}
     assert status(store_url)["waiting"] == 1  # "other" waits; nothing was sent to it
     assert send(store_url, "other", "approval", "[]").returncode == 0
-    wait_for(lambda: result(store_url, "other") == {"got": []}, 60, f"other to finish; log:\n{worker.log}")
+    wait_for(lambda: task_result(store_url, "other") == {"got": []}, 60, f"other to finish; log:\n{worker.log}")
 
 
 def test_a_timeout_is_recorded_and_replayed_after_a_kill(store_url: str, side: Path, start: Any) -> None:
@@ -221,8 +211,8 @@ def test_a_timeout_is_recorded_and_replayed_after_a_kill(store_url: str, side: P
     second = start(store_url, side)
     wait_for(lambda: count(side, "timeout-hang", "after") == 2, 60, f"the task to resume; log:\n{second.log}")
     (side / "go").touch()
-    wait_for(lambda: result(store_url, "timeout-hang") is not None, 60, "the task to finish")
-    assert result(store_url, "timeout-hang") == {"got": "timed out"}
+    wait_for(lambda: task_result(store_url, "timeout-hang") is not None, 60, "the task to finish")
+    assert task_result(store_url, "timeout-hang") == {"got": "timed out"}
     store = open_store(store_url, create=False)
     try:
         # It parked once (until its deadline); the resumed attempt replayed the recorded timeout.
@@ -460,7 +450,7 @@ def test_a_long_sleep_parks_the_task_and_lets_the_sandbox_sleep(
     wait_for(lambda: count(side, "nap-3-hang", "woke"), 60, f"the task to wake; log:\n{worker.log}")
     wait_for(marker.exists, 30, "the keep-awake marker back once the task runs again")
     (side / "go").touch()
-    wait_for(lambda: result(store_url, "nap-3-hang") == "rested", 60, "the task to finish")
+    wait_for(lambda: task_result(store_url, "nap-3-hang") == "rested", 60, "the task to finish")
     assert float((side / "nap-3-hang.woke").read_text()) >= deadline - 0.05  # it slept the whole time
     _, kinds, events = sleep_record(store_url, "nap-3-hang")
     assert kinds == ["value", "sleep"] and events.count("waiting") == 1
@@ -478,7 +468,7 @@ def test_a_parked_sleep_survives_sigkill_and_sleeps_only_the_rest(
     parked = wait_for(lambda: parked_sleep(store_url), 60, f"the sleep to park; log:\n{first.log}")
     first.kill()
     second = start_sleeper(store_url, side, marker, flavour="async", park_over=1.0)
-    wait_for(lambda: result(store_url, "nap-4") == "rested", 60, f"the task to finish; log:\n{second.log}")
+    wait_for(lambda: task_result(store_url, "nap-4") == "rested", 60, f"the task to finish; log:\n{second.log}")
     deadline, kinds, events = sleep_record(store_url, "nap-4")
     assert parked == ("nap-4", "onward:sleep", pytest.approx(deadline))
     # The deadline recorded before the kill held: one sleep record, woken after it, not a new 4 s sleep.
@@ -502,7 +492,7 @@ def test_a_short_sleep_stays_in_the_worker(store_url: str, side: Path, tmp_path:
     wait_for(lambda: count(side, "nap-1.5", "before"), 60, f"the task to start; log:\n{worker.log}")
     report = status(store_url)
     assert report["running"] == 1 and report["waiting"] == 0 and marker.exists()
-    wait_for(lambda: result(store_url, "nap-1.5") == "rested", 60, f"the task to finish; log:\n{worker.log}")
+    wait_for(lambda: task_result(store_url, "nap-1.5") == "rested", 60, f"the task to finish; log:\n{worker.log}")
     deadline, kinds, events = sleep_record(store_url, "nap-1.5")
     assert kinds == ["value", "sleep"] and "waiting" not in events
     assert count(side, "nap-1.5", "runs") == 1 and float((side / "nap-1.5.woke").read_text()) >= deadline - 0.05

@@ -13,24 +13,50 @@ def encode(value: Any) -> tuple[bytes, str]:
     if isinstance(value, bytes | bytearray | memoryview):
         data, kind = bytes(value), "bytes"
     elif isinstance(value, str):
-        data, kind = value.encode("utf-8", "surrogateescape"), "str"
+        try:
+            data, kind = value.encode("utf-8", "surrogateescape"), "str"
+        except UnicodeEncodeError:
+            # A lone surrogate (half an emoji in a model's cut answer): stored as a JSON string.
+            data, kind = _result_json(value), "json"
     else:
-        problem = json_problem(value)
-        if problem is None:
-            try:
-                data, kind = json.dumps(value, ensure_ascii=False, allow_nan=False).encode(), "json"
-            except (TypeError, ValueError) as e:
-                problem = str(e)
-        if problem is not None:
-            raise UsageError(f"task result is not str, bytes or a JSON value: {problem}")
+        data, kind = _result_json(value), "json"
     check_stored_size("task result", len(data))
     return data, kind
+
+
+def _result_json(value: Any) -> bytes:
+    try:
+        return json_bytes(value)
+    except ValueError as e:
+        raise UsageError(f"task result is not str, bytes or a JSON value: {e}") from None
 
 
 def check_stored_size(what: str, size: int) -> None:
     """Refuse a value bigger than a store takes (``MAX_STORED_BYTES``) before anything tries to commit it."""
     if size > MAX_STORED_BYTES:
         raise UsageError(f"{what} is {size:,} bytes, more than a store takes ({MAX_STORED_BYTES:,} at most)")
+
+
+def json_bytes(value: Any, separators: tuple[str, str] | None = None) -> bytes:
+    """``value`` as JSON in UTF-8, read back equal by ``json.loads``, or ``ValueError`` saying why not (see
+    ``json_problem``; a set, NaN, an object). Text holding a lone surrogate (half an emoji in a model's cut
+    answer, a file name that is not UTF-8) has no UTF-8 form, but JSON has an escape for it ("\\ud83d"),
+    which loads back as the same str: such a value is written ASCII-escaped. (A high surrogate followed by a
+    low one would load back as the one character they make together: refused.)"""
+    problem = json_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=separators)
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        escaped = json.dumps(value, ensure_ascii=True, allow_nan=False, separators=separators)
+        if json.loads(escaped) != json.loads(text):
+            raise ValueError("a string holds a surrogate pair as two characters") from None
+        return escaped.encode()
 
 
 MAX_DEPTH = 200  # arrays and objects in one another: json.loads of a deeper value may exhaust the stack

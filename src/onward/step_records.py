@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from .errors import OnwardError, StoreError, UsageError
 from .log import one_line
-from .results import json_problem
+from .results import json_bytes
 from .store.base import StepRecord
 
 # Record kinds (StepRecord.kind).
@@ -47,26 +47,11 @@ class JsonSerializer:
     name = "json"
 
     def dumps(self, value: Any) -> bytes:
-        problem = json_problem(value)
-        if problem is None:
-            try:
-                text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-            except (TypeError, ValueError) as e:
-                problem = str(e)
-            else:
-                try:
-                    return text.encode()
-                except UnicodeEncodeError:
-                    # A lone surrogate (half an emoji in a model's cut answer, a file name that is not UTF-8)
-                    # has no UTF-8 form, but JSON has an escape for it ("\ud83d"), which loads back as the
-                    # same str: the record is written ASCII-escaped. (Checked: a high surrogate followed by a
-                    # low one would load back as the one character they make together.)
-                    escaped = json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
-                    if json.loads(escaped) == json.loads(text):
-                        return escaped.encode()
-                    problem = "a string holds a surrogate pair as two characters"
-        raise UsageError(f"a step returned a value that is not JSON ({problem}); pass serializer=onward.steps.PICKLE"
-                         " or your own to @step")
+        try:
+            return json_bytes(value, separators=(",", ":"))
+        except ValueError as e:
+            raise UsageError(f"a step returned a value that is not JSON ({e}); pass serializer=onward.steps.PICKLE"
+                             " or your own to @step") from None
 
     def loads(self, data: bytes) -> Any:
         return json.loads(data)

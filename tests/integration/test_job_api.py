@@ -61,6 +61,34 @@ def test_a_result_json_would_change_or_not_read_back_fails_the_task_clearly(tmp_
     job.close()
 
 
+def test_a_result_holding_a_lone_surrogate_is_stored_and_read_back_equal(tmp_path: Path) -> None:
+    """A model's answer cut inside an emoji ends in a lone surrogate, which UTF-8 cannot hold. Returned as a
+    task's result (a str, or inside a JSON value) it failed every attempt with a UnicodeEncodeError
+    traceback from onward's own code; it is stored as JSON with its escape, as a step's value is, and
+    read back equal. A surrogate pair written as two characters cannot be, and fails naming why."""
+    cut = "the answer is \ud83d"
+    values = {"str": cut, "json": {"text": cut, "n": 1}, "pair": "\ud83d\ude00"}
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET, max_attempts=1)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> object:
+        return values[task]
+
+    job.add(list(values))
+    summary = job.run()
+    assert (summary.done, summary.failed) == (2, 1)
+    assert job.result("str") == cut
+    assert job.result("json") == {"text": cut, "n": 1}
+    row = job.store.task("pair")
+    assert row is not None and row.state == "failed"
+    assert "surrogate pair as two characters" in (row.error or ""), row.error
+    assert "UnicodeEncodeError" not in (row.error or ""), row.error
+    job.close()
+    r = run_onward("result", "--db", str(tmp_path / "s.db"), "str")  # a JSON result, printed as JSON
+    assert (r.returncode, r.stdout) == (0, b'"the answer is \\ud83d"'), (r.returncode, r.stdout, r.stderr)
+
+
+
 def test_a_note_that_is_not_valid_unicode_does_not_bring_the_worker_down(tmp_path: Path) -> None:
     """``ctx.beat(note)`` with a lone surrogate (text decoded from bytes with surrogateescape): the lease
     renewal that carries the note failed to encode it, and the worker died, its tasks left running until

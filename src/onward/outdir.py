@@ -44,7 +44,7 @@ import stat
 from types import TracebackType
 from urllib.parse import unquote, urlsplit
 
-from onward.errors import TRANSIENT_ERRNOS, OutputUnavailable, UsageError
+from onward.errors import UNAVAILABLE_ERRNOS, OutputUnavailable, UsageError
 from onward.folders import create_private_folders
 from onward.proc import pid_exists
 
@@ -178,8 +178,9 @@ class OutDir:
         except OSError as exc:
             self.close()
             reason = exc.strerror or str(exc)
-            # A failing, full or read-only disk is no mistake of the user's: exit 75, restarted later.
-            kind = OutputUnavailable if exc.errno in TRANSIENT_ERRNOS else UsageError
+            # A failing, full or read-only disk, or a process out of descriptors or memory, is no mistake of
+            # the user's: exit 75, restarted later.
+            kind = OutputUnavailable if exc.errno in UNAVAILABLE_ERRNOS else UsageError
             raise kind(f"cannot write to output folder {path!r}: {reason}") from exc
         except BaseException:
             self.close()

@@ -366,6 +366,29 @@ def test_no_descriptor_left_is_exit_75_without_a_traceback(tmp_path: Path, limit
     assert len(errors) == 1 and "Too many open files" in errors[0], err
 
 
+def test_no_descriptor_left_for_an_existing_store_or_output_folder_is_exit_75_not_2(tmp_path: Path) -> None:
+    """The same on a store that exists, at each limit from the first SQLite open up: SQLite's open failed
+    with "unable to open database file" (no cause given), the header check with EMFILE, and the output
+    folder's check with EMFILE, and each was taken for a bad location, exit 2 (which neither systemd nor
+    `onward supervise` restarts). Each is exit 75 now, in one line, and the store is left as it was."""
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "a", "b").returncode == 0
+    before = (tmp_path / "s.db").read_bytes()
+    seen = []
+    for limit in range(5, 10):
+        r = subprocess.run(["sh", "-c", f'ulimit -n {limit}; exec "$@"', "sh",
+                            *onward_argv("run", "-q", "--db", db, "--out", str(tmp_path / "out"), "--", "echo")],
+                           capture_output=True, timeout=60)
+        err = r.stderr.decode(errors="replace")
+        seen.append((limit, r.returncode, err.strip()))
+        assert r.returncode == 75, seen
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, seen
+        assert "Too many open files" in err, seen
+    assert (tmp_path / "s.db").read_bytes() == before
+    assert any("unable to open database file" in err for _, _, err in seen), seen  # each place was met
+    assert any("output folder" in err for _, _, err in seen), seen
+
+
 @pytest.mark.parametrize("command", [
     ["send", "zz", "k", "1"], ["send", "a", "k", "1"], ["retry", "a"], ["retry", "zz"], ["retry", "--failed"],
     ["cancel", "a"], ["pause"], ["resume"],

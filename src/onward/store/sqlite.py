@@ -33,7 +33,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from ..errors import (
-    TRANSIENT_ERRNOS,
+    UNAVAILABLE_ERRNOS,
     CorruptStore,
     NotAStore,
     StoreError,
@@ -177,9 +177,27 @@ def _read_only_error(path: str) -> StoreUnavailable:
 
 
 def _os_error(what: str, e: OSError) -> StoreError:
-    """``what`` failed: unavailable (exit 75, restarted) for a fault of the disk, else a plain store error."""
-    kind = StoreUnavailable if e.errno in TRANSIENT_ERRNOS else StoreError
+    """``what`` failed: unavailable (exit 75, restarted) for a fault of the disk or a process out of
+    descriptors or memory, else a plain store error."""
+    kind = StoreUnavailable if e.errno in UNAVAILABLE_ERRNOS else StoreError
     return kind(f"{what}: {e.strerror}")
+
+
+def _out_of_descriptors(path: str) -> str | None:
+    """Why SQLite could not open ``path`` ("unable to open database file", which names no cause), when that
+    is the process's want of descriptors or memory: a ``ulimit -n`` reached is no mistake in the store's
+    location. Three descriptors are tried at once, as many as SQLite opens for a store (the file, its -wal
+    and its -shm). None when they open, or fail for another reason."""
+    fds: list[int] = []
+    try:
+        for _ in range(3):
+            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as e:
+        return e.strerror if e.errno in UNAVAILABLE_ERRNOS else None
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return None
 
 
 def _translate(e: BaseException, path: str) -> StoreError:
@@ -194,6 +212,10 @@ def _translate(e: BaseException, path: str) -> StoreError:
         return StoreError(f"store {path} is read-only ({text})")
     if "disk is full" in text or "disk I/O" in text:
         return StoreUnavailable(f"store {path}: {text}")
+    if "unable to open database file" in text:
+        why = _out_of_descriptors(path)
+        if why is not None:
+            return StoreUnavailable(f"store {path}: {text} ({why})")
     return StoreError(f"store {path}: {text}")
 
 

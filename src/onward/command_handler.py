@@ -269,9 +269,10 @@ class CommandHandler:
                  job: str | None = None) -> None:
         self.argv = argv
         self.max_result_bytes = max_result_bytes
-        _remove_stale_beat_dirs()
+        base = _temp_folder()
+        _remove_stale_beat_dirs(base)
         # The heartbeat files live in a private folder of this worker (mkdtemp makes it 0700).
-        self._beat_dir = tempfile.mkdtemp(prefix=f"{BEAT_DIR_PREFIX}{os.getpid()}-")
+        self._beat_dir = tempfile.mkdtemp(prefix=f"{BEAT_DIR_PREFIX}{os.getpid()}-", dir=base)
         env = dict(os.environ, ONWARD_DB=db_url)
         if job is not None:
             env["ONWARD_JOB"] = job  # an `onward` the command runs works on the same job
@@ -309,9 +310,21 @@ class CommandHandler:
 BEAT_DIR_PREFIX = "onward-beat-"
 
 
-def _remove_stale_beat_dirs() -> None:
+def _temp_folder() -> str:
+    """The folder for the heartbeat files: ``tempfile``'s ($TMPDIR, else /tmp, ...). It takes a folder where
+    it can create a file, and when none will do it says "no usable temporary directory", whatever made each
+    try fail: a worker out of descriptors (``ulimit -n``) must say that (exit 75, tried again later), and
+    one with no folder it may write to, that in one line (exit 2)."""
+    try:
+        return tempfile.gettempdir()
+    except FileNotFoundError:
+        os.close(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))  # raises EMFILE or ENFILE when that is why
+        raise UsageError("no temporary folder to write the commands' heartbeat files in: set TMPDIR to a"
+                         " folder this user may write") from None
+
+
+def _remove_stale_beat_dirs(base: str) -> None:
     """Heartbeat folders of workers that died without cleaning up (kill -9) are removed by the next one."""
-    base = tempfile.gettempdir()
     try:
         names = os.listdir(base)
     except OSError:

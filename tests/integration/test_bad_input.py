@@ -370,14 +370,16 @@ def test_no_descriptor_left_for_an_existing_store_or_output_folder_is_exit_75_no
     """The same on a store that exists, at each limit from the first SQLite open up: SQLite's open failed
     with "unable to open database file" (no cause given), the header check with EMFILE, and the output
     folder's check with EMFILE, and each was taken for a bad location, exit 2 (which neither systemd nor
-    `onward supervise` restarts). Each is exit 75 now, in one line, and the store is left as it was."""
+    `onward supervise` restarts); without --out, tempfile's search for the heartbeat files' folder failed
+    with its "no usable temporary directory" traceback, exit 1. Each is exit 75 now, in one line, and the
+    store is left as it was."""
     db = str(tmp_path / "s.db")
     assert run_onward("add", "--db", db, "a", "b").returncode == 0
     before = (tmp_path / "s.db").read_bytes()
     seen = []
-    for limit in range(5, 10):
+    for limit, out in [(limit, out) for limit in range(5, 10) for out in (["--out", str(tmp_path / "out")], [])]:
         r = subprocess.run(["sh", "-c", f'ulimit -n {limit}; exec "$@"', "sh",
-                            *onward_argv("run", "-q", "--db", db, "--out", str(tmp_path / "out"), "--", "echo")],
+                            *onward_argv("run", "-q", "--db", db, *out, "--", "echo")],
                            capture_output=True, timeout=60)
         err = r.stderr.decode(errors="replace")
         seen.append((limit, r.returncode, err.strip()))

@@ -389,6 +389,15 @@ def test_no_descriptor_left_for_an_existing_store_or_output_folder_is_exit_75_no
     assert (tmp_path / "s.db").read_bytes() == before
     assert any("unable to open database file" in err for _, _, err in seen), seen  # each place was met
     assert any("output folder" in err for _, _, err in seen), seen
+    # A command that writes (pause, resume) whose journal probe found no descriptor treats that sync as
+    # failed and guards the log with a lock taken through fcntl, which it imported only then: loading that
+    # C extension took a descriptor too, and the command died with an ImportError traceback (exit 1).
+    for limit, command in [(limit, command) for limit in range(5, 10) for command in ("pause", "resume")]:
+        r = subprocess.run(["sh", "-c", f'ulimit -n {limit}; exec "$@"', "sh", *onward_argv(command, "--db", db)],
+                           capture_output=True, timeout=60)
+        err = r.stderr.decode(errors="replace")
+        assert r.returncode in (0, 75) and "Traceback" not in err, (limit, command, r.returncode, err)
+        assert r.returncode == 0 or len(err.strip().splitlines()) == 1, (limit, command, err)
 
 
 @pytest.mark.parametrize("command", [

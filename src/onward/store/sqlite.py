@@ -23,6 +23,7 @@ Why these settings:
 from __future__ import annotations
 
 import errno
+import fcntl  # noqa: F401  (loaded with the store, not when the guard first locks: see _guard_log)
 import functools
 import os
 import sqlite3
@@ -507,7 +508,9 @@ class SqliteStore(SqlStore):
         database file's exclusive lock. A read lock on that file's shared-lock bytes, as another reader's
         would be, keeps it from getting it (``hold_off_checkpoint_on_close``); it goes with this store's
         close, or the process's end. A store opened before another process's sync failed takes it at its
-        close, should the mark be there by then."""
+        close, should the mark be there by then. (``fcntl``, which the lock is taken with, is imported with
+        this module: ``sqlite_locks`` imports it only when first needed, for `onward status`'s start-up, and
+        loading a C extension takes a descriptor, which a sync failed for want of one cannot count on.)"""
         if self._guarded:
             return
         try:

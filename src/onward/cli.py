@@ -257,8 +257,6 @@ def retry(db: str | None, job: str, all_failed: bool, tasks: tuple[str, ...]) ->
         if unknown:
             raise UnknownTask(f"no task {unknown[0]!r} in {store.url}")
         n = store.retry(None if all_failed else list(tasks))
-        if n:
-            store.log_event("retried", detail=f"{n} task{'s' if n != 1 else ''} back to pending", durable=True)
     finally:
         store.close()
     for name, row in rows.items():

@@ -63,3 +63,30 @@ def test_a_number_beyond_what_timers_or_sql_integers_hold_is_refused_not_a_trace
     line = _one_line_exit_2(run_onward("run", "--db", str(db), "--tasks", str(tasks), flag, value, "--", "true"))
     assert words in line
     assert not db.parent.exists()
+
+
+def test_a_retry_refused_by_a_damaged_journal_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    # A bit flipped in the events table's SQL renames one of its columns: every write of the journal then
+    # fails. The retry and its journal line are one commit, so the refusal changes no byte (before, the tasks
+    # went back to pending, and the journal line after it failed).
+    db = tmp_path / "s.db"
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("ok\nbad\n")
+    done = run_onward("run", "--db", str(db), "--tasks", str(tasks), "-q", "--max-attempts", "1", "--",
+                      "sh", "-c", 'test "$1" = ok', "x", "{task}")
+    assert done.returncode == 3, done.stderr  # "bad" failed
+    c = sqlite3.connect(db)
+    c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    (schema,) = c.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'events'").fetchone()
+    c.close()
+    data = bytearray(db.read_bytes())
+    tail = schema[schema.index("worker_id"):]  # the long SQL overflows its page: look for its tail
+    at = data.index(tail.encode())
+    assert data.count(tail.encode()) == 1
+    data[at] ^= 1  # worker_id -> vorker_id
+    db.write_bytes(bytes(data))
+    before = db.read_bytes()
+    for command in (["retry", "--failed"], ["retry", "bad"]):
+        line = _one_line_exit_2(run_onward(*command, "--db", str(db)))
+        assert "worker_id" in line
+        assert db.read_bytes() == before, f"{command}: a refused retry must keep every byte"

@@ -125,7 +125,7 @@ def retry(store: Store, body: object) -> dict[str, Any]:
     if "failed" in fields:
         if fields["failed"] is not True:
             raise ApiError(400, '"failed" must be true')
-        n = store.retry(None)
+        n = store.retry(None, by="dashboard")
         outcome: dict[str, str] = {}
     else:
         names = _names(fields["tasks"])
@@ -133,10 +133,7 @@ def retry(store: Store, body: object) -> dict[str, Any]:
         outcome = {name: "unknown" if row is None else "retried" if row.state in _RETRYABLE
                    else f"already {row.state}" for name, row in rows.items()}
         retryable = [name for name, said in outcome.items() if said == "retried"]
-        n = store.retry(retryable) if retryable else 0
-    if n:
-        store.log_event("retried", detail=f"{n} task{'s' if n != 1 else ''} back to pending (dashboard)",
-                        durable=True)
+        n = store.retry(retryable, by="dashboard") if retryable else 0
     return {"retried": n, "tasks": outcome}
 
 

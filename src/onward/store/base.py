@@ -368,9 +368,11 @@ class WorkQueue(Protocol):
         fails. A row being written right now may be left for the next round (None). ``decide`` must be
         quick: it holds up the owner's renewal."""
 
-    def retry(self, names: Sequence[str] | None) -> int:
+    def retry(self, names: Sequence[str] | None, by: str | None = None) -> int:
         """Failed tasks back to pending with attempts reset: the named ones (cancelled ones too), or every
-        failed one if ``names`` is None. Returns how many changed."""
+        failed one if ``names`` is None. Returns how many changed. Durable, and journaled ``retried`` (with
+        ``by``, who asked, in its detail) in the same commit: a retry that cannot be journaled changes
+        nothing."""
 
     def cancel(self, names: Sequence[str]) -> dict[str, str]:
         """Cancel tasks by name, in one durable transaction. Returns, for each name, what was done:

@@ -443,12 +443,13 @@ class PostgresStore(SqlStore):
                          for r in rows if r[1] is not None), key=lambda c: c.task_id)
         return bool(rows[0][0]), claims
 
-    def retry(self, names: Sequence[str] | None) -> int:
+    def retry(self, names: Sequence[str] | None, by: str | None = None) -> int:
         with self._write():
             if names is None:
                 changed = _one(self._exec("retry_failed"))
             else:
                 changed = _one(self._exec("retry_named", {"keys": [task_key(n) for n in names]}))
+            self._journal_retried(changed, by)
             if changed:
                 self._work_ready()
         return changed

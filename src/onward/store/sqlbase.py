@@ -606,6 +606,13 @@ class SqlStore:
             self._exec("worker_stopped", {**self._clock(), "reason": reason, "worker_id": worker_id})
             self._journal("worker stopped", worker_id=worker_id, detail=reason)
 
+    def _journal_retried(self, changed: int, by: str | None) -> None:
+        """The journal line of a retry, in its transaction: a journal that cannot be written (a damaged
+        store) rolls the retry back, so a refused retry has changed nothing."""
+        if changed:
+            self._journal("retried", detail=f"{changed} task{'s' if changed != 1 else ''} back to pending"
+                                            + (f" ({by})" if by else ""))
+
     def log_event(self, kind: str, *, task_id: int | None = None, worker_id: int | None = None,
                   attempt: int | None = None, detail: str | None = None, durable: bool = False) -> None:
         with self._write(durable=durable):

@@ -874,11 +874,14 @@ class SqliteStore(SqlStore):
                                           "fence": fence})
         return cur.rowcount == 1
 
-    def retry(self, names: Sequence[str] | None) -> int:
+    def retry(self, names: Sequence[str] | None, by: str | None = None) -> int:
         with self._write():
             if names is None:
-                return len(self._exec("retry_failed").fetchall())
-            return sum(len(self._exec("retry_one", {"name": n}).fetchall()) for n in names)
+                changed = len(self._exec("retry_failed").fetchall())
+            else:
+                changed = sum(len(self._exec("retry_one", {"name": n}).fetchall()) for n in names)
+            self._journal_retried(changed, by)
+        return changed
 
     # --- reading -------------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:

@@ -62,7 +62,9 @@ def hog(store: str) -> tuple[str, int, str]:
 
 
 # --- MemoryError (RLIMIT_AS) --------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", ["fill", "async-fill"])
+# The async path fails the same way on both backends: SQLite's case is enough.
+@pytest.mark.parametrize(("store_url", "mode"), [("sqlite", "fill"), ("postgres", "fill"), ("sqlite", "async-fill")],
+                         indirect=["store_url"])
 def test_a_python_task_out_of_memory_fails_its_attempts_and_the_worker_goes_on(store_url: str, tmp_path: Path,
                                                                                mode: str) -> None:
     """The task ``hog`` allocates until not even 64 bytes more can be had (RLIMIT_AS), holding it all, and
@@ -70,8 +72,6 @@ def test_a_python_task_out_of_memory_fails_its_attempts_and_the_worker_goes_on(s
     other task is done once, and the worker exits 3 on its own. Formatting the traceback of a MemoryError
     needs memory too: where that failed, the task's thread died without reporting its attempt, and the
     worker renewed its lease for ever (here the 4th or 5th attempt, in 4 runs of 4)."""
-    if mode == "async-fill" and store_url.startswith("postgresql"):
-        pytest.skip("the async path fails the same way on both backends: SQLite's case is enough")
     worker = subprocess.run(memory_worker(store_url, tmp_path, mode, 6), env=ENV, capture_output=True,
                             timeout=120, preexec_fn=address_space(700 * 2**20))
     err = worker.stderr.decode(errors="replace")
@@ -112,15 +112,16 @@ def test_a_worker_out_of_memory_in_its_own_code_says_one_line_and_exits_75(store
 
 
 # --- values bigger than a store takes ------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", ["big-result", "big-step"])
+# A step's value is refused before any store call: SQLite's case is enough.
+@pytest.mark.parametrize(("store_url", "mode"),
+                         [("sqlite", "big-result"), ("postgres", "big-result"), ("sqlite", "big-step")],
+                         indirect=["store_url"])
 def test_a_value_bigger_than_a_store_takes_fails_its_attempt_at_once(store_url: str, tmp_path: Path,
                                                                     mode: str) -> None:
     """A result of 1,000,000,001 bytes (more than SQLite holds in a row), or a durable step's value one byte
     over MAX_STORED_BYTES: the attempt fails naming the size, before any commit. The result failed its
     commit with "string or blob too big" instead, and the worker retried that commit, with every other
     task's outcome, for good."""
-    if mode == "big-step" and store_url.startswith("postgresql"):
-        pytest.skip("a step's value is refused before any store call: SQLite's case is enough")
     worker = subprocess.run(memory_worker(store_url, tmp_path, mode, 1), env=ENV, capture_output=True,
                             timeout=120)
     err = worker.stderr.decode(errors="replace")

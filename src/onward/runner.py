@@ -68,6 +68,8 @@ STOP_COMMIT_SECONDS = 5.0
 # attempt is given back uncounted, the worker runs fewer tasks at once from then on, and claims nothing for
 # RESOURCE_PAUSE seconds.
 RESOURCE_PAUSE = 1.0
+# A shortfall that lasts is warned of again this often (seconds); in between, each is logged at info.
+RESOURCE_WARN_EVERY = 60.0
 # How often a worker looks for waits whose deadline passed (ctx.wait's timeout), while its job has some.
 WAKE_DUE_EVERY = 1.0
 # A step back of the wall clock larger than this between two turns of the loop is taken as the clock set back.
@@ -97,7 +99,9 @@ class Runner:
         self.worker_id = 0
         self.concurrency = config.concurrency  # lowered for good when the worker runs out of resources
         self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
-        self._resources_short = False  # a start ran out of resources (warned once)
+        # When a start last warned that it ran out of resources, and the shortfalls told only at info since.
+        self._resources_warned: float | None = None
+        self._resources_unwarned = 0
         self.attempts: dict[int, Attempt] = {}  # task id -> its attempt, while it runs here
         # A supervisor does not treat a worker that gets somewhere as crash-looping.
         self.settler = Settler(store, log, out, config.retry_delay, config.max_retry_delay,
@@ -665,11 +669,17 @@ class Runner:
                   else f"concurrency stays {lowered}")
         text = (f"out of resources starting task={quote(claim.name)}: {e.strerror or e}; {change}; attempts that"
                 " could not start are given back uncounted")
-        if self._resources_short:
-            self.log.info(text)  # the warning was given once: the rest is the same story
+        now = time.monotonic()
+        if self._resources_warned is not None and now - self._resources_warned < RESOURCE_WARN_EVERY:
+            self.log.info(text)  # warned already: the rest is the same story
+            self._resources_unwarned += 1
         else:
-            self._resources_short = True
-            self.log.warning(text)
+            # Again once a minute while it lasts: a limit that lets not even one task start (ulimit -n 16)
+            # would otherwise leave a worker that looks idle, having said so once, an hour ago.
+            more = (f" ({self._resources_unwarned} more since the last warning)" if self._resources_unwarned
+                    else "")
+            self.log.warning(text + more)
+            self._resources_warned, self._resources_unwarned = now, 0
         self.concurrency = lowered
 
     def _enforce_deadlines(self, now: float) -> None:

@@ -278,3 +278,32 @@ def test_a_python_worker_that_cannot_start_a_thread_gives_the_attempt_back(tmp_p
     assert c.execute("SELECT max(attempts) FROM tasks").fetchone() == (1,)
     c.close()
     assert sorted(side_effects.read_text().split()) == [f"t{i}" for i in range(6)]
+
+
+def test_a_limit_that_lets_no_task_start_is_warned_of_again_while_it_lasts(tmp_path: Path) -> None:
+    """Under `ulimit -n 16` not even one command can start: the worker gives each attempt back and tries
+    again every second, for as long as it runs. It said so once, and then looked idle for good (an hour,
+    in one user's run); the warning now comes again while the shortfall lasts (every minute; here every
+    2.2 s, set from the launcher), counting the tries in between."""
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\nb\n")
+    launcher = ("import sys; import onward.runner as r; r.RESOURCE_WARN_EVERY = 2.2; "
+                "from onward.entry import main; sys.argv[0] = 'onward'; main()")
+    log = tmp_path / "worker.log"
+
+    def limit_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
+
+    with log.open("wb") as out:
+        worker = subprocess.Popen([sys.executable, "-c", launcher, "run", "--db", str(tmp_path / "s.db"),
+                                   "--tasks", str(tasks), "-q", "--", "true"],
+                                  env=dict(os.environ, PYTHONPATH=SRC), stdout=out, stderr=out,
+                                  preexec_fn=limit_descriptors)
+    try:
+        wait_for(lambda: log.read_text().count("out of resources starting") >= 2, 30, "the warning to come again")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    warnings = [line for line in log.read_text().splitlines() if "out of resources starting" in line]
+    assert all("Too many open files" in line for line in warnings), warnings
+    assert "more since the last warning" in warnings[1], warnings  # a try a second: one or two between

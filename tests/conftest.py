@@ -158,6 +158,17 @@ def task_result(url: str, task: str) -> Any:
         return r.stdout.decode()
 
 
+def cgroup_v1(controller: str) -> Path:
+    """The cgroup v1 hierarchy of ``controller`` (``freezer``, ``memory``), where the test runs as root and
+    it is mounted; a skip elsewhere, and under CI (CI=true), whose machines have both, a failure instead."""
+    hierarchy = Path("/sys/fs/cgroup") / controller
+    if os.geteuid() != 0 or not (hierarchy / "cgroup.procs").exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI needs root and the cgroup v1 {controller} controller at {hierarchy}")
+        pytest.skip(f"needs root and the cgroup v1 {controller} controller at {hierarchy}")
+    return hierarchy
+
+
 def require_tool(name: str) -> str:
     """The path of a fault-injection tool (``strace``), or a skip where it is missing; under CI (CI=true),
     where .ci/run installs it, a failure instead."""

@@ -23,13 +23,12 @@ from pathlib import Path
 import pytest
 
 from onward.config import MAX_STORED_BYTES
-from tests.conftest import onward_argv, run_onward, wait_for
+from tests.conftest import cgroup_v1, onward_argv, run_onward, wait_for
 from tests.crash.kill_checker import check_run, integrity_problems, query
 from tests.reliability import record
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
-MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 NAMES = [f"t{i}" for i in range(20)]  # memory_worker's tasks besides "hog"
 
 
@@ -146,11 +145,7 @@ def test_max_result_bytes_over_what_a_store_takes_is_refused(tmp_path: Path) -> 
 def memory_cgroup() -> Iterator[Path]:
     """A cgroup v1 memory cgroup of the test's own, limited to 200 MiB; whatever is left in it is killed and
     the cgroup removed afterwards."""
-    if os.geteuid() != 0 or not (MEMORY_V1 / "cgroup.procs").exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory")
-        pytest.skip("needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory")
-    cgroup = MEMORY_V1 / f"onward-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    cgroup = cgroup_v1("memory") / f"onward-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     cgroup.mkdir()
     try:
         (cgroup / "memory.limit_in_bytes").write_text(str(200 * 2**20))

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import onward_argv, run_onward, wait_for
+from tests.conftest import cgroup_v1, onward_argv, run_onward, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -441,7 +441,6 @@ def test_journald_lines_have_no_second_timestamp(tmp_path: Path) -> None:
     assert r.stderr == b""
 
 
-FREEZER = Path("/sys/fs/cgroup/freezer")
 
 
 @contextmanager
@@ -457,11 +456,8 @@ def stopped_with_sigstop(worker: int, child: int) -> Iterator[None]:
 @contextmanager
 def frozen_by_cgroup(worker: int, child: int) -> Iterator[None]:
     """Freeze worker and command with the cgroup v1 freezer: a sandbox pause, no signal delivered."""
-    if not (FREEZER / "cgroup.procs").exists() or os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the cgroup v1 freezer is needed in CI")
-        pytest.skip("needs root and the cgroup v1 freezer")
-    group = FREEZER / f"onward-test-{os.getpid()}-{worker}"
+    freezer = cgroup_v1("freezer")
+    group = freezer / f"onward-test-{os.getpid()}-{worker}"
     group.mkdir()
     try:
         for pid in (worker, child):
@@ -473,7 +469,7 @@ def frozen_by_cgroup(worker: int, child: int) -> Iterator[None]:
         (group / "freezer.state").write_text("THAWED")
         for member in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError, OSError):
-                (FREEZER / "cgroup.procs").write_text(member)
+                (freezer / "cgroup.procs").write_text(member)
         group.rmdir()
 
 
@@ -521,11 +517,8 @@ def _descendants(pid: int) -> list[int]:
 def all_frozen(workers: list[int]) -> Iterator[None]:
     """Freeze workers and everything below them with the cgroup v1 freezer, as a sandbox pause freezes the
     whole job. Each worker goes in first, so that whatever it starts meanwhile is born inside."""
-    if not (FREEZER / "cgroup.procs").exists() or os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("the cgroup v1 freezer is needed in CI")
-        pytest.skip("needs root and the cgroup v1 freezer")
-    group = FREEZER / f"onward-test-{os.getpid()}-all"
+    freezer = cgroup_v1("freezer")
+    group = freezer / f"onward-test-{os.getpid()}-all"
     group.mkdir()
     try:
         todo = list(workers)
@@ -544,7 +537,7 @@ def all_frozen(workers: list[int]) -> Iterator[None]:
             members = (group / "cgroup.procs").read_text().split()
             for member in members:
                 with contextlib.suppress(ProcessLookupError, OSError):
-                    (FREEZER / "cgroup.procs").write_text(member)
+                    (freezer / "cgroup.procs").write_text(member)
             return not members
 
         wait_for(moved_out, 10, "every process to leave the freezer's group")

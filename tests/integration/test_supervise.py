@@ -37,7 +37,7 @@ from onward.supervise import (
     store_url_for,
 )
 from tests import pgutil
-from tests.conftest import onward_argv, run_onward, wait_for
+from tests.conftest import cgroup_v1, onward_argv, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -406,15 +406,10 @@ def test_onward_notifier_keeps_the_watchdog_fed(supervise: Callable[..., Run]) -
 
 
 # --- freezes of the whole tree ---------------------------------------------------------------------------
-FREEZER = Path("/sys/fs/cgroup/freezer")
-needs_freezer = pytest.mark.skipif(
-    os.geteuid() != 0 or not (FREEZER / "cgroup.procs").exists(),
-    reason="needs root and the cgroup v1 freezer at /sys/fs/cgroup/freezer")
-
-
 @pytest.fixture
 def freezer() -> Iterator[Path]:
-    group = FREEZER / f"onward-test-{uuid.uuid4().hex[:8]}"
+    hierarchy = cgroup_v1("freezer")
+    group = hierarchy / f"onward-test-{uuid.uuid4().hex[:8]}"
     group.mkdir()
     try:
         yield group
@@ -422,7 +417,7 @@ def freezer() -> Iterator[Path]:
         (group / "freezer.state").write_text("THAWED")
         for pid in (group / "cgroup.procs").read_text().split():
             # Back to the root group so that ours can be removed; the test's cleanup kills them.
-            (FREEZER / "cgroup.procs").write_text(pid)
+            (hierarchy / "cgroup.procs").write_text(pid)
         group.rmdir()
 
 
@@ -435,7 +430,6 @@ def freeze(group: Path, pids: list[int], seconds: float) -> None:
     (group / "freezer.state").write_text("THAWED")
 
 
-@needs_freezer
 def test_freezing_supervisor_and_worker_together_is_not_a_hang(supervise: Callable[..., Run],
                                                                freezer: Path) -> None:
     run = supervise("beat", watchdog=1.0)
@@ -451,7 +445,6 @@ def test_freezing_supervisor_and_worker_together_is_not_a_hang(supervise: Callab
     assert run.events() == ["resumed", "SIGTERM"]
 
 
-@needs_freezer
 def test_freezing_the_worker_alone_is_a_hang(supervise: Callable[..., Run], freezer: Path) -> None:
     # The control for the test above: the freeze really silences the worker, and without a pause of its
     # own the supervisor treats it as wedged.

@@ -14,10 +14,12 @@ import textwrap
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from onward.store import open_store
+from onward.store.base import StepRecord
 from tests.integrations.conftest import Stub
 from tests.kill_loop import ForkServer, KillPlan, integrity, json_lines, kill_until_done
 
@@ -80,6 +82,17 @@ sys.exit(job.run().exit_code)
 '''
 
 
+def result_and_steps(db: Path, task: str) -> tuple[Any, list[StepRecord]]:
+    """The finished task's result and its recorded steps, read from its store."""
+    store = open_store(str(db), create=False)
+    try:
+        task_id = store.task_id(task)
+        assert task_id is not None
+        return store.result(task), store.steps(task_id)
+    finally:
+        store.close()
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ForkServer]:
     s = ForkServer(tmp_path, ["onward", "onward.integrations.openai_agents", "agents.mcp", "openai"])
@@ -123,14 +136,8 @@ def test_mcp_tool_calls_are_steps_paid_once_across_kills(server: ForkServer, tmp
           f" MCP tool calls {len(tool_calls)}")
     assert done.in_commit == (PLAN.commit_kills if shutil.which("strace") else 0)
 
-    store = open_store(str(db), create=False)
-    try:
-        assert store.result(QUESTION) == expected
-        task_id = store.task_id(QUESTION)
-        assert task_id is not None
-        records = store.steps(task_id)
-    finally:
-        store.close()
+    result, records = result_and_steps(db, QUESTION)
+    assert result == expected
     # Every call was made, once, plus at most one repeat per kill: the one in flight when it came.
     per_tool_call = Counter(c["expression"] for c in tool_calls)
     per_turn = Counter(c["turn"] for c in model_calls)
@@ -387,14 +394,8 @@ def test_custom_shell_and_apply_patch_tools_are_steps_paid_once_across_kills(ser
     print(f"kills {done.kills} ({done.in_commit} inside a commit); model calls {len(model_calls)};"
           f" tool runs {len(tool_calls)}")
 
-    store = open_store(str(db), create=False)
-    try:
-        assert store.result("run the tools") == expected
-        task_id = store.task_id("run the tools")
-        assert task_id is not None
-        records = store.steps(task_id)
-    finally:
-        store.close()
+    result, records = result_and_steps(db, "run the tools")
+    assert result == expected
     # Every call was made, once, plus at most one repeat per kill: the one in flight when it came.
     per_tool_call = Counter((c["kind"], c["n"]) for c in tool_calls)
     per_turn = Counter(c["turn"] for c in model_calls)
@@ -670,14 +671,8 @@ def test_a_streamed_run_with_a_handoff_and_tools_is_paid_once_across_kills(strea
     print(f"kills {done.kills} ({done.in_commit} inside a commit); model calls {len(model_calls)};"
           f" tool runs {len(tool_calls)}")
 
-    store = open_store(str(db), create=False)
-    try:
-        assert store.result("stream it") == expected  # the same final output, and as many events, as uninterrupted
-        task_id = store.task_id("stream it")
-        assert task_id is not None
-        records = store.steps(task_id)
-    finally:
-        store.close()
+    result, records = result_and_steps(db, "stream it")
+    assert result == expected  # the same final output, and as many events, as uninterrupted
     per_tool_call = Counter(c["expression"] for c in tool_calls)
     per_model_call = Counter((c["agent"], c["turn"]) for c in model_calls)
     assert sorted(per_tool_call) == ["2 * 3", "42 * 6", "6 * 7"]

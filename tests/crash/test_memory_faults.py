@@ -215,13 +215,15 @@ def test_a_task_that_gets_the_worker_oom_killed_is_failed_as_poison_under_superv
     assert (state, attempts) == ("failed", 3) and "owner died" in error, (state, attempts, error)
     assert_the_others_done_once(store_url, tmp_path)
     # From each death to the next worker's READY: the restart delay (0.1 s, doubling while runs die fast
-    # without progress) plus a Python worker's start-up.
+    # without progress) plus a Python worker's start-up, 0.3-0.7 s here. How fast is measured by the
+    # recovery benchmark; this bound only catches a restart held back by seconds (a crash loop's growing
+    # backoff), and holds on a loaded machine (up to 3 s seen at a load of 10 on 2 cores).
     died = [at for at, line in _timed(err) if " died: signal SIGKILL" in line]
     ready = [at for at, line in _timed(err) if line.endswith(" ready")]
     assert len(died) == 3 and len(ready) == 4, err[-3000:]
     gaps = [(next(r for r in ready if r > d) - d).total_seconds() for d in died]
     print(f"restart (death -> ready), seconds: {gaps}")
-    assert gaps[0] < 1.0 and all(gap < 1.5 for gap in gaps), gaps
+    assert all(gap < 6.0 for gap in gaps), gaps
     restarts = query(store_url, "SELECT count(*) FROM {t}events WHERE kind = 'restart'")[0][0]
     assert restarts == 3
 

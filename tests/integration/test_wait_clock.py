@@ -31,9 +31,10 @@ WORKER = textwrap.dedent(f'''
     url, side = sys.argv[1], sys.argv[2]
     job = Job(url, heartbeat=0.3, park_sleeps_over=0.5)
 
-    def note(path, text):
-        with open(os.path.join(side, path), "a") as f:
+    def note(path, text):  # whole or absent: the test reads a note as soon as it exists
+        with open(os.path.join(side, path + ".tmp"), "w") as f:
             f.write(text)
+        os.rename(os.path.join(side, path + ".tmp"), os.path.join(side, path))
 
     @job.task
     def handle(task, ctx):

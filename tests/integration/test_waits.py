@@ -490,8 +490,11 @@ def test_a_short_sleep_stays_in_the_worker(store_url: str, side: Path, tmp_path:
     marker = tmp_path / "keep-awake"
     worker = start_sleeper(store_url, side, marker, park_over=3.0)
     wait_for(lambda: count(side, "nap-1.5", "before"), 60, f"the task to start; log:\n{worker.log}")
+    # The marker first, then the status: a task still running after the look at the marker was running
+    # during it (the other order fails when the task ends between the two, on a loaded machine).
+    marked = marker.exists()
     report = status(store_url)
-    assert report["running"] == 1 and report["waiting"] == 0 and marker.exists()
+    assert report["running"] == 1 and report["waiting"] == 0 and marked
     wait_for(lambda: task_result(store_url, "nap-1.5") == "rested", 60, f"the task to finish; log:\n{worker.log}")
     deadline, kinds, events = sleep_record(store_url, "nap-1.5")
     assert kinds == ["value", "sleep"] and "waiting" not in events

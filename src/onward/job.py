@@ -15,6 +15,7 @@ only its own tasks, results, journal, workers and pause flag.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields, replace
@@ -24,7 +25,7 @@ from . import results, waits
 from .attempts import PythonHandler
 from .config import RunConfig, job_settings
 from .context import TaskContext
-from .errors import TaskNotDone, UsageError
+from .errors import TaskNotDone, Unavailable, UsageError
 from .keepawake import marker_path
 from .log import NORMAL, Log
 from .outdir import OutDir, owner_of
@@ -36,6 +37,24 @@ from .tasksfile import check_task_name, task_name
 from .worker import run_worker
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextlib.contextmanager
+def _spaced_when_unavailable() -> Iterator[None]:
+    """A store or output unavailable (``Unavailable``, the CLI's exit 75) raised in the main process of a
+    systemd service is raised once the process has lived ``UNAVAILABLE_SPACING`` seconds, as the CLI's exit
+    75 is spaced (onward.systemd.space_unavailable_exit): a worker script ends with that error, its status
+    restarted like 75, and without the wait an outage at start used up the unit's start limit (6 starts in
+    60 s) within seconds, leaving the unit failed when the server came back. The program's signal handlers
+    are left as they are: SIGINT's and SIGTERM's defaults end the wait."""
+    try:
+        yield
+    except Unavailable:
+        from .systemd import main_process_of_a_service, space_unavailable_exit
+
+        if main_process_of_a_service():
+            space_unavailable_exit(reset_signals=False)
+        raise
 
 
 class Job:
@@ -53,7 +72,8 @@ class Job:
                                 timeout=timeout, heartbeat=heartbeat, grace=grace, stall_timeout=stall_timeout,
                                 park_sleeps_over=park_sleeps_over)
         self.url = store_url(settings.db)
-        self.store: Store = open_store(self.url, job=settings.name)
+        with _spaced_when_unavailable():
+            self.store: Store = open_store(self.url, job=settings.name)
         self.name = self.store.job
         self.out = settings.out
         self.keep_awake = settings.keep_awake
@@ -108,7 +128,8 @@ class Job:
                 name = _task_name(task)
                 check_task_name(name)
                 yield name
-        return self.store.add(checked())
+        with _spaced_when_unavailable():
+            return self.store.add(checked())
 
     def run(self, **overrides: Any) -> RunSummary:
         """Run until no task is pending or running (or a stop signal). Resumes where it left off."""
@@ -128,7 +149,9 @@ class Job:
             if self.out else None
         try:
             handler = PythonHandler(self._fn, replay=self._replay, park_sleeps_over=config.park_sleeps_over)
-            return run_worker(self.store, handler, config, self.log, url=self.url, out=out, keep_awake=marker)
+            with _spaced_when_unavailable():
+                return run_worker(self.store, handler, config, self.log, url=self.url, out=out,
+                                  keep_awake=marker)
         finally:
             if out is not None:
                 out.close()

@@ -335,7 +335,13 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
                 workdir=workdir, executable=words[0], user=user)
 
 
-def space_unavailable_exit() -> None:
+def main_process_of_a_service() -> bool:
+    """Whether this process is the one systemd started for a service (systemd sets SYSTEMD_EXEC_PID to the
+    pid it started, which an exec keeps): its exit is the unit's, and counts toward the start limit."""
+    return os.environ.get("SYSTEMD_EXEC_PID") == str(os.getpid())
+
+
+def space_unavailable_exit(reset_signals: bool = True) -> None:
     """Called by the main process of a systemd service about to exit 75: wait until it has lived
     ``UNAVAILABLE_SPACING`` seconds. systemd restarts status 75 (Restart=on-failure) after RestartSec=100ms,
     but counts every start toward the start limit: a worker that finds its database server down exits in
@@ -345,7 +351,8 @@ def space_unavailable_exit() -> None:
     status) still hits the limit. ``onward supervise`` needs none of this: it backs off itself, and never
     counts these restarts.
 
-    A stop (SIGTERM, SIGINT) ends the wait at once; a watchdog, if one is armed already, is kept fed."""
+    A stop (SIGTERM, SIGINT) ends the wait at once (with ``reset_signals``, whatever handlers were set); a
+    watchdog, if one is armed already, is kept fed."""
     import signal
     import time
 
@@ -359,11 +366,11 @@ def space_unavailable_exit() -> None:
     until = time.monotonic() + UNAVAILABLE_SPACING - lived
     if until <= time.monotonic():
         return
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL)
+    if reset_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
     notifier = Notifier.from_env()
-    notifier.status(f"store or output unavailable; exiting with status 75 in {until - time.monotonic():.0f} s,"
-                    " to be restarted")
+    notifier.status(f"store or output unavailable; exiting in {until - time.monotonic():.0f} s, to be restarted")
     try:
         while (left := until - time.monotonic()) > 0:
             notifier.watchdog()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,44 @@ def test_a_worker_stopped_while_its_server_is_unreachable_says_why_its_counts_ar
     last = log.read_text().strip().splitlines()[-1]
     assert "worker stopped: stopped by SIGTERM" in last, last
     assert "; store: counts unknown (" in last and "Connection refused" in last, last
+
+
+PYTHON_WORKER = "import sys\nfrom onward import Job\nJob(sys.argv[1])\n"
+
+
+def test_a_python_worker_that_is_a_systemd_services_main_process_raises_unavailable_after_12_s(
+        tmp_path: Path) -> None:
+    """systemd counts every start toward the unit's start limit (6 in 60 s): a Python worker script whose
+    store is down ends at once with StoreUnavailable, is restarted 0.1 s later, and used the limit up within
+    seconds of an outage, the unit then failed for good (the `onward` command already waited, exit 75
+    spaced 12 s). As the main process of a service (SYSTEMD_EXEC_PID is its pid, as systemd sets it, kept
+    across the exec) the error is now raised once the process has lived 12 s; SIGTERM (a stop) ends the
+    wait at once. Any other process raises it at once."""
+    script = tmp_path / "worker.py"
+    script.write_text(PYTHON_WORKER)
+    url = "postgresql://postgres@127.0.0.1:1/test"  # nothing listens on port 1: connection refused
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    env.pop("SYSTEMD_EXEC_PID", None)
+
+    def start(as_main_process: bool) -> subprocess.Popen[bytes]:
+        shell = 'SYSTEMD_EXEC_PID=$$ exec "$0" "$@"' if as_main_process else 'exec "$0" "$@"'
+        return subprocess.Popen(["sh", "-c", shell, sys.executable, str(script), url], env=env,
+                                stderr=subprocess.PIPE)
+
+    began = time.monotonic()
+    spaced, stopped, plain = start(True), start(True), start(False)
+    try:
+        err = plain.communicate(timeout=30)[1]
+        assert plain.returncode == 1 and b"onward.errors.StoreUnavailable" in err, err[-2000:]
+        # The same failure, met as fast: the main processes of a service are still waiting.
+        assert spaced.poll() is None and stopped.poll() is None, time.monotonic() - began
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(timeout=10) == -signal.SIGTERM
+        err = spaced.communicate(timeout=60)[1]
+        lived = time.monotonic() - began
+        assert spaced.returncode == 1 and b"onward.errors.StoreUnavailable" in err, err[-2000:]
+        assert lived >= 11.5, lived
+    finally:
+        for p in (spaced, stopped, plain):
+            p.kill()
+            p.wait()

@@ -190,3 +190,66 @@ def test_a_python_worker_that_is_a_systemd_services_main_process_raises_unavaila
         for p in (spaced, stopped, plain):
             p.kill()
             p.wait()
+
+
+def _error_line(done: subprocess.CompletedProcess[bytes]) -> str:
+    """The one error line (a worker's log lines may come before it), without a traceback."""
+    text = done.stderr.decode()
+    errors = [line for line in text.splitlines() if line.startswith("onward: error: ")]
+    assert len(errors) == 1 and "Traceback" not in text and text.strip().endswith(errors[0]), text
+    return errors[0]
+
+
+@pytest.mark.postgres
+def test_a_lock_held_on_the_store_past_lock_timeout_is_busy_not_misconfigured(tmp_path: Path) -> None:
+    """Someone holds a lock on onward's tables (a `LOCK TABLE`, a long migration, a stuck session) longer
+    than onward's lock_timeout: the server cancels onward's statement (55P03). That passes once the lock is
+    let go, so it is exit 75 and a restart, not exit 2: a worker started meanwhile exited 2 (a usage error)
+    and `onward supervise` gave up on it for good ("not restarting")."""
+    with pgutil.fresh_database() as url:
+        store = open_store(url)
+        store.add(["a", "b"])
+        store.close()
+        import psycopg
+
+        with psycopg.connect(url) as holder:
+            holder.execute("LOCK TABLE onward.tasks IN ACCESS EXCLUSIVE MODE")  # held until the rollback
+            run = run_onward("run", "--db", url, "--", "true")
+            status = run_onward("status", "--db", url)
+            holder.rollback()
+        for done in (run, status):
+            assert done.returncode == 75, done.stderr
+            assert "lock timeout" in _error_line(done)
+        again = run_onward("run", "--db", url, "--", "true")
+        assert again.returncode == 0, again.stderr
+        store = open_store(url, create=False)
+        assert store.counts()[DONE] == 2
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_server_that_takes_no_writes_is_unavailable_not_misconfigured(tmp_path: Path) -> None:
+    """A server that refuses writes (25006: a hot standby during a failover, default_transaction_read_only)
+    is a store that cannot be written right now, as a read-only disk is for SQLite: the commands that write
+    change nothing and exit 75, the reading ones work. They exited 2, which supervisors never restart."""
+    with pgutil.fresh_database() as url:
+        store = open_store(url)
+        store.add(["a", "b"])
+        store.close()
+        database = url.rsplit("/", 1)[1]
+        with pgutil.admin_connection() as admin:
+            admin.execute(f'ALTER DATABASE "{database}" SET default_transaction_read_only = on')
+            for args in (("run", "--db", url, "--", "true"), ("add", "--db", url, "c"), ("cancel", "--db", url, "a"),
+                         ("send", "--db", url, "a", "k", "1")):
+                done = run_onward(*args)
+                assert done.returncode == 75, (args, done.stderr)
+                assert "read-only transaction" in _error_line(done), args
+            status = run_onward("status", "--db", url)
+            assert status.returncode == 0, status.stderr
+            assert b"pending 2" in status.stdout, status.stdout
+            admin.execute(f'ALTER DATABASE "{database}" RESET default_transaction_read_only')
+        again = run_onward("run", "--db", url, "--", "true")
+        assert again.returncode == 0, again.stderr
+        store = open_store(url, create=False)
+        assert store.counts()[DONE] == 2 and sum(store.counts().values()) == 2
+        store.close()

@@ -96,7 +96,10 @@ _AWAY_OR_BUSY = (
     "network is unreachable", "could not translate host name", "temporary failure in name resolution",
     "server closed the connection", "connection reset", "terminating connection", "broken pipe",
     "no such file or directory",  # a Unix socket that is not there while the server is down
-    "starting up", "shutting down", "in recovery mode", "not yet accepting", "too many",
+    "starting up", "shutting down", "in recovery mode", "too many",
+    # A standby before it is consistent ("not yet accepting connections"), or one with hot_standby off ("not
+    # accepting connections"): a failover or a restore under way.
+    "accepting connections",
     # All connections taken but those kept for superusers (53300 as "too many clients", but worded apart:
     # "remaining connection slots are reserved for non-replication superuser connections" up to 15, "...
     # reserved for roles with the SUPERUSER attribute" since 16): busy, not misconfigured.
@@ -105,20 +108,38 @@ _AWAY_OR_BUSY = (
 )
 
 
+# What a server that is up answers when something that passes keeps it from doing this now: a lock someone
+# else holds on onward's tables past lock_timeout, a statement or transaction ended by the server's timeouts
+# (statement_timeout, idle_in_transaction_session_timeout, idle_session_timeout) or by an administrator
+# (pg_cancel_backend), a server that takes no writes (a hot standby, default_transaction_read_only: a failover
+# under way), a conflict with another transaction, a failing disk. Like a disk that is full or read-only,
+# none of these is the store misconfigured.
+_BUSY_SQLSTATES = frozenset({
+    "55P03",  # lock_not_available
+    "57014",  # query_canceled
+    "25P03",  # idle_in_transaction_session_timeout
+    "57P05",  # idle_session_timeout
+    "25006",  # read_only_sql_transaction
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "57P01", "57P02", "57P03",  # admin_shutdown (pg_terminate_backend too), crash_shutdown, cannot_connect_now
+})
+
+
 def _server_unavailable(e: BaseException) -> bool:
     """Whether a psycopg error means the server cannot serve us right now (exit 75, restarted) rather than
     that the store is misconfigured (exit 2). A failed connection carries no SQLSTATE, so its text decides
     (``_AWAY_OR_BUSY``): no answer (refused, unreachable, timed out, a host name that does not resolve yet)
-    or a server starting, stopping or full. After connecting: a connection exception (class 08), an
-    administrator or crash shutdown (57P01-57P03), or the server out of resources (class 53: disk full,
-    too many connections)."""
+    or a server starting, stopping or full. After connecting: a connection exception (class 08), the server
+    out of resources (class 53: disk full, too many connections) or failing (class 58: an I/O error), or
+    one of ``_BUSY_SQLSTATES``."""
     import psycopg
 
+    sqlstate = getattr(e, "sqlstate", None)
+    if sqlstate is not None and isinstance(e, psycopg.Error):
+        return sqlstate[:2] in ("08", "53", "58") or sqlstate in _BUSY_SQLSTATES
     if not isinstance(e, psycopg.OperationalError):
         return False
-    sqlstate = getattr(e, "sqlstate", None)
-    if sqlstate is not None:
-        return sqlstate[:2] in ("08", "53") or sqlstate in ("57P01", "57P02", "57P03")
     text = str(e).lower()
     return any(phrase in text for phrase in _AWAY_OR_BUSY)
 

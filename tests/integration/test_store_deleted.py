@@ -146,3 +146,21 @@ def test_a_postgres_store_dropped_under_a_running_worker_stops_it_with_exit_2(tm
         errors = [line for line in lines if line.startswith("onward: error:")]
         said = "was replaced" if recreated else "was dropped"
         assert errors == [lines[-1]] and said in errors[0], lines
+
+
+@pytest.mark.postgres
+def test_a_postgres_database_dropped_under_a_running_worker_stops_it_with_exit_2(tmp_path: Path) -> None:
+    """`DROP DATABASE … WITH (FORCE)` takes the store away with its database: every reconnection is then
+    refused with 'database "…" does not exist'. The worker took that for a server out of reach and went on
+    retrying for good (still at it 54 s later, when it was stopped; its tasks stopped as their leases ran out),
+    where a dropped schema stops it at once."""
+    with pgutil.fresh_database() as url:
+        worker = start_worker(url, tasks_file(tmp_path), supervised=True)
+        wait_until_running(url, worker)
+        with pgutil.admin_connection() as admin:
+            admin.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+        code, lines = finish(worker)
+        assert code == 2, lines
+        errors = [line for line in lines if line.startswith("onward: error:")]
+        assert len(errors) == 1 and "its database was dropped" in errors[0], lines
+        assert lines[-1].endswith("not restarting"), lines  # the supervisor did not start it again

@@ -126,6 +126,15 @@ _BUSY_SQLSTATES = frozenset({
 })
 
 
+def _database_missing(e: BaseException) -> bool:
+    """Whether a failed connection was refused because the URL's database does not exist (a connection
+    failure carries no SQLSTATE: libpq's text, ``FATAL:  database "…" does not exist``, decides)."""
+    import psycopg
+
+    text = str(e)
+    return isinstance(e, psycopg.OperationalError) and 'database "' in text and "does not exist" in text
+
+
 def _server_unavailable(e: BaseException) -> bool:
     """Whether a psycopg error means the server cannot serve us right now (exit 75, restarted) rather than
     that the store is misconfigured (exit 2). A failed connection carries no SQLSTATE, so its text decides
@@ -162,6 +171,7 @@ class PostgresStore(SqlStore):
         self._reconnector: threading.Thread | None = None
         self._closing = threading.Event()
         self._last_error = ""
+        self._database_gone = False  # the last reconnection was refused: the database does not exist
         self._listener: Listener | None = None
         self._stall_ms = STALL_CEILING_MS  # the bound wanted on how long a call may wait
         self._tuned_ms: int | None = None  # the bound the current connection applies (None: defaults)
@@ -274,9 +284,11 @@ class PostgresStore(SqlStore):
                 conn = self._connect()
             except Exception as e:  # psycopg.Error, OSError
                 self._last_error = self._target.text(e)
+                self._database_gone = _database_missing(e)
                 self._closing.wait(delay)
                 delay = min(delay * 2, RECONNECT_BACKOFF[1])
                 continue
+            self._database_gone = False
             with self._lock:
                 if self._closing.is_set():
                     conn.close()
@@ -387,7 +399,12 @@ class PostgresStore(SqlStore):
         try:
             found = self._schema_identity()
         except StoreError:
-            return  # unreachable right now: renewals report that; only the server's answer can say "gone"
+            # Unreachable right now: renewals report that; only the server's answer can say "gone". It did
+            # when it refused the reconnection for want of the database (dropped, with its schema and all).
+            if self._database_gone and self._conn is None:
+                raise StoreGone(f"store {self.url}: its database was dropped while this process was using it"
+                                f" ({self._last_error}); stopping") from None
+            return
         if found != self._identity:
             what = "was dropped" if found is None else "was replaced (dropped and created again)"
             raise StoreGone(f"store {self.url}: its schema \"onward\" {what} while this process was using it;"

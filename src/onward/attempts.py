@@ -151,6 +151,12 @@ class PythonAttempt(Attempt):
             if self.cancel_reason is not None:
                 return Outcome.failure(self.cancel_reason)
             return Outcome.released(f"stopped: {e}")
+        log = self.ctx.used_step_log
+        if log is not None and self.cancel_reason is None and log.ended_by_store_fault(e):
+            # A store fault is the machine's, not the task's: given back uncounted, as on a graceful stop. The
+            # task runs again once the store answers, replaying what was recorded (the step whose record
+            # failed runs again).
+            return Outcome.released(f"the store could not record a step: {log.store_fault}")
         if isinstance(e, MemoryError):
             # What the task allocated is still held by its frames, which the traceback keeps alive: let it
             # go before the traceback is formatted, which takes memory too (a thread that died of a second

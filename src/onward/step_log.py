@@ -67,6 +67,7 @@ class StepLog:
         self._replay_told = False
         self._errors: dict[int, BaseException] = {}  # index -> the error this attempt recorded or replayed there
         self.failure: OnwardError | None = None  # drift or fencing: every later step call fails the same way
+        self.store_fault: StoreError | None = None  # the store failed a call: this attempt is given back
 
     # -- talking to the store (always through the worker loop) --
     def _call(self, fn: Callable[[Store], T | None], refused: str) -> T:
@@ -78,10 +79,23 @@ class StepLog:
         except Fenced as e:
             self.failure = e
             raise
+        except StoreError as e:
+            # The store could not take the call (a server restarting, a lock held past the timeout, a disk
+            # fault): not the task's failure. Every later step call fails the same way, and the attempt is
+            # given back uncounted (``ended_by_store_fault``); the next one loads the steps afresh, which also
+            # settles a commit whose answer was lost (it may have gone through).
+            self.store_fault = self.failure = e
+            raise
         if value is None:
             self.failure = Fenced(f"task {self.task!r} was taken over: {refused}")
             raise Fenced(str(self.failure))
         return value
+
+    def ended_by_store_fault(self, error: BaseException) -> bool:
+        """Whether the attempt ended with ``error`` because the store failed one of its step calls: that
+        error itself (or one raised again by a later step call), or one raised from it or while handling it."""
+        fault = self.store_fault
+        return fault is not None and (isinstance(error, StoreError) or _raised_from(error, fault))
 
     def load(self) -> None:
         """Read the task's records (once per attempt). Blocks for one round trip through the loop."""

@@ -14,6 +14,7 @@ import random
 import select
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -794,3 +795,63 @@ def test_the_password_never_shows_in_titles_logs_status_or_errors(pg_url: str, t
         assert text.count("\n") == 1 and text.startswith("onward: error: ")
     for text in outputs:
         assert secret not in text, text
+
+
+# --- a step the store could not record ------------------------------------------------------------------
+STEP_WORKER = """
+import sys, time
+from onward import Job
+
+job = Job(sys.argv[1])
+
+@job.task(max_attempts=1)
+def handle(task, ctx):
+    for i in range(8):
+        ctx.step(f"s{i}", lambda: time.sleep(0.25) or i)
+    return "ok"
+
+job.add(["a"])
+sys.exit(job.run(concurrency=int(sys.argv[2])).exit_code)
+"""
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])  # the step committed on the task's thread, or by the loop
+def test_a_step_the_store_cannot_record_for_a_while_does_not_fail_the_task(pg_url: str, tmp_path: Path,
+                                                                           concurrency: int) -> None:
+    """A lock on onward.steps held past the lock timeout (as a server restarting, or any store fault, would
+    do) makes the record of a Python task's step fail. That failure was raised into the task and counted
+    as the task's failed attempt: with max_attempts=1 the task ended `failed` (exit 3) for a fault of the
+    store. The attempt is now given back uncounted, and the task goes on from its recorded steps."""
+    script = tmp_path / "worker.py"
+    script.write_text(STEP_WORKER)
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as err:
+        worker = subprocess.Popen([sys.executable, str(script), pg_url, str(concurrency)],
+                                  env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        with admin(pg_url) as conn:
+            def a_step_recorded() -> bool:
+                if conn.execute("SELECT to_regclass('onward.steps')").fetchone() == (None,):
+                    return False  # no store yet
+                return conn.execute("SELECT 1 FROM onward.steps LIMIT 1").fetchone() is not None
+
+            wait_for(a_step_recorded, 30, "the first step recorded")
+            with conn.transaction():
+                conn.execute("LOCK TABLE onward.steps IN ACCESS EXCLUSIVE MODE")
+                wait_for(lambda: "lock timeout" in log.read_text(), 30, "a step's record to fail on the lock")
+        code = wait_exit(worker, 60, log)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    text = log.read_text()
+    assert code == 0, text
+    assert "released task=\"a\": the store could not record a step" in text, text
+    assert "Traceback" not in text and "attempt failed" not in text, text
+    store = open_store(pg_url, create=False)
+    try:
+        assert store.counts()[DONE] == 1
+        assert result_bytes(store, "a") == b"ok"
+        assert [e.attempt for e in store.events(task="a") if e.kind == "done"] == [1]  # never counted
+    finally:
+        store.close()

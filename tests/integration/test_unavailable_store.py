@@ -253,3 +253,16 @@ def test_a_server_that_takes_no_writes_is_unavailable_not_misconfigured(tmp_path
         store = open_store(url, create=False)
         assert store.counts()[DONE] == 2 and sum(store.counts().values()) == 2
         store.close()
+
+
+@pytest.mark.postgres
+def test_db_upgrade_with_the_server_down_exits_75_and_with_no_such_database_2() -> None:
+    """`onward db upgrade` opens its own connection: a server that does not answer made it exit 2, as if the
+    URL were wrong, where every other command exits 75 (unavailable, try again)."""
+    down = run_onward("db", "upgrade", "--db", f"postgresql://{pgutil.PG_USER}@127.0.0.1:{pgutil._free_port()}/x")
+    assert down.returncode == 75, down.stderr
+    assert "Connection refused" in _error_line(down)
+    with pgutil.fresh_database() as url:
+        missing = run_onward("db", "upgrade", "--db", url + "_not_there")
+    assert missing.returncode == 2, missing.stderr
+    assert "does not exist" in _error_line(missing)

@@ -588,7 +588,7 @@ def upgrade(url: str) -> tuple[int, int]:
     try:
         conn = pg.connect(target.conninfo, autocommit=True)
     except pg.Error as e:
-        raise StoreError(f"store {shown}: {target.text(e)}") from None
+        raise _upgrade_error(e, f"store {shown}: {target.text(e)}") from None
     try:
         before = _schema_version(conn, shown) or 0
         if before > SCHEMA_VERSION:
@@ -597,9 +597,15 @@ def upgrade(url: str) -> tuple[int, int]:
             before = _migrate(conn, shown, create=False)
         return before, SCHEMA_VERSION
     except pg.Error as e:
-        raise StoreError(f"store {shown}: {target.text(e)}") from None
+        raise _upgrade_error(e, f"store {shown}: {target.text(e)}") from None
     finally:
         conn.close()
+
+
+def _upgrade_error(e: BaseException, text: str) -> StoreError:
+    """A server that cannot serve the upgrade now (down, starting, full, a lock held past the timeout) is
+    unavailable (exit 75), as for every other command; anything else is configuration (exit 2)."""
+    return StoreUnavailable(text) if _server_unavailable(e) else StoreError(text)
 
 
 # --- helpers -------------------------------------------------------------------------------------------

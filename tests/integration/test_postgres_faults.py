@@ -855,3 +855,22 @@ def test_a_step_the_store_cannot_record_for_a_while_does_not_fail_the_task(pg_ur
         assert [e.attempt for e in store.events(task="a") if e.kind == "done"] == [1]  # never counted
     finally:
         store.close()
+
+
+def test_a_server_idle_session_timeout_does_not_end_onwards_connections(pg_url: str, tmp_path: Path) -> None:
+    """A server (or database) with idle_session_timeout ends every session left idle that long: onward's
+    connection between two heartbeats, while a task runs. Each commit after such a pause then failed
+    ('terminating connection due to idle-session timeout'), a store error backed off and retried, once per
+    task. onward's sessions now turn that timeout off (keepalives already end a session whose client is
+    gone)."""
+    with pgutil.admin_connection() as conn:
+        conn.execute(f'ALTER DATABASE "{pg_url.rsplit("/", 1)[1]}" SET idle_session_timeout = \'300ms\'')
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\nb\n")
+    done = run_onward("run", "--db", pg_url, "--tasks", str(tasks), "--", "sleep", "1")
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert "idle-session timeout" not in err and "store error" not in err, err
+    store = open_store(pg_url, create=False)
+    assert store.counts()[DONE] == 2
+    store.close()

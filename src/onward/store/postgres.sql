@@ -217,8 +217,12 @@ SELECT 1;
 -- stuck server or a lock held by a cut-off worker an error within seconds, never a hang; the keepalive
 -- settings make the SERVER notice a worker that vanished from the network and end its session (and
 -- release its locks) within seconds too. Once a worker names its lease, set_stall_limits tightens the lock
--- and idle-transaction timeouts to a fraction of it.
+-- and idle-transaction timeouts to a fraction of it. A server's idle_session_timeout (PostgreSQL 14 on; the
+-- SELECT finds no row before) would end onward's connections between two uses: a worker's between two
+-- heartbeats, the LISTEN connection, the dashboard's, a standby worker's made ahead. The keepalives
+-- already end a session whose client is gone, so it is turned off for onward's own.
 SET synchronous_commit = on;
+SELECT set_config('idle_session_timeout', '0', false) FROM pg_settings WHERE name = 'idle_session_timeout';
 SET statement_timeout = '60s';
 SET lock_timeout = '5s';
 SET idle_in_transaction_session_timeout = '5s';

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
         SchemaTooOld,
         StepDrift,
         StoreError,
+        StoreUnavailable,
         TaskNotDone,
+        Unavailable,
         UsageError,
     )
     from .job import Job
@@ -39,7 +41,8 @@ _LAZY = {
     "Job": ".job", "RunSummary": ".settle", "TaskContext": ".context", "AsyncTaskContext": ".context",
     "Cancelled": ".attempt", "step": ".steps", "current_step_key": ".steps", "StepError": ".steps",
     **dict.fromkeys(("OnwardError", "UsageError", "StoreError", "NotAStore", "SchemaTooNew", "SchemaTooOld",
-                     "CorruptStore", "TaskNotDone", "Fenced", "StepDrift"), ".errors"),
+                     "CorruptStore", "TaskNotDone", "Fenced", "StepDrift", "Unavailable", "StoreUnavailable"),
+                    ".errors"),
 }
 
 
@@ -58,5 +61,5 @@ __all__ = [
     "Job", "RunSummary", "TaskContext", "AsyncTaskContext", "Cancelled", "step", "current_step_key",
     "StepError",
     "OnwardError", "UsageError", "StoreError", "NotAStore", "SchemaTooNew", "SchemaTooOld", "CorruptStore",
-    "TaskNotDone", "Fenced", "StepDrift", "__version__",
+    "TaskNotDone", "Fenced", "StepDrift", "Unavailable", "StoreUnavailable", "__version__",
 ]

@@ -26,8 +26,31 @@ from tests.conftest import onward_argv, require_tool, run_onward, wait_for
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
+# README's worker script for `onward supervise`: onward.Unavailable ends it with status 75, as `onward run`.
+SUPERVISED_SCRIPT = """\
+import sys
+import onward
+
+def handle(task, ctx):
+    return task
+
+try:
+    job = onward.Job(sys.argv[1])
+    job.task(handle)
+    status = job.run().exit_code
+except onward.Unavailable as e:
+    print(f"onward: error: {e}", file=sys.stderr)
+    status = 75
+sys.exit(status)
+"""
+
+
 @pytest.mark.postgres
-def test_a_postgres_server_down_at_start_exits_75_and_supervise_resumes_when_it_is_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("worker", ["cli", "python"])
+def test_a_postgres_server_down_at_start_exits_75_and_supervise_resumes_when_it_is_back(
+        tmp_path: Path, worker: str) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(SUPERVISED_SCRIPT)
     with pgutil.private_cluster() as cluster:
         url = cluster.url(cluster.create_database("onward"))
         store = open_store(url)
@@ -35,7 +58,8 @@ def test_a_postgres_server_down_at_start_exits_75_and_supervise_resumes_when_it_
         store.close()
         cluster.ctl("stop")
 
-        alone = run_onward("run", "--db", url, "--", "true")
+        argv = onward_argv("run", "--db", url, "--", "true") if worker == "cli" else [sys.executable, str(script), url]
+        alone = subprocess.run(argv, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=60)
         assert alone.returncode == 75, alone.stderr
         lines = alone.stderr.decode().strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("onward: error: ") and "Connection refused" in lines[0]
@@ -43,8 +67,7 @@ def test_a_postgres_server_down_at_start_exits_75_and_supervise_resumes_when_it_
         log = tmp_path / "supervise.log"
         with open(log, "wb") as out:
             supervisor = subprocess.Popen(
-                onward_argv("supervise", "--restart-delay", "0.1", "--max-restarts", "2", "--", *onward_argv(
-                    "run", "--db", url, "--", "true")),
+                onward_argv("supervise", "--restart-delay", "0.1", "--max-restarts", "2", "--", *argv),
                 env=dict(os.environ, PYTHONPATH=SRC), stdout=out, stderr=subprocess.STDOUT)
         try:
             # More restarts than --max-restarts allows for a crash loop: an outage is not one.

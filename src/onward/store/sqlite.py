@@ -102,6 +102,12 @@ RATE_SAMPLE = 100_000
 SYNC_AHEAD_LINGER = 0.02
 # SQLite's default for wal_autocheckpoint, put back once a suspect log was rewritten (_guard_log).
 AUTOCHECKPOINT_PAGES = 1000
+# The size the log is cut back to when it is written again from its start after a checkpoint. In normal use
+# it stays under about 4 MiB (AUTOCHECKPOINT_PAGES pages), never cut; a reader holding one snapshot for
+# long (a user's sqlite3 shell in a transaction) makes it grow with every commit, since nothing can be
+# checkpointed past that snapshot, and without a limit it kept that size on disk while any connection to
+# the store stayed open.
+JOURNAL_SIZE_LIMIT = 8 << 20
 
 
 def path_from_url(url: str) -> str:
@@ -327,6 +333,7 @@ class SqliteStore(SqlStore):
         self._db.execute("PRAGMA foreign_keys = OFF")
         # The journal and task rows are appended in order; a bigger cache keeps status and claims hot.
         self._db.execute("PRAGMA cache_size = -16000")
+        self._db.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
 
     def _switch_to_wal(self) -> str:
         """``PRAGMA journal_mode = WAL``, waiting out other connections as the busy timeout would. A new

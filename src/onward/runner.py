@@ -101,6 +101,7 @@ class Runner:
         self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
         # When a start last warned that it ran out of resources, and the shortfalls told only at info since.
         self._resources_warned: float | None = None
+        self._log_warned: float | None = None  # when the store's log held back by a reader was last warned of
         self._resources_unwarned = 0
         self.attempts: dict[int, Attempt] = {}  # task id -> its attempt, while it runs here
         # A supervisor does not treat a worker that gets somewhere as crash-looping.
@@ -755,6 +756,7 @@ class Runner:
         # A store deleted or replaced under us raises StoreGone: stop rather than commit where nobody looks.
         self.store.check_still_there()
         self.leases.renew(self.worker_id, self.attempts, self.summary.done)
+        self._warn_of_a_held_log()
         try:
             self._reclaim_abandoned()
             self._obey_cancels()
@@ -764,6 +766,18 @@ class Runner:
             self.store_errors.warning("store unavailable", str(e))
             return
         self._notify_status(counts)
+
+    def _warn_of_a_held_log(self) -> None:
+        """Say, once a minute while it lasts, that the store's log keeps growing because a reader holds it back
+        (a sqlite3 shell left in a transaction): nothing else shows it until the disk is full."""
+        size = self.store.log_held_back()
+        now = time.monotonic()
+        if size is None or (self._log_warned is not None and now - self._log_warned < RESOURCE_WARN_EVERY):
+            return
+        self._log_warned = now
+        self.log.warning(f"the store's log is {size / (1 << 20):,.0f} MiB and growing: another connection holds"
+                         " a read transaction open (a sqlite3 shell after BEGIN, a script that never commits),"
+                         " so it cannot be copied into the database; it shrinks back once that reader ends")
 
     def _notify_status(self, counts: dict[str, int]) -> None:
         self.counts_seen = (counts, self.summary.done, self.summary.failed)

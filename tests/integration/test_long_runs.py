@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+import onward.store.sqlite
 from onward import Job
 from onward.log import QUIET
 from onward.store.sqlite import JOURNAL_SIZE_LIMIT
@@ -62,3 +66,34 @@ def test_a_log_a_reader_made_grow_shrinks_back_once_the_reader_lets_go(tmp_path:
         if reader.poll() is None:
             reader.kill()
             reader.wait()
+
+
+def test_a_worker_says_so_when_a_reader_holds_its_log_back(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a reader holds one snapshot, the log grows by every commit and nothing else shows it until the
+    disk is full: the worker warns (once a minute while it lasts), naming the cause. (The threshold is
+    lowered from 64 MiB to 16 MiB, still twice what checkpoints leave, so that a few seconds of work reach it.)"""
+    monkeypatch.setattr(onward.store.sqlite, "LOG_WARN_BYTES", 16 << 20)
+    db = tmp_path / "s.db"
+    job = Job(str(db), log_level=QUIET, concurrency=4, heartbeat=0.1)
+    n = 8_000
+    job.add(str(i) for i in range(n))
+    reader = subprocess.Popen([sys.executable, "-c", HOLDING_READER, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout is not None and reader.stdin is not None
+        assert reader.stdout.readline().strip() == "holding"
+
+        @job.task
+        def noop(task: str, ctx: Any) -> str:
+            return task
+
+        assert job.run().done == n
+        grown = os.path.getsize(f"{db}-wal")
+    finally:
+        reader.kill()
+        reader.wait()
+    assert grown > 2 * onward.store.sqlite.LOG_WARN_BYTES, f"the log should have grown further: {grown:,} bytes"
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "the store's log is" in line]
+    assert len(warnings) == 1, warnings  # once a minute at most
+    assert "another connection holds a read transaction open" in warnings[0]

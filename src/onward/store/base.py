@@ -259,6 +259,12 @@ class Connection(Protocol):
         and created again). Cheap enough for every heartbeat; a store that cannot be reached right now is
         not gone (the calls that need it report that). Bounded."""
 
+    def log_held_back(self) -> int | None:
+        """The size in bytes of a write-ahead log that keeps growing past what a checkpoint would leave (SQLite:
+        over LOG_WARN_BYTES and larger than at the previous call; a reader that holds one snapshot open keeps
+        SQLite from copying the log into the database), else None. Cheap enough for every heartbeat (one
+        ``stat``); None where there is no such log of onward's own (PostgreSQL). Never raises."""
+
     def idle(self) -> None:
         """Called by a handle that only looks and steers (the dashboard, ``onward status --watch``,
         ``onward logs -f``) between two looks. On SQLite, while another process's failed sync left the log

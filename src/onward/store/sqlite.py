@@ -108,6 +108,9 @@ AUTOCHECKPOINT_PAGES = 1000
 # checkpointed past that snapshot, and without a limit it kept that size on disk while any connection to
 # the store stayed open.
 JOURNAL_SIZE_LIMIT = 8 << 20
+# A log this big is not what checkpoints leave behind (JOURNAL_SIZE_LIMIT): while it still grows, a worker warns
+# (log_held_back) that a reader holds it back.
+LOG_WARN_BYTES = 64 << 20
 
 
 def path_from_url(url: str) -> str:
@@ -727,6 +730,16 @@ class SqliteStore(SqlStore):
             return  # cannot look right now (permissions, I/O): not a sign that it is gone
         if found != self._identity:
             raise self._gone(found)
+
+    _log_seen = 0  # the log's size at the previous log_held_back
+
+    def log_held_back(self) -> int | None:
+        try:
+            size = os.stat(self.path + "-wal").st_size
+        except OSError:
+            return None
+        before, self._log_seen = self._log_seen, size
+        return size if size > before and before > LOG_WARN_BYTES else None
 
     def _gone(self, found: tuple[int, int] | None) -> StoreGone:
         what = "was deleted" if found is None else "was replaced by another file"

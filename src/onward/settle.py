@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from . import crashpoints
 from .attempt import Attempt, Outcome
+from .durations import doubling
 from .log import NORMAL, Log, quote
 from .store.base import CANCELLED, DONE, FAILED, FENCED_DETAIL, PENDING, WAITING, Claim, Store
 
@@ -168,7 +169,7 @@ class Settler:
         return report_parked
 
     def _failed(self, claim: Claim, outcome: Outcome) -> Report:
-        delay = min(self.retry_delay * 2 ** (claim.attempt - 1), self.max_retry_delay)
+        delay = doubling(self.retry_delay, claim.attempt - 1, self.max_retry_delay)
         state, first = self._settled(self.store.fail(claim.task_id, claim.fence, outcome.error, delay), claim)
         if state is None:
             return self._fenced(claim)

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload
 
 from .config import is_number
+from .durations import doubling
 from .errors import OnwardError, UsageError
 from .step_log import REPLAY_POLICIES, STRICT, StepLog
 from .step_records import (
@@ -158,7 +159,7 @@ class StepSpec:
 
     def delay(self, failures: int) -> float:
         """The wait before the next try, after ``failures`` failed tries: backoff, 2*backoff, 4*backoff..."""
-        return float(min(self.backoff * 2 ** (failures - 1), self.max_backoff))
+        return float(doubling(self.backoff, failures - 1, self.max_backoff))
 
 
 def active_context() -> StepContext | None:

@@ -99,6 +99,7 @@ from typing import NamedTuple
 from onward.cgroups import sweep_dead_workers
 from onward.child_watch import Watchdog, exit_fd, exited, receive
 from onward.config import MIN_HEARTBEAT
+from onward.durations import doubling
 from onward.errors import StoreError, UsageError
 from onward.gate import START_GATE, Gate
 from onward.keepawake import KeepAwake, chosen_marker
@@ -166,7 +167,7 @@ def log(message: str) -> None:
 def backoff_delay(restart_delay: float, streak: int) -> float:
     """The wait before a restart: ``restart_delay * 2 ** (streak - 1)``, capped at ``MAX_BACKOFF``, where
     ``streak`` (1 or more) counts the consecutive runs that ended within ``FAST_CRASH`` seconds."""
-    return min(restart_delay * 2 ** max(streak - 1, 0), max(restart_delay, MAX_BACKOFF))
+    return doubling(restart_delay, streak - 1, max(restart_delay, MAX_BACKOFF))
 
 
 def describe_status(returncode: int) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +13,11 @@ from typing import Any
 import pytest
 
 import onward.store.sqlite
-from onward import Job
+from onward import Job, step
 from onward.log import QUIET
 from onward.store.sqlite import JOURNAL_SIZE_LIMIT
+from onward.supervise import MAX_BACKOFF, backoff_delay
+from tests.conftest import onward_argv, run_onward
 
 # A user's own reader (a sqlite3 shell, a script) that opens a read transaction and keeps it until told.
 HOLDING_READER = """
@@ -97,3 +101,71 @@ def test_a_worker_says_so_when_a_reader_holds_its_log_back(tmp_path: Path, capfd
     warnings = [line for line in capfd.readouterr().err.splitlines() if "the store's log is" in line]
     assert len(warnings) == 1, warnings  # once a minute at most
     assert "another connection holds a read transaction open" in warnings[0]
+
+
+# --- many retries: the doubling backoff past 1,024 doublings ------------------------------------------------
+# `retry_delay * 2 ** (attempt - 1)` converted an int of 2 ** 1024 to a float at a task's 1,025th attempt (a
+# step's 1,025th try, a supervisor's 1,025th fast restart in a row), which raised OverflowError.
+
+def test_a_task_retried_past_1024_attempts_goes_on_to_its_last_attempt(store_url: str) -> None:
+    """--max-attempts takes up to 1,000,000. The worker died with a traceback (exit 1) as the 1,025th attempt
+    failed, leaving the task claimed; every worker after it failed that attempt the same way."""
+    r = run_onward("add", "--db", store_url, "poison")
+    assert r.returncode == 0, r.stderr
+    r = run_onward("run", "--db", store_url, "--max-attempts", "1030", "--retry-delay", "0", "-q", "--",
+                   "false", "{task}", timeout=60)
+    assert b"Traceback" not in r.stderr, r.stderr.decode()[-2000:]
+    assert r.returncode == 3, r.stderr.decode()[-2000:]
+    listed = run_onward("list", "--db", store_url, "--json")
+    row = json.loads(listed.stdout)
+    assert (row["state"], row["attempts"]) == ("failed", 1030)
+
+
+def test_a_step_retried_past_1024_tries_fails_with_its_own_error(tmp_path: Path) -> None:
+    db = str(tmp_path / "s.db")
+    job = Job(db, log_level=QUIET, max_attempts=1)
+    tries: list[int] = []
+
+    @job.task
+    def flaky(task: str, ctx: Any) -> str:
+        @step(max_attempts=1030, backoff=0.0)
+        def call() -> str:
+            tries.append(1)
+            raise ValueError("still down")
+        return call()
+
+    job.add(["t"])
+    assert job.run().failed == 1
+    assert len(tries) == 1030
+    row = json.loads(run_onward("list", "--db", db, "--json").stdout)
+    assert row["state"] == "failed" and "still down" in row["error"], row
+
+
+def test_the_restart_backoff_after_1024_fast_restarts_stays_at_its_cap() -> None:
+    assert backoff_delay(0.0, 1025) == 0.0
+    assert backoff_delay(0.1, 1025) == MAX_BACKOFF
+    assert backoff_delay(0.1, 10**6) == MAX_BACKOFF
+
+
+def test_supervise_keeps_restarting_a_worker_whose_store_stays_unavailable() -> None:
+    """A worker that exits 75 (the store unavailable) is restarted "for as long as it takes". Each such
+    restart is fast, so the streak grew by one each time, and at the 1,025th the supervisor died of the
+    OverflowError (after about 8.5 hours of an outage at the default delay, 8 s with --restart-delay 0),
+    leaving no worker to resume the job once the store was back."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[2] / "src"))
+    with subprocess.Popen(onward_argv("supervise", "--restart-delay", "0", "--", "sh", "-c", "exit 75"),
+                          stderr=subprocess.PIPE, text=True, env=env) as sup:
+        assert sup.stderr is not None
+        restarts, tail = 0, list[str]()
+        try:
+            for line in sup.stderr:
+                tail = [*tail[-20:], line]
+                restarts += "restarting worker" in line
+                if restarts >= 1030 or sup.poll() is not None:
+                    break
+        finally:
+            sup.send_signal(signal.SIGTERM)
+            rest = sup.communicate(timeout=30)[1]
+        assert restarts >= 1030, "".join(tail) + rest
+        assert "Traceback" not in rest

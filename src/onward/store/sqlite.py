@@ -735,7 +735,7 @@ class SqliteStore(SqlStore):
 
     def log_held_back(self) -> int | None:
         try:
-            size = os.stat(self.path + "-wal").st_size
+            size = os.stat(self._where + "-wal").st_size  # (the absolute path: a task may chdir)
         except OSError:
             return None
         before, self._log_seen = self._log_seen, size

@@ -757,6 +757,7 @@ class Runner:
         self.store.check_still_there()
         self.leases.renew(self.worker_id, self.attempts, self.summary.done)
         self._warn_of_a_held_log()
+        self.store.tidy()
         try:
             self._reclaim_abandoned()
             self._obey_cancels()

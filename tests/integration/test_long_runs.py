@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from onward import Job, step
 from onward.log import QUIET
 from onward.store.sqlite import JOURNAL_SIZE_LIMIT
 from onward.supervise import MAX_BACKOFF, backoff_delay
+from tests import pgutil
 from tests.conftest import onward_argv, run_onward
 
 # A user's own reader (a sqlite3 shell, a script) that opens a read transaction and keeps it until told.
@@ -169,3 +171,56 @@ def test_supervise_keeps_restarting_a_worker_whose_store_stays_unavailable() -> 
             rest = sup.communicate(timeout=30)[1]
         assert restarts >= 1030, "".join(tail) + rest
         assert "Traceback" not in rest
+
+
+# --- the journal's time index on PostgreSQL -------------------------------------------------------------------
+LAST_MINUTE = ("SELECT count(*) FILTER (WHERE kind = 'done') FROM onward.events"
+               " WHERE at >= onward.epoch() - 60 AND job_id = 1")
+
+
+def _blocks_read(conn: Any, query: str) -> int:
+    """Heap blocks the query reads through the journal's time index (a bitmap scan forced, as the planner
+    picks once the table is analyzed)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_seqscan = off")
+        row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query).fetchone()
+        assert row is not None
+        plan = row[0][0]["Plan"]
+
+    def walk(node: dict[str, Any]) -> int:
+        own = node.get("Exact Heap Blocks", 0) + node.get("Lossy Heap Blocks", 0)
+        return own + sum(walk(child) for child in node.get("Plans", []))
+    return walk(plan)
+
+
+def test_the_rate_of_the_last_minute_reads_only_the_last_minute_of_the_journal_on_postgres() -> None:
+    """The rate (`onward status`, every refresh of `status --watch` and of the dashboard, each metrics
+    scrape) counts the journal's last minute through a BRIN index on the events' time. PostgreSQL summarizes a
+    BRIN range only at a VACUUM, and an unsummarized range matches any time: between two VACUUMs (up to a fifth
+    of the table with autovacuum's defaults; for ever with autovacuum off) each refresh read every event
+    written since. Measured: 200,000 events of a 100,000-task job, 110-180 ms a refresh, 1.2 ms once vacuumed.
+    A worker now summarizes the new ranges itself, once a minute and at its first heartbeat."""
+    import psycopg
+
+    with pgutil.fresh_database() as url:
+        job = Job(url, log_level=QUIET, heartbeat=0.1)
+        job.add(["a"])
+        with psycopg.connect(url, autocommit=True) as conn:
+            # A long job's journal, two hours old: 200,000 events (as 100,000 tasks leave), no VACUUM since.
+            conn.execute("INSERT INTO onward.events (at, kind, job_id, attempt)"
+                         " SELECT onward.epoch() - 7200 + g / 100.0, CASE WHEN g % 2 = 0 THEN 'claimed'"
+                         " ELSE 'done' END, 1, 1 FROM generate_series(1, 200000) AS g")
+            conn.execute("ANALYZE onward.events")
+            row = conn.execute("SELECT pg_relation_size('onward.events') / 8192").fetchone()
+            assert row is not None
+            table = row[0]
+            assert _blocks_read(conn, LAST_MINUTE) >= table * 0.9  # every block, as before a VACUUM
+
+            @job.task
+            def slow(task: str, ctx: Any) -> str:
+                time.sleep(0.5)  # a few heartbeats
+                return task
+
+            assert job.run().done == 1
+            read = _blocks_read(conn, LAST_MINUTE)
+        assert read <= 2 * 128, f"the last minute read {read} of the journal's {table} blocks"

@@ -265,6 +265,12 @@ class Connection(Protocol):
         SQLite from copying the log into the database), else None. Cheap enough for every heartbeat (one
         ``stat``); None where there is no such log of onward's own (PostgreSQL). Never raises."""
 
+    def tidy(self) -> None:
+        """Upkeep a worker asks for once a heartbeat, done at most once a minute, best effort (never raises),
+        bounded (it waits for no lock): on PostgreSQL, index the journal's newest events by time, which
+        otherwise waits for a VACUUM, so that what reads the last minute of the journal (the rate of
+        ``onward status``, the dashboard, metrics) does not read every event written since. Nothing on SQLite."""
+
     def idle(self) -> None:
         """Called by a handle that only looks and steers (the dashboard, ``onward status --watch``,
         ``onward logs -f``) between two looks. On SQLite, while another process's failed sync left the log

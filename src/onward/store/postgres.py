@@ -40,6 +40,7 @@ import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from itertools import islice
@@ -78,6 +79,7 @@ CHANNEL = "onward_work"  # LISTEN/NOTIFY channel announcing work that may be rea
 ADD_CHUNK = 5000  # names per INSERT when adding tasks
 EVENTS_PER_INSERT = 1000  # journal rows per INSERT (5 parameters each, and 3 all share; a statement takes at most 65535)
 COMPACT_COUNTS_AFTER = 500  # delta rows in onward.counts before counts() folds them
+TIDY_EVERY = 60.0  # seconds between two looks of a worker's tidy (the journal's time index)
 Q = load_queries("postgres.sql")
 # The queries that name the job (%(job)s): they get the handle's job id with their other parameters. Only
 # those: a parameter passed to a query without placeholders would make psycopg rewrite its text.
@@ -394,6 +396,26 @@ class PostgresStore(SqlStore):
     def _schema_identity(self) -> int | None:
         """The oid of onward's meta table: a schema dropped and created again has another one."""
         return self._exec("schema_identity").fetchone()[0]
+
+    _tidied_at: float | None = None  # monotonic time of the last tidy, None before the first
+    _may_summarize = True  # False once the server refused it (not the owner of the index)
+
+    def tidy(self) -> None:
+        now = time.monotonic()
+        if not self._may_summarize or (self._tidied_at is not None and now - self._tidied_at < TIDY_EVERY):
+            return
+        self._tidied_at = now
+        try:
+            self._summarize_journal()
+        except StoreError as e:
+            if "owner" in str(e):
+                self._may_summarize = False  # a role that may write but does not own the schema: VACUUM does it
+
+    @translating
+    def _summarize_journal(self) -> None:
+        with self._transaction(durable=False):
+            self._exec("short_lock_wait")
+            self._exec("summarize_journal").fetchone()
 
     def check_still_there(self) -> None:
         try:

@@ -238,6 +238,17 @@ SELECT onward.clock();
 -- What tells this store from one created again in its place after a DROP SCHEMA (NULL: no store there).
 SELECT to_regclass('onward.meta')::oid;
 
+-- name: summarize_journal
+-- Index by time the journal's block ranges filled since the last look (PostgresStore.tidy). A BRIN index
+-- leaves new ranges unsummarized until a VACUUM (never, where autovacuum is off), and an unsummarized range
+-- matches any time: the rate of the last minute (done_last_minute) read every event written since. Waits
+-- for no lock: a VACUUM or another worker summarizing has it in hand.
+SELECT CASE WHEN pg_try_advisory_xact_lock(7086912517513372003)
+            THEN brin_summarize_new_values('onward.events_at'::regclass) END;
+
+-- name: short_lock_wait
+SET LOCAL lock_timeout = '100ms';
+
 -- name: crash_safe
 -- A write that must survive the worker, not the server: the commit does not wait for its WAL flush.
 SET LOCAL synchronous_commit = off;

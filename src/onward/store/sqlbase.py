@@ -319,6 +319,9 @@ class SqlStore:
     def log_held_back(self) -> int | None:
         return None  # the server keeps its own log (SqliteStore overrides)
 
+    def tidy(self) -> None:
+        pass  # nothing to look after (PostgresStore overrides)
+
     def _set_lease(self, lease_seconds: float) -> None:
         """Tie how long one call may wait to the lease the runner works with (see STALL_FLOOR_MS)."""
         bound = stall_ms(lease_seconds, self._stall_ceiling_ms)

@@ -508,6 +508,10 @@ class Supervisor:
                     self._standby = self._start_standby(notify_path)
                 reap_orphans(keep=self._ours(child.pid))
                 if exited(child.pid):
+                    # What it said between the look at the socket above and its exit is read now: a worker
+                    # that settled a task and died at once had its progress taken for a crash loop's run.
+                    for message in receive(notify, child.pid):
+                        ready = self._heard(child, message, watchdog, now, ready)
                     return self._reap(child, pidfd), None
                 if watchdog.expired(time.monotonic()):
                     cause = watchdog.cause(time.monotonic())

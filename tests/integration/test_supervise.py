@@ -1398,3 +1398,71 @@ def test_sighup_stops_the_supervisor_and_its_worker_gracefully(supervise: Callab
     assert run.wait() == 0, run.log
     assert run.events() == ["SIGTERM"] and len(run.starts()) == 1, run.log
     assert "forwarding SIGHUP to worker" in run.log and "as SIGTERM; it will not be restarted" in run.log
+
+
+# A worker that says READY=1, waits for the file GO, then says it settled a task and exits 1 at once.
+SAYS_PROGRESS_THEN_DIES = r'''
+import os, sys, time
+from onward.notify import Notifier
+go, plan = sys.argv[1], sys.argv[2]
+with open(plan, "a+") as f:
+    f.seek(0)
+    first = not f.read()
+    f.write("x")
+notifier = Notifier.from_env()
+notifier.ready()
+if not first:
+    sys.exit(0)
+while not os.path.exists(go):
+    time.sleep(0.005)
+notifier.progress()
+sys.exit(1)
+'''
+
+# `onward supervise` itself, with one look at the worker's socket held: once that look has read READY=1, the
+# worker is let go and the look returns only once the worker is dead, so its progress arrives after the look
+# and before the supervisor sees the exit. The order a loaded machine made now and then, made every time.
+SUPERVISE_WITH_A_SLOW_LOOK = r'''
+import os, sys, time
+import onward.supervise as supervise
+go = sys.argv[1]
+real_receive = supervise.receive
+
+def state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+def receive(sock, pid):
+    messages = list(real_receive(sock, pid))
+    if any(m.get("READY") == "1" for m in messages) and not os.path.exists(go):
+        open(go, "w").close()
+        deadline = time.monotonic() + 30
+        while state(pid) not in ("Z", "gone") and time.monotonic() < deadline:
+            time.sleep(0.005)
+    return iter(messages)
+
+supervise.receive = receive
+sys.argv = ["onward", *sys.argv[2:]]
+from onward.cli import cli_main
+cli_main()
+'''
+
+
+def test_progress_said_just_before_the_worker_dies_is_not_lost(tmp_path: Path) -> None:
+    # Before, the supervisor looked at the socket, then at the exit: progress said in between was never
+    # read, the run counted as one without progress, and with --max-restarts 0 the supervisor gave up.
+    (tmp_path / "worker.py").write_text(SAYS_PROGRESS_THEN_DIES)
+    (tmp_path / "supervise.py").write_text(SUPERVISE_WITH_A_SLOW_LOOK)
+    go, plan = tmp_path / "go", tmp_path / "plan"
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "supervise.py"), str(go), "supervise", "--max-restarts", "0", "--",
+         sys.executable, str(tmp_path / "worker.py"), str(go), str(plan)],
+        env={**os.environ, "PYTHONPATH": SRC}, capture_output=True, timeout=120)
+    log = done.stderr.decode()
+    assert go.exists() and plan.read_text() == "xx", log
+    assert done.returncode == 0 and "giving up" not in log, log
+    assert len(re.findall(r"worker \d+ made progress\n", log)) == 1, log
+    assert "it made progress, not counted toward --max-restarts" in log, log

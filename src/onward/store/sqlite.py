@@ -34,6 +34,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from ..errors import (
+    RESOURCE_ERRNOS,
     UNAVAILABLE_ERRNOS,
     CorruptStore,
     NotAStore,
@@ -687,7 +688,18 @@ class SqliteStore(SqlStore):
         if self._sync_thread is None:
             self.sync()
             return None
-        ticket = self._sync_thread.request(self._wal(), self._probe_target())
+        wal, probe = self._wal(), self._probe_target()
+        try:
+            ticket = self._sync_thread.request(wal, probe)
+        except OSError as e:
+            # Only the thread's start fails so (pthread_create: a pids cgroup or RLIMIT_NPROC used up, no
+            # memory): nothing was asked of it. The sync is made here instead, as without the module; the
+            # thread is tried again at the next one. It crashed the worker (BlockingIOError), its running
+            # task's attempt spent by the reclaim.
+            if e.errno not in RESOURCE_ERRNOS:
+                raise
+            self.sync()
+            return None
         self._sync_owed = False
         return functools.partial(self._wait_for_sync, self._sync_thread, ticket)
 

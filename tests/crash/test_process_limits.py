@@ -1,0 +1,84 @@
+"""A worker out of processes for real: a cgroup v1 pids limit (which counts threads too) on the worker's own
+process. Whatever the worker cannot start for want of processes (a command, a task's thread, a thread of its
+own store) is a shortfall of the machine: no task loses an attempt for it, no traceback, and the job goes on
+once the limit is lifted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cgroup_v1, wait_for
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.fixture
+def pids_cgroup() -> Iterator[Path]:
+    """A cgroup v1 pids cgroup of the test's own (no limit until the test writes ``pids.max``); whatever is
+    left in it is killed and the cgroup removed afterwards."""
+    cgroup = cgroup_v1("pids") / f"onward-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    cgroup.mkdir()
+    try:
+        yield cgroup
+    finally:
+        (cgroup / "pids.max").write_text("max")
+
+        def emptied() -> bool:
+            for pid in (cgroup / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return not (cgroup / "cgroup.procs").read_text().strip()
+        wait_for(emptied, 10, f"{cgroup} to be empty")
+        cgroup.rmdir()
+
+
+def in_cgroup(cgroup: Path, argv: list[str]) -> list[str]:
+    """``argv`` run in ``cgroup``: it moves itself there, then execs (the same pid)."""
+    return ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *argv]
+
+
+PYTHON_WORKER = """
+import sys, time
+from onward import Job
+
+job = Job(sys.argv[1])
+
+@job.task(max_attempts=1)
+def work(task, ctx):
+    time.sleep(0.02)
+    return "ok"
+
+job.add([f"t{i}" for i in range(6)])
+sys.exit(job.run(concurrency=1).exit_code)
+"""
+
+
+def test_a_python_worker_with_no_thread_left_for_its_syncs_syncs_in_place(tmp_path: Path,
+                                                                          pids_cgroup: Path) -> None:
+    """`pids.max` 2: the worker's main thread and one task thread, none left for the thread that syncs
+    SQLite's log while the next task runs. Its start failed with EAGAIN, which escaped as a
+    BlockingIOError traceback out of ``job.run()``, with the task that had just run left claimed (its
+    attempt spent by the reclaim). The sync is now made in place, and every task is done at attempt 1."""
+    db = tmp_path / "s.db"
+    script = tmp_path / "worker.py"
+    script.write_text(PYTHON_WORKER)
+    (pids_cgroup / "pids.max").write_text("2")
+    r = subprocess.run(in_cgroup(pids_cgroup, [sys.executable, str(script), str(db)]),
+                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "Traceback" not in err, err[-3000:]
+    c = sqlite3.connect(db)
+    assert dict(c.execute("SELECT name, state || ' ' || attempts FROM tasks")) == {
+        f"t{i}": "done 1" for i in range(6)}
+    c.close()

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cgroup_v1, wait_for
+from tests import pgutil
+from tests.conftest import cgroup_v1, onward_argv, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -82,3 +83,43 @@ def test_a_python_worker_with_no_thread_left_for_its_syncs_syncs_in_place(tmp_pa
     assert dict(c.execute("SELECT name, state || ' ' || attempts FROM tasks")) == {
         f"t{i}": "done 1" for i in range(6)}
     c.close()
+
+
+def test_a_postgres_worker_that_cannot_start_its_threads_is_unavailable_not_crashed(tmp_path: Path,
+                                                                                    pids_cgroup: Path) -> None:
+    """The threads of a PostgreSQL store (its LISTEN connection, its stall watch) could not be started:
+    `RuntimeError: can't start new thread`, a traceback and exit 1, which `onward supervise` takes for a
+    crash. With no thread at all (`pids.max` 1) the worker now says so in one line and exits 75, nothing
+    claimed; with one (`pids.max` 2, no stall watch) it rides it out as a store fault and finishes the job,
+    each task once, as soon as the limit is lifted."""
+    tasks = tmp_path / "tasks.txt"
+    names = [f"t{i}" for i in range(8)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    env = dict(os.environ, PYTHONPATH=SRC)
+    with pgutil.fresh_database() as url:
+        run = onward_argv("run", "--db", url, "--tasks", str(tasks), "--concurrency", "4", "--", "echo", "{task}")
+        (pids_cgroup / "pids.max").write_text("1")
+        r = subprocess.run(in_cgroup(pids_cgroup, run), env=env, capture_output=True, timeout=60)
+        err = r.stderr.decode()
+        assert r.returncode == 75, err[-3000:]
+        lines = [line for line in err.splitlines() if " added " not in line]
+        assert len(lines) == 1 and "cannot start a thread" in lines[0], err[-3000:]
+        listed = run_onward("list", "--db", url, "--long")
+        assert {row.split("\t")[0] for row in listed.stdout.decode().splitlines()} == {"pending"}
+
+        (pids_cgroup / "pids.max").write_text("2")
+        log = tmp_path / "worker.log"
+        with log.open("wb") as out:
+            worker = subprocess.Popen(in_cgroup(pids_cgroup, run), env=env, stdout=subprocess.DEVNULL, stderr=out)
+        try:
+            wait_for(lambda: "cannot start a thread" in log.read_text(), 30, "the worker to meet the limit")
+            (pids_cgroup / "pids.max").write_text("max")
+            assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+        listed = run_onward("list", "--db", url, "--long")
+        rows = [line.split("\t") for line in listed.stdout.decode().splitlines()]
+        assert {row[-1]: (row[0], row[1]) for row in rows} == {n: ("done", "1") for n in names}

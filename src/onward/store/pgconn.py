@@ -3,6 +3,7 @@ notifications into bytes on a pipe (``Listener``). See postgres.py for why each 
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import select
@@ -60,6 +61,16 @@ def watched_connection_class(pg: Any) -> Any:
     return WatchedConnection
 
 
+def start_thread(thread: threading.Thread) -> None:
+    """Start ``thread``; when none can be started (pthread_create failed: a pids cgroup or RLIMIT_NPROC used
+    up, no memory), raise ``OSError`` EAGAIN, as a failed fork does, instead of the ``RuntimeError`` Python
+    raises, which no caller took for the shortfall of the machine it is."""
+    try:
+        thread.start()
+    except RuntimeError:  # "can't start new thread"
+        raise OSError(errno.EAGAIN, "no process or memory left for one (a pids limit, ulimit -u)") from None
+
+
 class StallWatch:
     """A thread that drops the connection of a call left without an answer for longer than the bound.
 
@@ -78,7 +89,7 @@ class StallWatch:
         self._on_cut = on_cut
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="onward-pg-stall-watch", daemon=True)
-        self._thread.start()
+        start_thread(self._thread)
 
     def _run(self) -> None:
         while True:
@@ -123,7 +134,12 @@ class Listener:
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="onward-pg-listen", daemon=True)
-        self._thread.start()
+        try:
+            start_thread(self._thread)
+        except OSError:
+            for fd in (self.read_fd, self._write_fd, self._stop_r, self._stop_w):
+                os.close(fd)
+            raise
 
     def _signal(self) -> None:
         try:

@@ -57,6 +57,7 @@ from .pgconn import (
     Target,
     application_name,
     in_transaction,
+    start_thread,
     watched_connection_class,
 )
 from .rows import event_of
@@ -221,8 +222,11 @@ class PostgresStore(SqlStore):
         # A server that holds the connection open without answering is bounded by the stall watch: started
         # here, since only a worker (which names its lease) has tasks to fence in time.
         if self._stall_watch is None:
-            self._stall_watch = StallWatch(lambda: self._in_tx or self._conn, self._unanswered_bound,
-                                           self._stalled)
+            try:
+                self._stall_watch = StallWatch(lambda: self._in_tx or self._conn, self._unanswered_bound,
+                                               self._stalled)
+            except OSError as e:  # no thread left (start_thread): a worker that could not fence itself
+                raise self._no_thread("its stall watch", e) from None
 
     def _unanswered_bound(self) -> float | None:
         """How long a call may go without an answer: twice the stall bound (the server's own limits end
@@ -277,7 +281,13 @@ class PostgresStore(SqlStore):
             return
         if self._reconnector is None or not self._reconnector.is_alive():
             self._reconnector = threading.Thread(target=self._reconnect, name="onward-pg-reconnect", daemon=True)
-            self._reconnector.start()
+            try:
+                start_thread(self._reconnector)
+            except OSError as e:
+                # Tried again at the next call, which finds no connection either (``_live``): meanwhile
+                # every call fails as the store unavailable, saying why.
+                self._reconnector = None
+                self._last_error = f"cannot start a thread to reconnect: {e.strerror}"
 
     def _reconnect(self) -> None:
         delay = RECONNECT_BACKOFF[0]
@@ -297,6 +307,13 @@ class PostgresStore(SqlStore):
                 else:
                     self._fresh = conn
             return
+
+    def _no_thread(self, what: str, e: OSError) -> StoreUnavailable:
+        """A thread the store needs could not be started (``start_thread``): the machine is out of processes
+        or memory for now, so the store is unavailable: a worker rides it out as any store fault, and where it
+        cannot (as it starts), exits 75 in one line. It was a traceback and exit 1, which a supervisor takes
+        for a crash."""
+        return StoreUnavailable(f"store {self.url}: cannot start a thread for {what}: {e.strerror}")
 
     def _error(self, e: BaseException) -> StoreError:
         """The StoreError for a psycopg error; a connection it broke is replaced in the background."""
@@ -437,7 +454,10 @@ class PostgresStore(SqlStore):
 
     def wakeup_fd(self) -> int | None:
         if self._listener is None:
-            self._listener = Listener(self._connect, self._listener_error, Q["listen_onward_work"])
+            try:
+                self._listener = Listener(self._connect, self._listener_error, Q["listen_onward_work"])
+            except OSError as e:
+                raise self._no_thread("its LISTEN connection", e) from None
         return self._listener.read_fd
 
     def _listener_error(self, e: BaseException) -> None:

@@ -181,6 +181,11 @@ class Loop(Protocol):
         """Before a command whose pid was noted with its claim runs: raises ``Fenced`` if the claim is gone
         (taken over while this worker was frozen), StoreError if the store cannot say. A read, no commit."""
 
+    def out_of_resources(self, claim: Claim, error: OSError) -> None:
+        """On the loop's thread: an attempt of ``claim`` found, once started, that the worker was short of
+        resources (its command's ``execve`` failed with ENOMEM, EAGAIN, EMFILE or ENFILE), as a start that
+        could not make its process does: warn, lower the concurrency, and claim nothing for a while."""
+
     def register(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop's thread whenever ``fd`` is readable (a child's pipe or pidfd)."""
 

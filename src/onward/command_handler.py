@@ -201,6 +201,10 @@ class CommandAttempt(Attempt):
             # The program could not be run (the spawner reports this after the fact): the same outcome, in
             # the same words, as a fork's error raised at start (``Runner._start``).
             if exec_error.errno in RESOURCE_ERRNOS:
+                # Told to the loop as a start that could not make the process is: without the pause it
+                # takes then, the task was claimed again at once and failed the same way, some 200 times a
+                # second, each a commit and a journal row, with no warning.
+                self._worker.out_of_resources(self.claim, exec_error)
                 return Outcome.released(f"worker out of resources: {exec_error.strerror}")
             return Outcome.failure(f"cannot run {self._program}: {exec_error.strerror}")
         if self.cancel_reason is not None:

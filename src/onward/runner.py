@@ -242,6 +242,10 @@ class Runner:
         if not self.store.note_child(claim.task_id, claim.fence, pid, start):
             raise Fenced(f"task {claim.name!r} was taken over before its command could start")
 
+    def out_of_resources(self, claim: Claim, error: OSError) -> None:
+        """See ``Loop.out_of_resources``: the same answer as to a start that failed so (``_start``)."""
+        self._lower_concurrency(claim, error)
+
     def check_claim(self, claim: Claim) -> None:
         """On the loop's thread, before a command whose pid was noted with its claim runs: the claim holds."""
         if not self.store.holds(claim.task_id, claim.fence):

@@ -100,7 +100,7 @@ from onward.cgroups import sweep_dead_workers
 from onward.child_watch import Watchdog, exit_fd, exited, receive
 from onward.config import MIN_HEARTBEAT
 from onward.durations import doubling
-from onward.errors import StoreError, UsageError
+from onward.errors import RESOURCE_ERRNOS, StoreError, UsageError
 from onward.gate import START_GATE, Gate
 from onward.keepawake import KeepAwake, chosen_marker
 from onward.log import Log
@@ -136,6 +136,10 @@ NOT_RESTARTED = {0: "finished", 3: "finished, some tasks failed", 2: "usage or c
 # The store or the output folder is down (a disk fault, a database server away): restarted with the
 # backoff, however long it takes, and never counted as a crash loop: the worker is not what is broken.
 UNAVAILABLE = 75
+# A worker that cannot be started for want of processes or memory is tried again this often (seconds), and
+# that is said again this often, as the worker does for its commands (runner.RESOURCE_PAUSE, RESOURCE_WARN_EVERY).
+SPAWN_RETRY = 1.0
+SPAWN_WARN_EVERY = 60.0
 # A stop of the supervisor: SIGHUP too, which a supervisor started from a terminal gets when it closes.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -383,11 +387,21 @@ class Supervisor:
                     early = None
                 child = self._spawn(path, first=False) if early is None else self._let_through(early)
                 self._journal(journal, cause)
-            return 1
+            return self._stopped_before_start()
         finally:
             standby, self._standby = self._standby, None
             if standby is not None:
                 self._drop(standby)  # no restart will need it
+
+    def _stopped_before_start(self) -> int:
+        """No worker could be started: a stop came while the supervisor waited for processes or memory to
+        start one (see ``_spawn``), exit 75 (unavailable), or a restart could not start it at all, exit 1."""
+        if self._stop_signal is None:
+            return 1
+        log(f"{signal.Signals(self._stop_signal).name} received while waiting to start the worker; not"
+            " starting it")
+        self._let_marker_go()
+        return UNAVAILABLE
 
     def _let_marker_go(self) -> None:
         """No worker of ours runs again, and the last one died without a word (else it let the keep-awake marker
@@ -461,19 +475,35 @@ class Supervisor:
             os.setpgid(0, 0)
             die_with_parent_preexec()
 
-        try:
-            child = subprocess.Popen(self.command, env=env, preexec_fn=in_child,
-                                     pass_fds=gate.passed if gate is not None else ())
-        except OSError as exc:
-            if first:
-                raise UsageError(f"supervise: cannot start {self.command[0]}: {exc.strerror}") from exc
-            log(f"cannot start the worker again: {exc}")
-            if gate is not None:
-                gate.close()
-            return None
-        finally:
-            if gate is not None:
-                gate.started()
+        warned: float | None = None
+        while True:
+            try:
+                child = subprocess.Popen(self.command, env=env, preexec_fn=in_child,
+                                         pass_fds=gate.passed if gate is not None else ())
+                break
+            except OSError as exc:
+                if exc.errno in RESOURCE_ERRNOS and gate is None:
+                    # Out of processes (a pids cgroup, ulimit -u) or memory: neither a usage error (exit 2,
+                    # never restarted) nor a reason to give up (a restart that could not fork ended the
+                    # supervisor with 1). Tried again every second, said once a minute, until it starts or
+                    # a stop comes. A standby is not waited for: the restart starts its worker itself.
+                    now = time.monotonic()
+                    if warned is None or now - warned >= SPAWN_WARN_EVERY:
+                        log(f"cannot start the worker: {exc.strerror} (out of processes or memory); trying"
+                            " again every second")
+                        warned = now
+                    if self._wait_unless_stopped(now + SPAWN_RETRY):
+                        continue
+                    return None
+                if first:
+                    raise UsageError(f"supervise: cannot start {self.command[0]}: {exc.strerror}") from exc
+                log(f"cannot start the worker again: {exc}")
+                if gate is not None:
+                    gate.close()
+                return None
+            finally:
+                if gate is not None:
+                    gate.started()
         if gate is None:
             log(f"worker {child.pid} started: {self._shown_command()}")
         else:

@@ -123,3 +123,43 @@ def test_a_postgres_worker_that_cannot_start_its_threads_is_unavailable_not_cras
         listed = run_onward("list", "--db", url, "--long")
         rows = [line.split("\t") for line in listed.stdout.decode().splitlines()]
         assert {row[-1]: (row[0], row[1]) for row in rows} == {n: ("done", "1") for n in names}
+
+
+def test_supervise_waits_for_processes_to_start_its_worker(tmp_path: Path, pids_cgroup: Path) -> None:
+    """`onward supervise` in a pids cgroup with no process left for its worker: the fork's EAGAIN was taken
+    for a usage error (`cannot start …`, exit 2, which nothing restarts), and at a restart it ended the
+    supervisor with 1. It now says so once and tries every second: the worker starts and finishes the job
+    once the limit is lifted, and a stop meanwhile ends the supervisor with 75 (unavailable), in one line."""
+    db = str(tmp_path / "s.db")
+    tasks = tmp_path / "tasks.txt"
+    names = [f"t{i}" for i in range(5)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    supervise = in_cgroup(pids_cgroup, onward_argv("supervise", "--db", db, "--", *onward_argv(
+        "run", "--db", db, "--tasks", str(tasks), "--", "echo", "{task}")))
+    env = dict(os.environ, PYTHONPATH=SRC)
+    for lifted in (True, False):
+        (pids_cgroup / "pids.max").write_text("1")
+        log = tmp_path / f"supervise-{lifted}.log"
+        with log.open("wb") as out:
+            supervisor = subprocess.Popen(supervise, env=env, stdout=subprocess.DEVNULL, stderr=out)
+        try:
+            wait_for(lambda: "cannot start the worker" in log.read_text() or supervisor.poll() is not None, 30,
+                     "the supervisor to meet the limit")
+            assert supervisor.poll() is None, log.read_text()[-3000:]
+            if lifted:
+                (pids_cgroup / "pids.max").write_text("max")
+                assert supervisor.wait(timeout=60) == 0, log.read_text()[-3000:]
+            else:
+                supervisor.send_signal(signal.SIGTERM)
+                assert supervisor.wait(timeout=30) == 75, log.read_text()[-3000:]
+        finally:
+            if supervisor.poll() is None:
+                supervisor.kill()
+                supervisor.wait()
+        text = log.read_text()
+        assert "Traceback" not in text and text.count("cannot start the worker") == 1, text[-3000:]
+        if not lifted:
+            assert "not starting it" in text, text
+    listed = run_onward("list", "--db", db, "--long")
+    rows = [line.split("\t") for line in listed.stdout.decode().splitlines()]
+    assert {row[-1]: (row[0], row[1]) for row in rows} == {n: ("done", "1") for n in names}

@@ -86,6 +86,9 @@ NO_CLONE3, CLONE3, CLONE3_INTO_CGROUP = 0, 1, 2  # what the kernel (and any secc
 # How long the worker waits for the spawner's answer (it only has to clone): past this it is taken as hung,
 # killed, and replaced.
 REPLY_TIMEOUT = 30.0
+# Errors of a spawner that could not be started for want of the worker's resources (errors.RESOURCE_ERRNOS:
+# this file imports nothing of onward).
+_SHORTFALL = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
 MAX_FDS = 5
 
 
@@ -126,7 +129,12 @@ class Spawner:
             return None
         try:
             spawner = cls(env, need_cgroup)
-        except OSError:
+        except OSError as e:
+            if e.errno in _SHORTFALL:
+                # Out of processes, memory or descriptors for now (a pids cgroup, ulimit -u): the attempt is
+                # given back and the spawner tried again at the next start. Taken for a system without one,
+                # it left the worker forking its commands for the rest of its life.
+                raise
             return None
         if not spawner.usable:
             spawner.close()

@@ -163,3 +163,48 @@ def test_supervise_waits_for_processes_to_start_its_worker(tmp_path: Path, pids_
     listed = run_onward("list", "--db", db, "--long")
     rows = [line.split("\t") for line in listed.stdout.decode().splitlines()]
     assert {row[-1]: (row[0], row[1]) for row in rows} == {n: ("done", "1") for n in names}
+
+
+def spawner_children(pid: int) -> list[int]:
+    """The spawner processes among ``pid``'s children (``python -I -S … onward/spawner.py``)."""
+    found = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            if b"spawner.py" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def test_a_spawner_that_cannot_start_for_want_of_processes_is_tried_again(tmp_path: Path,
+                                                                          pids_cgroup: Path) -> None:
+    """Where commands go through the spawner (ONWARD_SPAWN=spawner here; the default where the clone path is
+    not built), a spawner that could not be forked for want of processes was taken for a system that cannot
+    run one: the worker forked its commands for the rest of its life (the path on which a worker frozen as
+    it starts a command can leave it running unrecorded). The attempt is now given back and the spawner
+    started at the next try, once the limit is lifted."""
+    tasks = tmp_path / "tasks.txt"
+    names = [f"t{i}" for i in range(20)]
+    tasks.write_text("".join(n + "\n" for n in names))
+    db = tmp_path / "s.db"
+    log = tmp_path / "worker.log"
+    (pids_cgroup / "pids.max").write_text("1")
+    with log.open("wb") as out:
+        worker = subprocess.Popen(in_cgroup(pids_cgroup, onward_argv("run", "--db", str(db), "--tasks", str(tasks),
+                                                                      "--", "sleep", "0.1")),
+                                  env=dict(os.environ, PYTHONPATH=SRC, ONWARD_SPAWN="spawner"),
+                                  stdout=subprocess.DEVNULL, stderr=out)
+    try:
+        wait_for(lambda: "out of resources starting" in log.read_text(), 30, "the worker to meet the limit")
+        (pids_cgroup / "pids.max").write_text("max")
+        wait_for(lambda: spawner_children(worker.pid) or worker.poll() is not None, 10, "a spawner to start")
+        assert worker.poll() is None, "the job ended before any spawner started: its commands were forked"
+        assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    c = sqlite3.connect(db)
+    assert dict(c.execute("SELECT name, state || ' ' || attempts FROM tasks")) == {n: "done 1" for n in names}
+    c.close()

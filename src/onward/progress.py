@@ -91,11 +91,19 @@ class RunBar:
         self._thread = threading.Thread(target=self._redraw_loop, name="onward-run-bar", daemon=True)
 
     def start(self, log: Log) -> None:
+        try:
+            self._thread.start()
+        except RuntimeError:
+            # "can't start new thread": no process left for it (a pids cgroup, ulimit -u). The bar only shows
+            # what the log says: the work goes on without it. It was a traceback and exit 1, on a terminal
+            # alone, before the worker could meet the shortfall where it knows what to do about it.
+            return
         log.pinned = self
-        self._thread.start()
 
     def stop(self, log: Log) -> None:
         """Draw the bar a last time and leave it on its own line (the log goes on below it)."""
+        if self._thread.ident is None:  # never started (see ``start``): nothing was drawn
+            return
         self._stop.set()
         self._thread.join()
         log.pinned = None

@@ -208,3 +208,47 @@ def test_a_spawner_that_cannot_start_for_want_of_processes_is_tried_again(tmp_pa
     c = sqlite3.connect(db)
     assert dict(c.execute("SELECT name, state || ' ' || attempts FROM tasks")) == {n: "done 1" for n in names}
     c.close()
+
+
+def test_onward_run_on_a_terminal_with_no_thread_left_for_its_bar_goes_on_without_it(tmp_path: Path,
+                                                                                     pids_cgroup: Path) -> None:
+    """On a terminal `onward run` draws its progress bar from a thread. With no process left for one (a pids
+    limit of 1) it crashed before doing anything: `RuntimeError: can't start new thread`, then `cannot join
+    thread before it is started`, exit 1. It now goes on without the bar, meets the shortfall when it
+    starts a command (a warning, the attempt given back) and finishes once the limit is lifted."""
+    import fcntl
+    import pty
+
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\nb\n")
+    leader, follower = pty.openpty()
+    fcntl.fcntl(leader, fcntl.F_SETFL, fcntl.fcntl(leader, fcntl.F_GETFL) | os.O_NONBLOCK)
+    seen = bytearray()
+
+    def read_terminal() -> str:
+        try:
+            while chunk := os.read(leader, 65536):
+                seen.extend(chunk)
+        except OSError:  # EAGAIN: nothing more now; EIO: the other side closed
+            pass
+        return seen.decode(errors="replace")
+
+    (pids_cgroup / "pids.max").write_text("1")
+    env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+    worker = subprocess.Popen(in_cgroup(pids_cgroup, onward_argv("run", "--db", str(tmp_path / "s.db"), "--tasks",
+                                                                  str(tasks), "--", "true")),
+                              env=dict(env, PYTHONPATH=SRC, TERM="xterm"), stdout=follower, stderr=follower)
+    os.close(follower)
+    try:
+        wait_for(lambda: "out of resources starting" in read_terminal() or worker.poll() is not None, 30,
+                 "the worker to meet the limit")
+        (pids_cgroup / "pids.max").write_text("max")
+        code = worker.wait(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        text = read_terminal()
+        os.close(leader)
+    assert code == 0 and "Traceback" not in text, text[-3000:]
+    assert "done=2" in text, text[-3000:]

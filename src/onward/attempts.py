@@ -21,7 +21,7 @@ from .context import AsyncTaskContext, ContextBase, TaskContext
 from .errors import StepDrift, UsageError
 from .spawn import spawn_forked
 from .store.base import Claim
-from .threads import EventLoopThread, ThreadPool
+from .threads import EventLoopThread, ThreadPool, off_loop
 
 # Per thread of the pool: while its attempt's outcome is being settled on it (Loop.settle_here), ``free`` is
 # true and the first attempt the worker starts meanwhile is left in ``next`` for this thread to run, instead
@@ -115,9 +115,9 @@ class PythonAttempt(Attempt):
         except BaseException as e:
             outcome = self._failed(e)
             if outcome.kind == "failed" and self.ctx.used_step_log is not None:
-                await asyncio.to_thread(self.ctx.used_step_log.end_failed, e)
+                await off_loop(self.ctx.used_step_log.end_failed, e)
         if self.ctx.used_step_log is not None:
-            await asyncio.to_thread(self.ctx.used_step_log.finish)
+            await off_loop(self.ctx.used_step_log.finish)
         self._report(outcome)
 
     async def _run_async_or_abort(self) -> None:

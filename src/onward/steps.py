@@ -44,7 +44,6 @@ module is the API on top of them (``@step``, ``run_step``, durable sleep and che
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import functools
@@ -73,6 +72,7 @@ from .step_records import (
     recordable,
 )
 from .store.base import StepRecord
+from .threads import off_loop
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -282,7 +282,7 @@ async def run_step_async(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any
                          kwargs: Any, at: int | None = None) -> Any:
     log = ctx.step_log
     if not log.loaded:
-        await asyncio.to_thread(log.load)
+        await off_loop(log.load)
     run = begin_step(ctx, spec, at)
     if isinstance(run, StepRecord):
         return replay(log, spec, run)
@@ -301,10 +301,10 @@ async def run_step_async(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any
                     await ctx.apause(spec.delay(tries), f"step {spec.name}: retry {tries} of {spec.max_attempts - 1}")
                     tries += 1
     except BaseException as e:
-        await asyncio.to_thread(run.failed, e)
+        await off_loop(run.failed, e)
         raise
     # The commit blocks a thread, not the event loop: other asyncio tasks run on (and share the fsync).
-    return await asyncio.to_thread(run.returned, value)
+    return await off_loop(run.returned, value)
 
 
 @overload

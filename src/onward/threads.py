@@ -5,10 +5,14 @@ loop thread for every ``async def`` task of a worker.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import errno
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def _start_thread(thread: threading.Thread) -> None:
@@ -73,3 +77,41 @@ class EventLoopThread:
         self._thread.join(timeout=2.0)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+_OFF_LOOP = ThreadPool()  # the threads ``off_loop`` runs calls in, for every event loop of this process
+
+
+async def off_loop(fn: Callable[..., T], /, *args: Any) -> T:
+    """``asyncio.to_thread(fn, *args)``, except when no thread can be started (a pids cgroup or ulimit -u
+    used up): then ``fn`` runs here, on the event loop's thread, once (the loop's other tasks wait for it).
+    ``asyncio.to_thread`` raised ``RuntimeError: can't start new thread`` into the task (a durable step of
+    an async task: its attempt failed and counted for a shortfall of the machine), and could not be tried
+    again: its executor had queued the call before it found no thread to run it, to run whenever one
+    starts, so a call made in place would have run twice."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not future.done():  # the awaiting task may have been cancelled meanwhile
+            outcome()
+
+    def job() -> None:
+        try:
+            value = context.run(fn, *args)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task, as to_thread does
+            error = e
+            outcome = lambda: future.set_exception(error)  # noqa: E731
+        else:
+            outcome = lambda: future.set_result(value)  # noqa: E731
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:  # the loop was closed meanwhile (the worker left): nobody waits for it
+            pass
+
+    try:
+        _OFF_LOOP.submit(job)
+    except OSError:  # no thread could start (``_start_thread``), and nothing was queued
+        return fn(*args)
+    return await future

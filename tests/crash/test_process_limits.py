@@ -252,3 +252,46 @@ def test_onward_run_on_a_terminal_with_no_thread_left_for_its_bar_goes_on_withou
         os.close(leader)
     assert code == 0 and "Traceback" not in text, text[-3000:]
     assert "done=2" in text, text[-3000:]
+
+
+ASYNC_WORKER = """
+import asyncio, sys
+from onward import Job, step
+
+job = Job(sys.argv[1])
+
+@step
+async def fetch(n):
+    await asyncio.sleep(0.01)
+    return n * 2
+
+@job.task(max_attempts=1)
+async def work(task, ctx):
+    return await fetch(len(task))
+
+job.add([f"t{i}" for i in range(4)])
+sys.exit(job.run(concurrency=1).exit_code)
+"""
+
+
+def test_a_durable_step_of_an_async_task_with_no_thread_left_runs_on_the_event_loop(tmp_path: Path,
+                                                                                      pids_cgroup: Path) -> None:
+    """`pids.max` 2: the worker's main thread and its event loop's, none left for the thread a durable step
+    of an ``async def`` task records itself from (``asyncio.to_thread``). Its `RuntimeError: can't start new
+    thread` failed the step, then again the recording of that failure, which stopped the worker with a
+    traceback and exit 1, the task left claimed. The step is now recorded from the event loop's thread, and
+    every task is done at attempt 1 with its step."""
+    db = tmp_path / "s.db"
+    script = tmp_path / "worker.py"
+    script.write_text(ASYNC_WORKER)
+    (pids_cgroup / "pids.max").write_text("2")
+    r = subprocess.run(in_cgroup(pids_cgroup, [sys.executable, str(script), str(db)]),
+                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "Traceback" not in err, err[-3000:]
+    c = sqlite3.connect(db)
+    assert dict(c.execute("SELECT name, state || ' ' || attempts FROM tasks")) == {
+        f"t{i}": "done 1" for i in range(4)}
+    c.close()
+    steps = run_onward("steps", "--db", str(db), "t1")
+    assert steps.returncode == 0 and "fetch#1" in steps.stdout.decode(), steps

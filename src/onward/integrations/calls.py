@@ -16,7 +16,6 @@ caller's iteration, so that a task that caught it inside its loop takes the same
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import importlib
 import time
@@ -38,6 +37,7 @@ from ..step_records import (
 )
 from ..steps import StepContext, StepSpec, active_context, current_step_key, run_step, run_step_async
 from ..store.base import StepRecord
+from ..threads import off_loop
 
 T = TypeVar("T")
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -318,11 +318,11 @@ class AsyncRecordingStream(Generic[T]):
         try:
             chunk = await self._iterator.__anext__()
         except StopAsyncIteration:
-            await asyncio.to_thread(self._step.commit, self._encode)
+            await off_loop(self._step.commit, self._encode)
             raise
         except BaseException as e:
             if recordable(e):
-                await asyncio.to_thread(self._step.fail_midway, e, self._encode)
+                await off_loop(self._step.fail_midway, e, self._encode)
             raise
         self._step.chunks.append(chunk)
         return chunk
@@ -397,7 +397,7 @@ async def durable_stream_async(name: str, call: Callable[[str | None], Awaitable
     if ctx is None:
         return await call(None)
     if not ctx.step_log.loaded:
-        await asyncio.to_thread(ctx.step_log.load)
+        await off_loop(ctx.step_log.load)
     step, recorded = _open(ctx, name)
     if step is None:
         assert recorded is not None
@@ -406,6 +406,6 @@ async def durable_stream_async(name: str, call: Callable[[str | None], Awaitable
         stream = await call(step.key)
     except BaseException as e:
         if recordable(e):
-            await asyncio.to_thread(step.fail, e)
+            await off_loop(step.fail, e)
         raise
     return AsyncRecordingStream(stream, step, encode)

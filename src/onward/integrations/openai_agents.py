@@ -28,7 +28,6 @@ Needs ``pip install 'onward[openai-agents]'``.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import copy
 import dataclasses
@@ -77,6 +76,7 @@ from ..step_log import StepLog
 from ..step_records import ERROR, recordable
 from ..steps import StepContext, StepRun, StepSpec, active_context, begin_step, replay
 from ..store.base import StepRecord
+from ..threads import off_loop
 from .calls import IDEMPOTENCY_HEADER, ModelCodec, durable_call_async
 
 _RESPONSE: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
@@ -188,7 +188,7 @@ class OnwardModel(Model):
             if recordable(e):
                 self._failed(_Try(ctx, input, e, run))
             raise
-        answer = _decode_response(await asyncio.to_thread(run.returned, _encode_response(response)))
+        answer = _decode_response(await off_loop(run.returned, _encode_response(response)))
         _reserve_tool_steps(ctx.step_log, answer.output)
         return answer
 
@@ -239,7 +239,7 @@ class OnwardModel(Model):
         # (StoreError) rather than every replay.
         record = _EVENTS.encode_chunks(events)
         _EVENTS.decode_chunks(record)
-        await asyncio.to_thread(run.returned, record)
+        await off_loop(run.returned, record)
         _reserve_tool_steps(ctx.step_log, _streamed_output(events))
 
     async def _begin(self, ctx: StepContext, input: Any, spec: StepSpec) -> StepRun | StepRecord:
@@ -253,9 +253,9 @@ class OnwardModel(Model):
             ctx.check()  # stopping or cancelled: do not pay for a try whose result could not be kept
             return failed.run
         if failed is not None:
-            await asyncio.to_thread(failed.record)
+            await off_loop(failed.record)
         if not ctx.step_log.loaded:
-            await asyncio.to_thread(ctx.step_log.load)
+            await off_loop(ctx.step_log.load)
         return begin_step(ctx, spec)
 
     def _replay(self, ctx: StepContext, input: Any, spec: StepSpec, record: StepRecord) -> Any:
@@ -668,7 +668,7 @@ class OnwardRunner:
                                     run_config=durable_run_config(run_config), **kwargs)
         finally:
             _RUN.reset(token)
-            await asyncio.to_thread(run.settle)
+            await off_loop(run.settle)
 
     @classmethod
     def run_sync(cls, starting_agent: Agent[Any], input: Any, *, run_config: RunConfig | None = None,
@@ -711,7 +711,7 @@ class OnwardRunner:
                     yield event
             finally:
                 if result.is_complete:
-                    await asyncio.to_thread(run.settle)
+                    await off_loop(run.settle)
 
         setattr(result, "stream_events", settled_stream_events)  # noqa: B010 - mypy refuses assigning to a method
         return result

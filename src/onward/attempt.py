@@ -8,6 +8,9 @@ them (``onward.attempts``); neither imports the other.
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,6 +78,37 @@ def error_tail(text: str, cut: bool, secrets: Sequence[str]) -> str:
                 text = text[part:]
                 break
     return scrub(text, secrets)
+
+
+def cannot_run(program: str, error: OSError) -> str:
+    """Why a command's program could not be run, as its failed attempt says it: ``cannot run PROGRAM:
+    REASON``. A script whose ``#!`` line names an interpreter that is not there gets ENOENT from ``execve``,
+    which reads as if the script itself were missing: its interpreter is named then."""
+    text = f"cannot run {program}: {error.strerror or error}"
+    if error.errno == errno.ENOENT:
+        interpreter = _missing_interpreter(program)
+        if interpreter is not None:
+            text += f" (its interpreter {interpreter} was not found)"
+    return text
+
+
+def _missing_interpreter(program: str) -> str | None:
+    """The interpreter named on the ``#!`` line of ``program`` (a path, or a name found on the PATH the
+    command gets: the worker's own), if the program is there and its interpreter is not; else None."""
+    found = program if "/" in program else shutil.which(program, path=os.pathsep.join(os.get_exec_path()))
+    if found is None:
+        return None
+    try:
+        with open(found, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    if not words or os.path.exists(words[0]):
+        return None
+    return os.fsdecode(words[0])
 
 
 class Cancelled(OnwardError):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from . import crashpoints
-from .attempt import ERROR_TAIL_BYTES, Attempt, Loop, Outcome, error_tail
+from .attempt import ERROR_TAIL_BYTES, Attempt, Loop, Outcome, cannot_run, error_tail
 from .cgroups import WorkerCgroups
 from .config import DEFAULT_MAX_RESULT_BYTES
 from .errors import RESOURCE_ERRNOS, UsageError
@@ -206,7 +206,7 @@ class CommandAttempt(Attempt):
                 # second, each a commit and a journal row, with no warning.
                 self._worker.out_of_resources(self.claim, exec_error)
                 return Outcome.released(f"worker out of resources: {exec_error.strerror}")
-            return Outcome.failure(f"cannot run {self._program}: {exec_error.strerror}")
+            return Outcome.failure(cannot_run(self._program, exec_error))
         if self.cancel_reason is not None:
             what = self.cancel_reason
         elif status < 0:

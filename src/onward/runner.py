@@ -35,7 +35,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from . import crashpoints
-from .attempt import Attempt, Handler, Outcome
+from .attempt import Attempt, Handler, Outcome, cannot_run
 from .config import RunConfig
 from .errors import RESOURCE_ERRNOS, Fenced, OnwardError, StoreError, WedgedTask
 from .inbox import LoopInbox, StoreCall
@@ -655,7 +655,7 @@ class Runner:
             # The command could not even start (it vanished, or is no longer executable): a failed attempt
             # like any other, naming the program.
             program = e.filename if e.filename is not None else "the command"
-            self._not_started(claim, Outcome.failure(f"cannot run {program}: {e.strerror or e}"))
+            self._not_started(claim, Outcome.failure(cannot_run(program, e)))
             return
         self.attempts[claim.task_id] = attempt
 

@@ -98,3 +98,24 @@ def test_a_command_that_vanishes_mid_job_fails_its_attempts_with_its_name(store_
         c = sqlite3.connect(store_url)
         assert c.execute("SELECT state, error FROM tasks WHERE name = 'second'").fetchone() == ("failed", expected)
         c.close()
+
+
+@pytest.mark.parametrize("spawn", ["clone", "spawner", "fork"])
+def test_a_script_whose_interpreter_is_missing_fails_naming_the_interpreter(tmp_path: Path, spawn: str) -> None:
+    """A script whose `#!` line names an interpreter that is not there: `execve` says ENOENT, and the
+    attempt said `cannot run SCRIPT: No such file or directory` of a script that is plainly there. It now
+    names the missing interpreter too, on every way a command is started; a script that is really gone
+    keeps the plain words."""
+    script = executable(tmp_path / "job.sh", "#!/no/such/interpreter -x\necho ok\n")
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\n")
+    db = str(tmp_path / "s.db")
+    r = run_onward("run", "--db", db, "--tasks", str(tasks), "--max-attempts", "1", "--", str(script),
+                   env={"ONWARD_SPAWN": spawn})
+    err = r.stderr.decode()
+    assert r.returncode == 3, err
+    expected = (f"cannot run {script}: No such file or directory (its interpreter /no/such/interpreter was not"
+                " found)")
+    c = sqlite3.connect(db)
+    assert c.execute("SELECT state, error FROM tasks").fetchall() == [("failed", expected)], err
+    c.close()

@@ -138,8 +138,15 @@ class AttemptCgroup:
             return populated(self.path)
 
     def empty(self) -> bool:
-        """``empty(self.path)``: kill what is left in the cgroup, if anything, and wait for it to go."""
-        return not self.populated() or empty(self.path)
+        """``empty(self.path)``: kill what is left in the cgroup, if anything, and wait for it to go. A kill
+        marks it ``killed`` (never reused, see there): a command that left a process behind (``cmd &``)
+        had its leaf killed with cgroup.kill and then reused, and every command born in it after that died
+        at once, ``the command's process died three times before it could start``; the worker took that
+        for a shortfall and fell to one task at a time, a second's pause after every such attempt."""
+        if not self.populated():
+            return True
+        self.killed = True
+        return empty(self.path)
 
     def enter(self) -> None:
         """In the child, between fork and exec: move the calling process (``0``) into this cgroup, so
@@ -219,7 +226,7 @@ class WorkerCgroups:
     def finished(self, cgroup: AttemptCgroup, reusable: bool = True) -> None:
         """The attempt is over and its main process reaped: kill whatever it left, and keep the leaf for
         the next attempt once it is empty (unless not ``reusable``: the command could not enter it)."""
-        if reusable and not cgroup.killed and cgroup.empty():
+        if reusable and cgroup.empty() and not cgroup.killed:  # empty() first: a kill there marks it killed
             self._idle.append(cgroup)
         else:  # something the kernel holds (a freezer), a broken or killed leaf: removed later, never reused
             cgroup.close()

@@ -135,8 +135,13 @@ def test_an_attempt_cgroup_is_emptied_and_reused_and_removed_when_the_worker_clo
     left.wait()
     worker.finished(first)  # the command exited and was reaped; what it forked is killed
     assert not populated(first.path)
-    assert worker.attempt() is first
-    child = start_in(first, "sleep", "60")
+    # Killed with cgroup.kill, the leaf is not reused (whatever is born in it later dies at once): removed.
+    second = worker.attempt()
+    assert second is not first and not os.path.exists(first.path)
+    assert start_in(second, "true").wait() == 0
+    worker.finished(second)  # nothing left, nothing killed: reused
+    assert worker.attempt() is second
+    child = start_in(second, "sleep", "60")
     bystander = start_in(other.attempt(), "sleep", "60")
     worker.close()
     assert child.wait(timeout=10) == -9
@@ -149,23 +154,26 @@ def test_an_attempt_cgroup_is_emptied_and_reused_and_removed_when_the_worker_clo
 @needs_cgroup2
 def test_a_reused_leaf_still_finds_and_kills_what_an_attempt_left_outside_its_process_group() -> None:
     """The end of an attempt reads ``cgroup.events`` through a descriptor kept open across attempts: it
-    must see every attempt's leftovers afresh, not the file as it was first read."""
+    must see every attempt's leftovers afresh, not the file as it was first read. A leaf whose commands
+    left nothing is reused; one whose leftovers had to be killed is not (see the test above)."""
     worker = WorkerCgroups.create()
     assert worker is not None
     try:
         leaf = worker.attempt()
         assert not leaf.populated()
-        for _ in range(3):  # the same leaf, attempt after attempt
-            command = start_in(leaf, sys.executable, "-c",
-                               "import os, time\nif os.fork() == 0:\n    os.setsid()"
-                               "\n    time.sleep(60)\nelse:\n    os._exit(0)")
-            assert command.wait() == 0
-            assert leaf.populated() and populated(leaf.path), "the setsid grandchild runs on in the leaf"
+        for _ in range(2):  # the same leaf, attempt after attempt, while its commands leave nothing
+            assert start_in(leaf, "true").wait() == 0
             worker.finished(leaf)
-            assert not leaf.populated() and not populated(leaf.path)
-            assert cgroups._listed(leaf.path) == []
-            assert worker.attempt() is leaf, "an emptied leaf is reused"
+            assert worker.attempt() is leaf, "an empty leaf is reused"
+        command = start_in(leaf, sys.executable, "-c",
+                           "import os, time\nif os.fork() == 0:\n    os.setsid()"
+                           "\n    time.sleep(60)\nelse:\n    os._exit(0)")
+        assert command.wait() == 0
+        assert leaf.populated() and populated(leaf.path), "the setsid grandchild runs on in the leaf"
         worker.finished(leaf)
+        assert not populated(leaf.path)
+        assert cgroups._listed(leaf.path) == []
+        assert worker.attempt() is not leaf, "a leaf killed with cgroup.kill is not reused"
     finally:
         worker.close()
 

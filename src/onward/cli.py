@@ -472,11 +472,13 @@ def _run_cli(argv: list[str] | None) -> int:
 
 def cli_main() -> None:
     code = entry()
-    if code == 75:
-        from .systemd import main_process_of_a_service, space_unavailable_exit
+    if code == 75 and os.environ.get("SYSTEMD_EXEC_PID") == str(os.getpid()):
+        # The main process of a systemd service (systemd sets SYSTEMD_EXEC_PID to the pid it started): see
+        # onward.systemd.space_unavailable_exit. Checked before anything is imported: a worker out of file
+        # descriptors (ulimit -n) exits 75 too, and could not load one more module.
+        from .systemd import space_unavailable_exit
 
-        if main_process_of_a_service():
-            space_unavailable_exit()
+        space_unavailable_exit()
     sys.exit(code)
 
 

@@ -50,9 +50,10 @@ def _spaced_when_unavailable() -> Iterator[None]:
     try:
         yield
     except Unavailable:
-        from .systemd import main_process_of_a_service, space_unavailable_exit
+        # As in onward.cli.cli_main: nothing imported unless needed (no file descriptor may be left to load it).
+        if os.environ.get("SYSTEMD_EXEC_PID") == str(os.getpid()):
+            from .systemd import space_unavailable_exit
 
-        if main_process_of_a_service():
             space_unavailable_exit(reset_signals=False)
         raise
 

@@ -335,12 +335,6 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
                 workdir=workdir, executable=words[0], user=user)
 
 
-def main_process_of_a_service() -> bool:
-    """Whether this process is the one systemd started for a service (systemd sets SYSTEMD_EXEC_PID to the
-    pid it started, which an exec keeps): its exit is the unit's, and counts toward the start limit."""
-    return os.environ.get("SYSTEMD_EXEC_PID") == str(os.getpid())
-
-
 def space_unavailable_exit(reset_signals: bool = True) -> None:
     """Called by the main process of a systemd service about to exit 75: wait until it has lived
     ``UNAVAILABLE_SPACING`` seconds. systemd restarts status 75 (Restart=on-failure) after RestartSec=100ms,

@@ -6,13 +6,16 @@ PostgreSQL tests skip with a reason when no server answers, except in CI (CI=tru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,6 +170,32 @@ def cgroup_v1(controller: str) -> Path:
             pytest.fail(f"CI needs root and the cgroup v1 {controller} controller at {hierarchy}")
         pytest.skip(f"needs root and the cgroup v1 {controller} controller at {hierarchy}")
     return hierarchy
+
+
+@contextlib.contextmanager
+def own_cgroup_v1(controller: str) -> Iterator[Path]:
+    """A cgroup of the test's own in the cgroup v1 hierarchy of ``controller`` (see ``cgroup_v1``), without a
+    limit until the test writes one; whatever is left in it is killed and the cgroup removed afterwards."""
+    cgroup = cgroup_v1(controller) / f"onward-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    cgroup.mkdir()
+    try:
+        yield cgroup
+    finally:
+        def emptied() -> bool:
+            for pid in (cgroup / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return not (cgroup / "cgroup.procs").read_text().strip()
+        wait_for(emptied, 10, f"{cgroup} to be empty")
+        cgroup.rmdir()
+
+
+def in_cgroup(cgroup: Path, argv: list[str]) -> list[str]:
+    """``argv`` run in ``cgroup``: it moves itself there, then execs (the same pid: a supervisor's worker
+    stays its child and speaks for itself, while the supervisor stays outside)."""
+    return ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *argv]
 
 
 def require_tool(name: str) -> str:

@@ -12,10 +12,8 @@ from __future__ import annotations
 import os
 import re
 import resource
-import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from onward.config import MAX_STORED_BYTES
-from tests.conftest import cgroup_v1, onward_argv, run_onward, wait_for
+from tests.conftest import in_cgroup, onward_argv, own_cgroup_v1, run_onward
 from tests.crash.kill_checker import check_run, integrity_problems, query
 from tests.reliability import record
 
@@ -143,36 +141,16 @@ def test_max_result_bytes_over_what_a_store_takes_is_refused(tmp_path: Path) -> 
 # --- the kernel's OOM killer (cgroup v1 memory limit) -------------------------------------------------------
 @pytest.fixture
 def memory_cgroup() -> Iterator[Path]:
-    """A cgroup v1 memory cgroup of the test's own, limited to 200 MiB; whatever is left in it is killed and
-    the cgroup removed afterwards."""
-    cgroup = cgroup_v1("memory") / f"onward-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    cgroup.mkdir()
-    try:
+    """A cgroup v1 memory cgroup of the test's own, limited to 200 MiB."""
+    with own_cgroup_v1("memory") as cgroup:
         (cgroup / "memory.limit_in_bytes").write_text(str(200 * 2**20))
         yield cgroup
-    finally:
-        def emptied() -> bool:
-            for pid in (cgroup / "cgroup.procs").read_text().split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            return not (cgroup / "cgroup.procs").read_text().strip()
-        wait_for(emptied, 10, f"{cgroup} to be empty")
-        cgroup.rmdir()
 
 
 def oom_kills(cgroup: Path) -> int:
     """How many processes the OOM killer killed in ``cgroup`` (memory.oom_control)."""
     text = (cgroup / "memory.oom_control").read_text()
     return int(re.search(r"^oom_kill (\d+)$", text, re.M).group(1))  # type: ignore[union-attr]
-
-
-def in_cgroup(cgroup: Path, argv: list[str]) -> list[str]:
-    """``argv`` run in ``cgroup``: it moves itself there, then execs (the same pid: a supervisor's worker
-    stays its child and speaks for itself). The supervisor stays outside, as the README advises: where it
-    shares the limit, the OOM killer can take it too (see the fault table)."""
-    return ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *argv]
 
 
 def test_a_command_oom_killed_every_time_is_failed_after_max_attempts_and_the_worker_goes_on(

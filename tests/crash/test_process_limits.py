@@ -10,43 +10,25 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import pgutil
-from tests.conftest import cgroup_v1, onward_argv, run_onward, wait_for
+from tests.conftest import in_cgroup, onward_argv, own_cgroup_v1, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture
 def pids_cgroup() -> Iterator[Path]:
-    """A cgroup v1 pids cgroup of the test's own (no limit until the test writes ``pids.max``); whatever is
-    left in it is killed and the cgroup removed afterwards."""
-    cgroup = cgroup_v1("pids") / f"onward-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    cgroup.mkdir()
-    try:
-        yield cgroup
-    finally:
-        (cgroup / "pids.max").write_text("max")
-
-        def emptied() -> bool:
-            for pid in (cgroup / "cgroup.procs").read_text().split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            return not (cgroup / "cgroup.procs").read_text().strip()
-        wait_for(emptied, 10, f"{cgroup} to be empty")
-        cgroup.rmdir()
-
-
-def in_cgroup(cgroup: Path, argv: list[str]) -> list[str]:
-    """``argv`` run in ``cgroup``: it moves itself there, then execs (the same pid)."""
-    return ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *argv]
+    """A cgroup v1 pids cgroup of the test's own (no limit until the test writes ``pids.max``)."""
+    with own_cgroup_v1("pids") as cgroup:
+        try:
+            yield cgroup
+        finally:
+            (cgroup / "pids.max").write_text("max")  # room for the cleanup's kills to be seen through
 
 
 PYTHON_WORKER = """

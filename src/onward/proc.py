@@ -5,6 +5,7 @@ that never outlive their parent.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -13,12 +14,27 @@ from functools import cache
 
 from .store.base import Owner
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no threading at run time: the plain `onward status` loads this module
+    import threading
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 # A worker on another host cannot be checked by its pid: one whose heartbeat is older than this (twelve
 # default heartbeats) is taken for gone when judging whether anyone is working, so that a machine that died
 # without saying so does not keep an ETA alive forever (nor an upgrade refused).
 SILENT_WORKER_SECONDS = 60.0
+
+
+def start_thread(thread: threading.Thread) -> None:
+    """Start ``thread``; when none can be started (pthread_create failed: a pids cgroup or RLIMIT_NPROC used
+    up, no memory), raise ``OSError`` EAGAIN, as a failed fork does, instead of the ``RuntimeError`` Python
+    raises ("can't start new thread"), which no caller took for the shortfall of the machine it is (the
+    runner gives the attempt back, the store says it is unavailable)."""
+    try:
+        thread.start()
+    except RuntimeError:
+        raise OSError(errno.EAGAIN, "no thread could be started (a pids limit, ulimit -u, no memory)") from None
 
 
 def stat_fields(pid: int | str) -> list[bytes] | None:

@@ -6,22 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import errno
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .proc import start_thread
+
 T = TypeVar("T")
-
-
-def _start_thread(thread: threading.Thread) -> None:
-    """Start ``thread``; when none can be started (out of memory or processes), raise ``OSError`` EAGAIN as
-    a failed fork does: a shortage of the worker, not a task's fault (the runner gives the attempt back)."""
-    try:
-        thread.start()
-    except RuntimeError as e:  # "can't start new thread": pthread_create failed
-        raise OSError(errno.EAGAIN, f"cannot start a thread: {e}") from None
 
 
 class ThreadPool:
@@ -33,7 +25,7 @@ class ThreadPool:
         self._lock = threading.Lock()
 
     def submit(self, job: Callable[[], None]) -> None:
-        """Run ``job`` in an idle thread, or a new one (see ``_start_thread`` for when none can start)."""
+        """Run ``job`` in an idle thread, or a new one (see ``start_thread`` for when none can start)."""
         with self._lock:
             spawn = self._idle == 0
             if not spawn:
@@ -41,7 +33,7 @@ class ThreadPool:
         if not spawn:
             self._jobs.put(job)
             return
-        _start_thread(threading.Thread(target=self._work, args=(job,), name="onward-task", daemon=True))
+        start_thread(threading.Thread(target=self._work, args=(job,), name="onward-task", daemon=True))
 
     def _work(self, job: Callable[[], None]) -> None:
         while True:
@@ -59,7 +51,7 @@ class EventLoopThread:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="onward-async", daemon=True)
         try:
-            _start_thread(self._thread)
+            start_thread(self._thread)
         except OSError:
             self.loop.close()
             raise
@@ -112,6 +104,6 @@ async def off_loop(fn: Callable[..., T], /, *args: Any) -> T:
 
     try:
         _OFF_LOOP.submit(job)
-    except OSError:  # no thread could start (``_start_thread``), and nothing was queued
+    except OSError:  # no thread could start (``start_thread``), and nothing was queued
         return fn(*args)
     return await future

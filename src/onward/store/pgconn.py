@@ -3,7 +3,6 @@ notifications into bytes on a pipe (``Listener``). See postgres.py for why each 
 
 from __future__ import annotations
 
-import errno
 import functools
 import os
 import select
@@ -14,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import StoreError
+from ..proc import start_thread
 from ..redact import hide_secrets_in_argv, redact_one_url, scrub, url_secrets
 
 APP_NAME = "onward"  # application_name of every connection (see events_bound in postgres.sql)
@@ -59,16 +59,6 @@ def watched_connection_class(pg: Any) -> Any:
                 self.waiting_since = None
 
     return WatchedConnection
-
-
-def start_thread(thread: threading.Thread) -> None:
-    """Start ``thread``; when none can be started (pthread_create failed: a pids cgroup or RLIMIT_NPROC used
-    up, no memory), raise ``OSError`` EAGAIN, as a failed fork does, instead of the ``RuntimeError`` Python
-    raises, which no caller took for the shortfall of the machine it is."""
-    try:
-        thread.start()
-    except RuntimeError:  # "can't start new thread"
-        raise OSError(errno.EAGAIN, "no process or memory left for one (a pids limit, ulimit -u)") from None
 
 
 class StallWatch:

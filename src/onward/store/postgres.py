@@ -47,7 +47,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NotAStore, StoreError, StoreGone, StoreMissing, StoreUnavailable
-from ..proc import hostname
+from ..proc import hostname, start_thread
 from .base import FENCED_DETAIL, STATES, Claim, Event, Lease, Stats, StepRecord
 from .pgconn import (
     RECONNECT_BACKOFF,
@@ -57,7 +57,6 @@ from .pgconn import (
     Target,
     application_name,
     in_transaction,
-    start_thread,
     watched_connection_class,
 )
 from .rows import event_of

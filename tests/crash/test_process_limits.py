@@ -31,6 +31,24 @@ def pids_cgroup() -> Iterator[Path]:
             (cgroup / "pids.max").write_text("max")  # room for the cleanup's kills to be seen through
 
 
+def run_with_two_processes(worker: str, tasks: int, tmp_path: Path, pids_cgroup: Path) -> Path:
+    """Run the Python ``worker`` script on a new SQLite store under `pids.max` 2 (its main thread and one
+    more): it must exit 0 without a traceback, each of its ``tasks`` tasks done at attempt 1. The store."""
+    db = tmp_path / "s.db"
+    script = tmp_path / "worker.py"
+    script.write_text(worker)
+    (pids_cgroup / "pids.max").write_text("2")
+    r = subprocess.run(in_cgroup(pids_cgroup, [sys.executable, str(script), str(db)]),
+                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "Traceback" not in err, err[-3000:]
+    c = sqlite3.connect(db)
+    assert dict(c.execute("SELECT name, state || ' ' || attempts FROM tasks")) == {
+        f"t{i}": "done 1" for i in range(tasks)}
+    c.close()
+    return db
+
+
 PYTHON_WORKER = """
 import sys, time
 from onward import Job
@@ -53,18 +71,7 @@ def test_a_python_worker_with_no_thread_left_for_its_syncs_syncs_in_place(tmp_pa
     SQLite's log while the next task runs. Its start failed with EAGAIN, which escaped as a
     BlockingIOError traceback out of ``job.run()``, with the task that had just run left claimed (its
     attempt spent by the reclaim). The sync is now made in place, and every task is done at attempt 1."""
-    db = tmp_path / "s.db"
-    script = tmp_path / "worker.py"
-    script.write_text(PYTHON_WORKER)
-    (pids_cgroup / "pids.max").write_text("2")
-    r = subprocess.run(in_cgroup(pids_cgroup, [sys.executable, str(script), str(db)]),
-                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=60)
-    err = r.stderr.decode()
-    assert r.returncode == 0 and "Traceback" not in err, err[-3000:]
-    c = sqlite3.connect(db)
-    assert dict(c.execute("SELECT name, state || ' ' || attempts FROM tasks")) == {
-        f"t{i}": "done 1" for i in range(6)}
-    c.close()
+    run_with_two_processes(PYTHON_WORKER, 6, tmp_path, pids_cgroup)
 
 
 def test_a_postgres_worker_that_cannot_start_its_threads_is_unavailable_not_crashed(tmp_path: Path,
@@ -263,17 +270,6 @@ def test_a_durable_step_of_an_async_task_with_no_thread_left_runs_on_the_event_l
     thread` failed the step, then again the recording of that failure, which stopped the worker with a
     traceback and exit 1, the task left claimed. The step is now recorded from the event loop's thread, and
     every task is done at attempt 1 with its step."""
-    db = tmp_path / "s.db"
-    script = tmp_path / "worker.py"
-    script.write_text(ASYNC_WORKER)
-    (pids_cgroup / "pids.max").write_text("2")
-    r = subprocess.run(in_cgroup(pids_cgroup, [sys.executable, str(script), str(db)]),
-                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=60)
-    err = r.stderr.decode()
-    assert r.returncode == 0 and "Traceback" not in err, err[-3000:]
-    c = sqlite3.connect(db)
-    assert dict(c.execute("SELECT name, state || ' ' || attempts FROM tasks")) == {
-        f"t{i}": "done 1" for i in range(4)}
-    c.close()
+    db = run_with_two_processes(ASYNC_WORKER, 4, tmp_path, pids_cgroup)
     steps = run_onward("steps", "--db", str(db), "t1")
     assert steps.returncode == 0 and "fetch#1" in steps.stdout.decode(), steps

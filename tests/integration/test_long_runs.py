@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,21 @@ db.close()
 """
 
 
+@contextlib.contextmanager
+def holding_reader(db: Path) -> Iterator[subprocess.Popen[str]]:
+    """HOLDING_READER on ``db``, once it holds its snapshot; closing its stdin lets it go. Killed at the end."""
+    reader = subprocess.Popen([sys.executable, "-c", HOLDING_READER, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout is not None and reader.stdin is not None
+        assert reader.stdout.readline().strip() == "holding"
+        yield reader
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+        reader.wait()
+
+
 def test_a_log_a_reader_made_grow_shrinks_back_once_the_reader_lets_go(tmp_path: Path) -> None:
     """SQLite cannot checkpoint past a reader's snapshot: while one is held the log grows with every commit
     (about 18 KB a task). Once the reader lets go, the log is checkpointed and written again from its start;
@@ -44,11 +61,7 @@ def test_a_log_a_reader_made_grow_shrinks_back_once_the_reader_lets_go(tmp_path:
     n, release_at = 3000, 1500
     job = Job(str(db), log_level=QUIET)
     job.add(str(i) for i in range(n))
-    reader = subprocess.Popen([sys.executable, "-c", HOLDING_READER, str(db)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert reader.stdout is not None and reader.stdin is not None
-        assert reader.stdout.readline().strip() == "holding"
+    with holding_reader(db) as reader:
         sizes: dict[int, int] = {}
 
         @job.task
@@ -68,10 +81,6 @@ def test_a_log_a_reader_made_grow_shrinks_back_once_the_reader_lets_go(tmp_path:
         assert last <= JOURNAL_SIZE_LIMIT, (
             f"the log stayed at {last:,} bytes after the reader let go (it grew to {grown:,}); "
             f"at most {JOURNAL_SIZE_LIMIT:,} expected")
-    finally:
-        if reader.poll() is None:
-            reader.kill()
-            reader.wait()
 
 
 def test_a_worker_says_so_when_a_reader_holds_its_log_back(tmp_path: Path, capfd: pytest.CaptureFixture[str],
@@ -84,21 +93,13 @@ def test_a_worker_says_so_when_a_reader_holds_its_log_back(tmp_path: Path, capfd
     job = Job(str(db), log_level=QUIET, concurrency=4, heartbeat=0.1)
     n = 8_000
     job.add(str(i) for i in range(n))
-    reader = subprocess.Popen([sys.executable, "-c", HOLDING_READER, str(db)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert reader.stdout is not None and reader.stdin is not None
-        assert reader.stdout.readline().strip() == "holding"
-
+    with holding_reader(db):
         @job.task
         def noop(task: str, ctx: Any) -> str:
             return task
 
         assert job.run().done == n
         grown = os.path.getsize(f"{db}-wal")
-    finally:
-        reader.kill()
-        reader.wait()
     assert grown > 2 * onward.store.sqlite.LOG_WARN_BYTES, f"the log should have grown further: {grown:,} bytes"
     warnings = [line for line in capfd.readouterr().err.splitlines() if "the store's log is" in line]
     assert len(warnings) == 1, warnings  # once a minute at most

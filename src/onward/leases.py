@@ -42,9 +42,10 @@ class Leases:
         self.valid_until = min(self.valid_until, asked_at + self.length)
 
     def until_fence(self, attempts: Mapping[int, Attempt], now: float) -> float | None:
-        """While renewals fail and tasks of ours still run: the seconds until they must be stopped."""
+        """While renewals fail and tasks of ours still run: the seconds until they must be stopped (0 when
+        that moment has passed already, as it may have during the look that failed to renew)."""
         if self.renewal_failing and any(not a.fenced for a in attempts.values()):
-            return self.valid_until - self.fence_margin - now
+            return max(0.0, self.valid_until - self.fence_margin - now)
         return None
 
     def renew(self, worker_id: int, attempts: Mapping[int, Attempt], completed: int) -> None:

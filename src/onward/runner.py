@@ -464,10 +464,11 @@ class Runner:
         if self.config.stall_timeout:
             period = min(period, self.config.stall_timeout / 4)
         # Cannot renew: look again in time to stop our tasks before the leases run out, not a whole
-        # heartbeat later.
-        fence_at = self.leases.until_fence(self.attempts, time.monotonic())
-        if fence_at is not None and fence_at > 0:
-            period = min(period, fence_at)
+        # heartbeat later, and at once if the moment to stop them passed during this look (the renewal
+        # failed just before it, and the rest of the look took us past it).
+        fence_in = self.leases.until_fence(self.attempts, time.monotonic())
+        if fence_in is not None:
+            period = min(period, fence_in)
         return max(period, 0.02)
 
     def _want(self, finished: list[tuple[Attempt, Outcome]], now: float) -> int:

@@ -63,6 +63,10 @@ STORE_RETRY_MAX = 2.0
 # After SIGTERM and --grace, how long outcomes that cannot be committed are still retried before the worker
 # leaves them uncommitted (their tasks stay claimed; the next worker reclaims them, as after a crash). Well
 # within the unit's TimeoutStopSec (grace + systemd.STOP_MARGIN).
+# How long a turn of the loop goes on with the sweep for missing result files (Settler.export_missing):
+# short beside running tasks (their outcomes wait meanwhile), and the loop turns again at once until it is
+# over.
+EXPORT_SWEEP_SLICE = 0.005
 STOP_COMMIT_SECONDS = 5.0
 # After an attempt could not start for want of the worker's own resources (errors.RESOURCE_ERRNOS), the
 # attempt is given back uncounted, the worker runs fewer tasks at once from then on, and claims nothing for
@@ -133,6 +137,7 @@ class Runner:
         # settled meanwhile are written to --out after the next good commit.
         self._durable_now = False
         self._exports_owed = False
+        self._sweep_retry_at = 0.0  # after a store error in the sweep for missing result files: its next try
         self._store_retry_at = 0.0  # monotonic time before which no commit is tried, after a failed one
         self._store_backoff = 0.0
         # The store's counts as of the last heartbeat, with this worker's tally (done, failed) at that
@@ -332,10 +337,11 @@ class Runner:
             signal.set_wakeup_fd(old_wakeup)
 
     def _start_up(self) -> None:
-        """Before the first claim: take back what dead workers left, export missing results, tell ready."""
+        """Before the first claim: take back what dead workers left, start the sweep for missing result files
+        (the loop goes through it), tell ready."""
         mark_dead_workers(self.store, self.worker_id)
         self._reclaim_abandoned()
-        self.settler.export_missing()
+        self.settler.start_export_sweep()  # gone through by the loop, a slice a turn (_sweep_exports)
         counts = self.store.counts()
         self._update_keep_awake(counts, self._note_pause())
         self.notifier.ready()
@@ -420,19 +426,26 @@ class Runner:
             for claim in claims:
                 self._start(claim)
             self._report_settled()
+            self._sweep_exports(EXPORT_SWEEP_SLICE)
             if self.stopping and not self.attempts:
                 return
             if claims:
                 idle_wait = 0.01
             else:
                 if not self.attempts and now >= self._store_retry_at and self._nothing_left():
-                    return
+                    # The job is over: every result file is written before "finished" (on a store error the
+                    # worker stays, and tries again at the next heartbeat).
+                    self._sweep_exports(None)
+                    if not self.settler.export_sweep_left:
+                        return
                 idle_wait = min(idle_wait * 2, 1.0, cfg.heartbeat)
             timeout = self._next_deadline(next_tick, now) - time.monotonic()
             if len(self.attempts) < self.concurrency and not self.stopping:
                 # Free slots: look again soon for new work, or when the next retry's backoff runs out (a
                 # store that can announce new work wakes the wait at once).
                 timeout = min(timeout, idle_wait if claims else self._idle_timeout(idle_wait))
+            if self._sweep_due():
+                timeout = 0.0  # the next slice of the sweep for missing result files
             if self._store_retry_at > now:
                 # Outcomes wait in memory for the store to come back: try again once the backoff is over.
                 timeout = min(timeout, self._store_retry_at - time.monotonic())
@@ -624,7 +637,7 @@ class Runner:
             return  # nothing told
         if self._exports_owed and not self._store_backoff:
             self._exports_owed = False
-            self.settler.export_missing()
+            self.settler.start_export_sweep()
 
     def _sync_failed(self, e: StoreError) -> None:
         # The commit is visible but not vouched for: what it settled is never told (none of those tasks was
@@ -821,6 +834,23 @@ class Runner:
     def _reclaim_abandoned(self) -> None:
         reclaim_abandoned(self.store, self.worker_id, self.attempts, self.log,
                           expired_leases=time.monotonic() >= self._lease_takeovers_from)
+
+    def _sweep_due(self) -> bool:
+        """Whether the sweep for missing result files has a slice to go through now: only once every
+        completion this worker committed was made durable and told (a result file must never come before its
+        commit is durable), and not while the store is failing."""
+        return (self.settler.export_sweep_left and self._syncing is None and not self._unreported
+                and not self._store_backoff and time.monotonic() >= self._sweep_retry_at)
+
+    def _sweep_exports(self, seconds: float | None) -> None:
+        """Go on with the sweep for missing result files for about ``seconds`` (None: to its end)."""
+        if not self._sweep_due():
+            return
+        try:
+            self.settler.export_missing(seconds)
+        except StoreError as e:
+            self.store_errors.warning("could not look for missing result files", str(e))
+            self._sweep_retry_at = time.monotonic() + self.config.heartbeat
 
     def _nothing_left(self) -> bool:
         """Nothing pending, running or waiting anywhere. Other workers' running tasks keep this one

@@ -19,6 +19,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .outdir import OutDir  # loaded only with --out
 
+# The sweep for missing result files (Settler.export_missing): done tasks read per statement, at most, from a
+# window of at most so many task ids.
+EXPORT_SWEEP_PAGE = 256
+EXPORT_SWEEP_WINDOW = 4096
+
 Report = Callable[[], None]  # what to tell once the batch holding the outcome is durable (Store.sync)
 
 
@@ -60,6 +65,10 @@ class Settler:
         self.max_retry_delay = max_retry_delay
         self.worker_id = 0  # set once the worker is registered
         self.summary = RunSummary()
+        # The sweep for missing result files (start_export_sweep): the id of the last done task looked at,
+        # None when there is no sweep left to do; and how many files it wrote.
+        self._sweep_after: int | None = None
+        self._sweep_exported = 0
 
     def settle(self, attempt: Attempt, outcome: Outcome) -> Report:
         """Write one outcome inside the open batch; return what to report once it is committed."""
@@ -220,22 +229,60 @@ class Settler:
             # The store holds the result; the next start exports what is missing.
             self.log.warning(f"could not write output for task={quote(name)}: {e}")
 
-    def export_missing(self) -> None:
-        """Write the result file of every done task that has none (a write failed, or the folder is new)."""
-        if self.out is None:
-            return
-        from .outdir import file_name
+    def start_export_sweep(self) -> None:
+        """Look for done tasks whose result file is missing from --out (a write failed, or the folder is new),
+        from the first task on: ``export_missing`` goes through them a slice at a time."""
+        if self.out is not None:
+            self._sweep_after = 0
+            self._sweep_exported = 0
 
-        exported = 0
-        present = self.out.result_files()
-        for row in self.store.iter_tasks(DONE):
-            if file_name(row.name) not in present:
-                stored = self.store.result(row.name)
-                if stored is not None:
-                    self._export(row.name, stored.data)
-                    exported += 1
-        if exported:
-            self.log.info(f"exported {exported} missing result files")
+    @property
+    def export_sweep_left(self) -> bool:
+        """Whether the sweep started by ``start_export_sweep`` has done tasks left to look at."""
+        return self._sweep_after is not None
+
+    def export_missing(self, seconds: float | None = None) -> None:
+        """Go on with the sweep for about ``seconds`` (None: to its end), writing the result file of every
+        done task that has none. A page of done tasks at a time, each page one statement, from where the
+        last slice stopped: a worker's start no longer waits for a walk of every done task (which grew
+        with the job: 0.9 to 2.3 s at 150,000 done tasks, about ten times that at a million), and the memory
+        it takes does not grow with the folder (it read every file's name into a set). Raises StoreError
+        with the place kept, to go on from there.
+
+        Call it only when every completion this worker committed has been told: the sweep writes the result
+        of any done task it finds without one, and a result file must not come before its commit is durable.
+        """
+        assert self.out is not None
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while self._sweep_after is not None:
+            # A window of ids at a time: done tasks may be few among them (a job's start), and a statement
+            # asking for a page of them would read on to the end.
+            until = self._sweep_after + EXPORT_SWEEP_WINDOW
+            page = self.store.task_page(DONE, None, self._sweep_after, EXPORT_SWEEP_PAGE, until=until)
+            for row in page:
+                try:
+                    present = self.out.has(row.name)
+                except OSError as e:
+                    self.log.warning(f"could not look for missing result files in --out: {e}; the next start"
+                                     " looks again")
+                    self._sweep_after = None
+                    return
+                if not present:
+                    stored = self.store.result(row.name)
+                    if stored is not None:
+                        self._export(row.name, stored.data)
+                        self._sweep_exported += 1
+                self._sweep_after = row.task_id
+            if len(page) < EXPORT_SWEEP_PAGE:
+                # The window is done: go on from the job's next task past it, if there is one.
+                later = self.store.task_page(None, None, until, 1)
+                self._sweep_after = later[0].task_id - 1 if later else None
+            if self._sweep_after is None:
+                if self._sweep_exported:
+                    self.log.info(f"exported {self._sweep_exported} missing result files")
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                return
 
 
 def _nothing_to_report() -> None:

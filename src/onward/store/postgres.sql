@@ -658,8 +658,11 @@ SELECT id, name, state, attempts, added_at, started_at, finished_at, error, resu
   FROM onward.tasks WHERE id > %(after)s AND job_id = %(job)s ORDER BY id LIMIT %(limit)s;
 
 -- name: iter_tasks_in_state
+-- Stops at "until" too: a state rare among the ids (done tasks early in a job) would otherwise have a page
+-- read every row after "after" (the sweep for missing result files reads windows of ids).
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM onward.tasks WHERE id > %(after)s AND job_id = %(job)s AND state = %(state)s ORDER BY id LIMIT %(limit)s;
+  FROM onward.tasks WHERE id > %(after)s AND id <= %(until)s AND job_id = %(job)s AND state = %(state)s
+ ORDER BY id LIMIT %(limit)s;
 
 -- name: task_page_search
 -- A substring search cannot use a btree: it reads rows from "after" on until it has a page or reaches

@@ -533,8 +533,8 @@ class SqlStore:
             if state is None:
                 rows = self._exec("iter_tasks", {"after": after, "limit": PAGE_SIZE}).fetchall()
             else:
-                rows = self._exec("iter_tasks_in_state", {"after": after, "state": state, "limit": PAGE_SIZE}
-                                  ).fetchall()
+                params = {"after": after, "until": NO_TASK_ID, "state": state, "limit": PAGE_SIZE}
+                rows = self._exec("iter_tasks_in_state", params).fetchall()
             if not rows:
                 return
             for r in rows:
@@ -562,7 +562,7 @@ class SqlStore:
         else:
             name = "iter_tasks" if state is None else "iter_tasks_in_state"
         rows = [task_row_of(r) for r in self._exec(name, params).fetchall()]
-        # The searches stop at ``until`` in SQL (they scan); the small indexes above are read whole, so
+        # The searches and the walks in one state stop at ``until`` in SQL; the small indexes above are read whole, so
         # their rows beyond it are dropped here. Ids come in order, so what is kept is still a prefix.
         return rows if until is None else [r for r in rows if r.task_id <= until]
 

@@ -437,8 +437,10 @@ SELECT id, name, state, attempts, added_at, started_at, finished_at, error, resu
   FROM tasks WHERE id > :after AND +job_id = :job ORDER BY id LIMIT :limit;
 
 -- name: iter_tasks_in_state
+-- Stops at :until too: a state rare among the ids (done tasks early in a job) would otherwise have a page
+-- read every row after :after (the sweep for missing result files reads windows of ids).
 SELECT id, name, state, attempts, added_at, started_at, finished_at, error, result_kind
-  FROM tasks WHERE id > :after AND +job_id = :job AND state = :state ORDER BY id LIMIT :limit;
+  FROM tasks WHERE id > :after AND id <= :until AND +job_id = :job AND state = :state ORDER BY id LIMIT :limit;
 
 -- name: task_page_search
 -- A substring search cannot use an index: it reads rows from :after on until it has a page or reaches

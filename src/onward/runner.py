@@ -72,6 +72,11 @@ STOP_COMMIT_SECONDS = 5.0
 # attempt is given back uncounted, the worker runs fewer tasks at once from then on, and claims nothing for
 # RESOURCE_PAUSE seconds.
 RESOURCE_PAUSE = 1.0
+# Once no attempt has failed to start for that long, a worker that lowered its concurrency raises it again by
+# a third (at least one), up to --concurrency, and so on while the shortage stays away: it was a neighbour's
+# burst, or the worker's own tasks, gone since. Raised into a shortage that lasts, it costs one start given
+# back uncounted and lowered again.
+CONCURRENCY_RAISE_AFTER = 10.0
 # A shortfall that lasts is warned of again this often (seconds); in between, each is logged at info.
 RESOURCE_WARN_EVERY = 60.0
 # How often a worker looks for waits whose deadline passed (ctx.wait's timeout), while its job has some.
@@ -101,7 +106,8 @@ class Runner:
         self.keep_awake = keep_awake
         self.out = out
         self.worker_id = 0
-        self.concurrency = config.concurrency  # lowered for good when the worker runs out of resources
+        self.concurrency = config.concurrency  # lowered when the worker runs out of resources, then raised back
+        self._concurrency_changed = 0.0  # monotonic time it was last lowered or raised
         self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
         # When a start last warned that it ran out of resources, and the shortfalls told only at info since.
         self._resources_warned: float | None = None
@@ -679,9 +685,9 @@ class Runner:
         self.post(attempt, outcome)
 
     def _lower_concurrency(self, claim: Claim, e: OSError) -> None:
-        """Run fewer tasks at once, for the rest of this worker's life (a restarted worker starts at
-        --concurrency again): three quarters of those running now, since a shortage can strike midway
-        through starting a command, and a start that failed may leave a descriptor or two open."""
+        """Run fewer tasks at once, until no start has failed so for a while (``_raise_concurrency``): three
+        quarters of those running now, since a shortage can strike midway through starting a command, and a
+        start that failed may leave a descriptor or two open."""
         lowered = min(self.concurrency, max(1, 3 * len(self.attempts) // 4))
         self._claim_paused_until = time.monotonic() + RESOURCE_PAUSE
         change = (f"lowering concurrency from {self.concurrency} to {lowered}" if lowered < self.concurrency
@@ -700,6 +706,17 @@ class Runner:
             self.log.warning(text + more)
             self._resources_warned, self._resources_unwarned = now, 0
         self.concurrency = lowered
+        self._concurrency_changed = now
+
+    def _raise_concurrency(self, now: float) -> None:
+        """Back towards --concurrency, once no start has failed for want of resources for a while."""
+        target = self.config.concurrency
+        if self.concurrency >= target or now - self._concurrency_changed < CONCURRENCY_RAISE_AFTER:
+            return
+        raised = min(target, max(self.concurrency + 1, 4 * self.concurrency // 3))
+        self.log.info(f"raising concurrency from {self.concurrency} to {raised}: no shortage of resources for"
+                      f" {now - self._concurrency_changed:.0f} s")
+        self.concurrency, self._concurrency_changed = raised, now
 
     def _enforce_deadlines(self, now: float) -> None:
         cfg = self.config
@@ -774,6 +791,7 @@ class Runner:
         # A store deleted or replaced under us raises StoreGone: stop rather than commit where nobody looks.
         self.store.check_still_there()
         self.leases.renew(self.worker_id, self.attempts, self.summary.done)
+        self._raise_concurrency(time.monotonic())
         self._warn_of_a_held_log()
         self.store.tidy()
         try:

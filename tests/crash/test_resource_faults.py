@@ -280,6 +280,62 @@ def test_a_python_worker_that_cannot_start_a_thread_gives_the_attempt_back(tmp_p
     assert sorted(side_effects.read_text().split()) == [f"t{i}" for i in range(6)]
 
 
+RAISING_WORKER = """
+import sys, time
+import onward.runner
+from onward import Job
+
+onward.runner.CONCURRENCY_RAISE_AFTER = 1.0  # (10 s in a worker of a user's)
+job = Job(sys.argv[1], heartbeat=0.25)
+
+@job.task(max_attempts=1)
+def work(task, ctx):
+    with open(sys.argv[2], "a") as f:
+        f.write(f"start {time.monotonic()}\\n")
+    time.sleep(0.2)
+    with open(sys.argv[2], "a") as f:
+        f.write(f"end {time.monotonic()}\\n")
+    return "ok"
+
+job.add([f"t{i}" for i in range(40)])
+sys.exit(job.run(concurrency=4).exit_code)
+"""
+
+
+def most_at_once(side_effects: Path) -> int:
+    running = most = 0
+    events = sorted((float(at), kind) for kind, at in (line.split() for line in side_effects.read_text().splitlines()))
+    for _, kind in events:  # ("end" sorts before "start" at the same moment: not counted as overlapping)
+        running += 1 if kind == "start" else -1
+        most = max(most, running)
+    return most
+
+
+def test_a_worker_that_lowered_its_concurrency_raises_it_again_once_the_shortage_is_over(tmp_path: Path) -> None:
+    """A thread that could not be started once (EAGAIN injected into one clone3) lowers the concurrency; it
+    stayed lowered for the rest of the worker's life. Once no start has failed for a while, it comes back."""
+    strace = require_tool("strace")
+    db = tmp_path / "s.db"
+    side_effects = tmp_path / "ran.log"
+    script = tmp_path / "worker.py"
+    script.write_text(RAISING_WORKER)
+    r = subprocess.run([strace, "-qq", "-o", "/dev/null", "-e", "inject=clone3:error=EAGAIN:when=3",
+                        sys.executable, str(script), str(db), str(side_effects)],
+                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
+    err = r.stderr.decode()
+    assert r.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert err.count("lowering concurrency") == 1, err
+    assert "raising concurrency" in err and "to 4:" in err, err
+    # Four at once again after the raise: the tasks' own record, not the worker's word.
+    raised_at = err.index("to 4:")
+    assert raised_at > err.index("lowering concurrency")
+    assert most_at_once(side_effects) == 4
+    c = sqlite3.connect(db)
+    assert dict(c.execute("SELECT name, state || ' ' || attempts FROM tasks")) == {
+        f"t{i}": "done 1" for i in range(40)}
+    c.close()
+
+
 def test_a_limit_that_lets_no_task_start_is_warned_of_again_while_it_lasts(tmp_path: Path) -> None:
     """Under `ulimit -n 16` not even one command can start: the worker gives each attempt back and tries
     again every second, for as long as it runs. It said so once, and then looked idle for good (an hour,

@@ -33,6 +33,9 @@ class Outcome:
     error: str = ""
     wait_key: str = ""  # parked: the key of the wait, and its deadline (store clock; None: none)
     wait_until: float | None = None
+    # released: because the store failed one of the task's step calls (its work since the last recorded step
+    # is done again by the next attempt, which the worker puts off: see Runner._put_off_claims)
+    store_fault: bool = False
 
     def __post_init__(self) -> None:
         if "\0" in self.error:
@@ -50,8 +53,8 @@ class Outcome:
         return cls("failed", error=error)
 
     @classmethod
-    def released(cls, reason: str) -> Outcome:
-        return cls("released", error=reason)
+    def released(cls, reason: str, *, store_fault: bool = False) -> Outcome:
+        return cls("released", error=reason, store_fault=store_fault)
 
     @classmethod
     def parked(cls, key: str, until: float | None) -> Outcome:

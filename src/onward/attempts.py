@@ -156,7 +156,7 @@ class PythonAttempt(Attempt):
             # A store fault is the machine's, not the task's: given back uncounted, as on a graceful stop. The
             # task runs again once the store answers, replaying what was recorded (the step whose record
             # failed runs again).
-            return Outcome.released(f"the store could not record a step: {log.store_fault}")
+            return Outcome.released(f"the store could not record a step: {log.store_fault}", store_fault=True)
         if isinstance(e, MemoryError):
             # What the task allocated is still held by its frames, which the traceback keeps alive: let it
             # go before the traceback is formatted, which takes memory too (a thread that died of a second

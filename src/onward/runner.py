@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from . import crashpoints
 from .attempt import Attempt, Handler, Outcome, cannot_run
 from .config import RunConfig
+from .durations import doubling
 from .errors import RESOURCE_ERRNOS, Fenced, OnwardError, StoreError, WedgedTask
 from .inbox import LoopInbox, StoreCall
 from .keepawake import KeepAwake
@@ -77,6 +78,9 @@ RESOURCE_PAUSE = 1.0
 # burst, or the worker's own tasks, gone since. Raised into a shortage that lasts, it costs one start given
 # back uncounted and lowered again.
 CONCURRENCY_RAISE_AFTER = 10.0
+# The shortest pause of claims after an attempt given back because the store failed a step call (see
+# Runner._put_off_claims).
+STEP_FAULT_PAUSE = 1.0
 # A shortfall that lasts is warned of again this often (seconds); in between, each is logged at info.
 RESOURCE_WARN_EVERY = 60.0
 # How often a worker looks for waits whose deadline passed (ctx.wait's timeout), while its job has some.
@@ -108,6 +112,7 @@ class Runner:
         self.worker_id = 0
         self.concurrency = config.concurrency  # lowered when the worker runs out of resources, then raised back
         self._concurrency_changed = 0.0  # monotonic time it was last lowered or raised
+        self._step_faults_in_a_row = 0  # attempts given back since the last done one: the store failed a step
         self._claim_paused_until = 0.0  # after a resource error: monotonic time before which nothing is claimed
         # When a start last warned that it ran out of resources, and the shortfalls told only at info since.
         self._resources_warned: float | None = None
@@ -492,6 +497,7 @@ class Runner:
 
     def _want(self, finished: list[tuple[Attempt, Outcome]], now: float) -> int:
         """How many tasks to claim in a turn that settles ``finished``: the slots free once they are."""
+        self._put_off_claims(finished, now)
         if self.stopping or now < self._claim_paused_until:
             return 0
         return self.concurrency - len(self.attempts) + len(finished)
@@ -683,6 +689,24 @@ class Runner:
         attempt = Attempt(claim)
         self.attempts[claim.task_id] = attempt
         self.post(attempt, outcome)
+
+    def _put_off_claims(self, finished: list[tuple[Attempt, Outcome]], now: float) -> None:
+        """After attempts given back because the store failed their step calls: claim nothing for a while,
+        --retry-delay (at least 1 s) doubling with each such attempt in a row, at most --max-retry-delay.
+        The next attempt does again the work done since the last recorded step (a model call paid again):
+        under a fault that lasts (a lock held on the steps for minutes), claiming at once paid it at every
+        lock timeout, with no bound. A task done here ends the row."""
+        for _, outcome in finished:
+            if outcome.store_fault:
+                cfg = self.config
+                pause = doubling(max(cfg.retry_delay, STEP_FAULT_PAUSE), self._step_faults_in_a_row,
+                                 max(cfg.max_retry_delay, STEP_FAULT_PAUSE))
+                self._step_faults_in_a_row += 1
+                self._claim_paused_until = max(self._claim_paused_until, now + pause)
+                self.log.info(f"claiming nothing for {pause:g} s: the store failed a step call"
+                              f" ({self._step_faults_in_a_row} attempt(s) in a row)")
+            elif outcome.kind == "done":
+                self._step_faults_in_a_row = 0
 
     def _lower_concurrency(self, claim: Claim, e: OSError) -> None:
         """Run fewer tasks at once, until no start has failed so for a while (``_raise_concurrency``): three

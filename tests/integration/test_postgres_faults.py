@@ -857,6 +857,67 @@ def test_a_step_the_store_cannot_record_for_a_while_does_not_fail_the_task(pg_ur
         store.close()
 
 
+PAYING_STEP_WORKER = """
+import sys
+from onward import Job
+
+job = Job(sys.argv[1], heartbeat=0.2)  # a lock timeout of 0.15 s: a step's record fails fast on the lock
+
+def model_call(n):
+    with open(sys.argv[2], "a") as f:  # what the task paid for
+        f.write(f"s{n}\\n")
+    return n
+
+@job.task(max_attempts=1)
+def handle(task, ctx):
+    for i in range(3):
+        ctx.step(f"s{i}", lambda: model_call(i))
+    return "ok"
+
+job.add(["a"])
+sys.exit(job.run().exit_code)
+"""
+
+
+def test_a_step_the_store_keeps_failing_to_record_is_not_paid_again_at_every_lock_timeout(
+        pg_url: str, tmp_path: Path) -> None:
+    """While the store fails to record a step (a lock held on onward.steps), each attempt of the task runs
+    the step again and is given back uncounted. The worker claimed the task again at once: the step's work
+    (a model call, paid for) was done again at every lock timeout, 10 times in 4 s here, with no bound. It
+    now claims nothing for --retry-delay doubling after each such attempt: 1, 2, 4 s."""
+    script = tmp_path / "worker.py"
+    script.write_text(PAYING_STEP_WORKER)
+    paid = tmp_path / "paid.log"
+    paid.touch()
+    log = tmp_path / "worker.log"
+    worker = None
+    try:
+        with admin(pg_url) as conn:
+            # The store made and the lock taken before the worker starts: its first step cannot be recorded.
+            open_store(pg_url).close()
+            with conn.transaction():
+                # Reads pass (each attempt loads the steps, then runs the first), writes wait: its record fails.
+                conn.execute("LOCK TABLE onward.steps IN SHARE MODE")
+                with open(log, "wb") as err:
+                    worker = subprocess.Popen([sys.executable, str(script), pg_url, str(paid)],
+                                              env=dict(os.environ, PYTHONPATH=SRC), stdout=subprocess.DEVNULL,
+                                              stderr=err)
+                wait_for(lambda: "lock timeout" in log.read_text(), 30, "a step's record to fail on the lock")
+                time.sleep(4)  # the fault lasting: what the worker does meanwhile is what is measured
+                paid_under_the_lock = paid.read_text().split().count("s0")
+        code = wait_exit(worker, 60, log)
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    text = log.read_text()
+    assert code == 0 and "Traceback" not in text, text
+    # 1 + the tries after 1 s and 3 s (and one more, by a slow start); before, one every lock timeout.
+    assert paid_under_the_lock <= 4, f"s0 paid {paid_under_the_lock} times in 4 s of the fault\n{text}"
+    assert paid.read_text().split()[-3:] == ["s0", "s1", "s2"]  # and the task went on once it could
+    assert "claiming nothing for 1 s: the store failed a step call" in text, text
+
+
 def test_a_server_idle_session_timeout_does_not_end_onwards_connections(pg_url: str, tmp_path: Path) -> None:
     """A server (or database) with idle_session_timeout ends every session left idle that long: onward's
     connection between two heartbeats, while a task runs. Each commit after such a pause then failed

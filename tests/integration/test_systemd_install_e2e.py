@@ -99,6 +99,7 @@ def test_a_unit_onward_did_not_write_is_neither_replaced_nor_removed(container: 
 
 
 @pytest.mark.postgres
+@pytest.mark.torture  # 90 s; the suite checks the 12 s spacing it relies on (test_unavailable_store.py)
 def test_a_database_outage_at_start_outlasts_the_start_limit_and_the_job_resumes(container: Container) -> None:
     # Status 75 is restarted by the unit (Restart=on-failure), but systemd counts every start toward the
     # start limit (6 in 60 s): a worker that exits 75 at once used it up in 3 s and the unit stayed failed

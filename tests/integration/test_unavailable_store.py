@@ -177,40 +177,48 @@ def test_a_worker_stopped_while_its_server_is_unreachable_says_why_its_counts_ar
 PYTHON_WORKER = "import sys\nfrom onward import Job\nJob(sys.argv[1])\n"
 
 
-def test_a_python_worker_that_is_a_systemd_services_main_process_raises_unavailable_after_12_s(
-        tmp_path: Path) -> None:
-    """systemd counts every start toward the unit's start limit (6 in 60 s): a Python worker script whose
-    store is down ends at once with StoreUnavailable, is restarted 0.1 s later, and used the limit up within
-    seconds of an outage, the unit then failed for good (the `onward` command already waited, exit 75
-    spaced 12 s). As the main process of a service (SYSTEMD_EXEC_PID is its pid, as systemd sets it, kept
-    across the exec) the error is now raised once the process has lived 12 s; SIGTERM (a stop) ends the
-    wait at once. Any other process raises it at once."""
+def test_a_worker_that_is_a_systemd_services_main_process_ends_unavailable_after_12_s(tmp_path: Path) -> None:
+    """systemd counts every start toward the unit's start limit (6 in 60 s): a worker whose store is down
+    ends at once, is restarted 0.1 s later, and used the limit up within seconds of an outage, the unit
+    then failed for good. As the main process of a service (SYSTEMD_EXEC_PID is its pid, as systemd sets
+    it, kept across the exec) `onward run` exits 75, and a Python worker script raises StoreUnavailable,
+    once the process has lived 12 s; SIGTERM (a stop) ends the wait at once. Any other process ends at
+    once. (The same under a real systemd, through a whole start limit: make torture.)"""
     script = tmp_path / "worker.py"
     script.write_text(PYTHON_WORKER)
     url = "postgresql://postgres@127.0.0.1:1/test"  # nothing listens on port 1: connection refused
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     env.pop("SYSTEMD_EXEC_PID", None)
+    python_worker = [sys.executable, str(script), url]
+    cli_worker = onward_argv("run", "--db", url, "--", "true")
 
-    def start(as_main_process: bool) -> subprocess.Popen[bytes]:
+    def start(argv: list[str], as_main_process: bool) -> subprocess.Popen[bytes]:
         shell = 'SYSTEMD_EXEC_PID=$$ exec "$0" "$@"' if as_main_process else 'exec "$0" "$@"'
-        return subprocess.Popen(["sh", "-c", shell, sys.executable, str(script), url], env=env,
-                                stderr=subprocess.PIPE)
+        return subprocess.Popen(["sh", "-c", shell, *argv], env=env, stderr=subprocess.PIPE)
 
     began = time.monotonic()
-    spaced, stopped, plain = start(True), start(True), start(False)
+    spaced, stopped, plain = start(python_worker, True), start(python_worker, True), start(python_worker, False)
+    cli_spaced, cli_plain = start(cli_worker, True), start(cli_worker, False)
+    everyone = (spaced, stopped, plain, cli_spaced, cli_plain)
     try:
         err = plain.communicate(timeout=30)[1]
         assert plain.returncode == 1 and b"onward.errors.StoreUnavailable" in err, err[-2000:]
+        err = cli_plain.communicate(timeout=30)[1]
+        assert cli_plain.returncode == 75 and err.count(b"\n") == 1, err[-2000:]
         # The same failure, met as fast: the main processes of a service are still waiting.
-        assert spaced.poll() is None and stopped.poll() is None, time.monotonic() - began
+        assert spaced.poll() is None and stopped.poll() is None and cli_spaced.poll() is None, \
+            time.monotonic() - began
         stopped.send_signal(signal.SIGTERM)
         assert stopped.wait(timeout=10) == -signal.SIGTERM
         err = spaced.communicate(timeout=60)[1]
         lived = time.monotonic() - began
         assert spaced.returncode == 1 and b"onward.errors.StoreUnavailable" in err, err[-2000:]
         assert lived >= 11.5, lived
+        err = cli_spaced.communicate(timeout=60)[1]
+        assert cli_spaced.returncode == 75 and err.count(b"\n") == 1, err[-2000:]
+        assert time.monotonic() - began >= 11.5
     finally:
-        for p in (spaced, stopped, plain):
+        for p in everyone:
             p.kill()
             p.wait()
 

@@ -16,7 +16,9 @@ from .store.base import StepRecord, Store
 
 
 def step_rows(store: Store, task: str) -> list[dict[str, Any]]:
-    """The recorded steps of ``task`` as plain data (what ``onward steps --json`` prints)."""
+    """The recorded steps of ``task`` as plain data (what ``onward steps --json`` prints): ``at``, when the
+    record was committed, in ISO 8601 UTC with milliseconds, as every other JSON output of the CLI has it
+    (it was seconds since the epoch, the only one)."""
     task_id = _task_id(store, task)
     records = store.steps(task_id)
     return [_row(r, label) for r, label in zip(records, ordinals(records), strict=True)]
@@ -36,7 +38,7 @@ def _row(record: StepRecord, label: str) -> dict[str, Any]:
     except (StoreError, ValueError):
         size, seconds, attempt, serializer = len(record.data), None, None, None
     return {"index": record.index, "step": label, "kind": record.kind, "size": size, "seconds": seconds,
-            "attempt": attempt, "serializer": serializer, "at": record.at}
+            "attempt": attempt, "serializer": serializer, "at": iso_time(record.at, precise=True)}
 
 
 
@@ -73,7 +75,7 @@ def steps_command(db: str | None, job: str, as_json: bool, task: str) -> None:
     for row in rows:
         seconds = "-" if row["seconds"] is None else f"{row['seconds']:.3f}"
         out.write(f"{row['index']}\t{row['step']}\t{row['kind']}\t{row['size']}\t{seconds}\t"
-                  f"{row['attempt'] or '-'}\t{iso_time(row['at'], precise=True)}\n")
+                  f"{row['attempt'] or '-'}\t{row['at']}\n")
     total = sum(row["size"] for row in rows)
     took = sum(row["seconds"] or 0.0 for row in rows if row["kind"] == "value")
     count = f"{len(rows)} step" + ("" if len(rows) == 1 else "s")

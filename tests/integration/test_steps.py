@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -909,6 +910,9 @@ def test_status_logs_and_steps_command_show_recorded_and_replayed_steps(
     as_json = [json.loads(line) for line in run_onward("steps", "--db", sqlite_url, "--json", "agent").stdout
                .decode().splitlines()]
     assert as_json[5] == {**as_json[5], "index": 6, "step": "gate#1", "kind": "value", "size": 1, "attempt": 2}
+    # When each was committed, as every JSON output of the CLI says a time: ISO 8601 UTC, as the listing shows it.
+    assert [row["at"] for row in as_json] == [line.split("\t")[6] for line in lines[1:]]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", row["at"]) for row in as_json), as_json
     missing = run_onward("steps", "--db", sqlite_url, "nope")
     assert missing.returncode == 1 and b"no task 'nope'" in missing.stderr
 

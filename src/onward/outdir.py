@@ -41,6 +41,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Iterator
 from types import TracebackType
 from urllib.parse import unquote, urlsplit
 
@@ -154,8 +155,10 @@ class OutDir:
     """
 
     def __init__(self, path: str, owner: str | None = None) -> None:
-        """Create the folder if missing, check it can be written, mark it as ``owner``'s (see ``owner_of``;
-        None: no mark, no check), and remove crashed writers' temp files.
+        """Create the folder if missing, check it can be written, and mark it as ``owner``'s (see
+        ``owner_of``; None: no mark, no check). Crashed writers' temp files are removed by
+        ``remove_stale_temp_files``, which a worker goes through beside its tasks (a folder of a million
+        files took a second to list at every start).
 
         Raises UsageError with a one-line message when the folder cannot be created, opened or written, or
         is marked as another owner's.
@@ -174,7 +177,6 @@ class OutDir:
             os.unlink(probe_name, dir_fd=self._dir_fd)
             if owner is not None:
                 self._claim(owner)
-            self._remove_stale_temp_files()
         except OSError as exc:
             self.close()
             reason = exc.strerror or str(exc)
@@ -204,26 +206,34 @@ class OutDir:
                              f" give this job its own --out (or hand the folder over:"
                              f" setfattr -x {OWNER_ATTRIBUTE} DIR)")
 
-    def _remove_stale_temp_files(self) -> None:
-        """Remove temp files whose writer's process is gone: they are what a crash mid-write leaves.
+    def remove_stale_temp_files(self) -> Iterator[None]:
+        """Remove temp files whose writer's process is gone: they are what a crash mid-write leaves. Yields
+        after each name of the folder it looks at, read as it goes (a folder of a million files is never
+        held in memory whole): the caller may stop and go on later. Raises OSError if the folder cannot be
+        read.
 
         A live process's files are kept: it may be about to rename them. Caveat: a writer in another pid
         namespace (another container sharing the folder) looks gone from here, and its write in progress
         would fail; a shared output folder needs onward processes that see each other's pids.
         """
-        for name in os.listdir(self._dir_fd):
-            match = _TEMP_NAME.fullmatch(name)
-            if match is None:
-                continue
-            pid = int(match.group(1))
-            if pid == 0 or pid_exists(pid):
-                continue
-            try:
-                os.unlink(name, dir_fd=self._dir_fd)
-            except OSError:
-                # Best effort: another opener removed it first, or it is not ours to remove (a folder,
-                # another user's file in a sticky folder). A leftover temp file harms no result.
-                pass
+        with os.scandir(self._open_fd()) as entries:
+            for entry in entries:
+                self._remove_if_stale(entry.name)
+                yield
+
+    def _remove_if_stale(self, name: str) -> None:
+        match = _TEMP_NAME.fullmatch(name) if name.startswith(TEMP_PREFIX) else None
+        if match is None:
+            return
+        pid = int(match.group(1))
+        if pid == 0 or pid_exists(pid):
+            return
+        try:
+            os.unlink(name, dir_fd=self._dir_fd)
+        except OSError:
+            # Best effort: another opener removed it first, or it is not ours to remove (a folder, another
+            # user's file in a sticky folder). A leftover temp file harms no result.
+            pass
 
     def _open_fd(self) -> int:
         if self._dir_fd < 0:
@@ -267,12 +277,6 @@ class OutDir:
         except FileNotFoundError:
             return False
         return stat.S_ISREG(status.st_mode)
-
-    def result_files(self) -> set[str]:
-        """The names of the regular files in the folder, read in one pass: checking a million tasks against
-        this set is far cheaper than a million ``has`` calls."""
-        with os.scandir(self._open_fd()) as entries:
-            return {e.name for e in entries if e.is_file(follow_symlinks=False)}
 
     def close(self) -> None:
         """Release the folder's fd. Closing twice is fine; any other use after closing raises ValueError."""

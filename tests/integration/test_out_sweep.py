@@ -1,11 +1,14 @@
 """A worker writes the result file of every done task that has none in --out (a write failed, the folder is
 new or was emptied), as it goes, a slice at a time beside its tasks, and all of them before it says
-"finished": done tasks spread over many pages and windows of ids, among pending tasks and other jobs'."""
+"finished": done tasks spread over many pages and windows of ids, among pending tasks and other jobs'.
+Temp files of writers that died mid-write are removed the same way."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
 from pathlib import Path
 
 from onward import Job
@@ -45,6 +48,12 @@ def test_missing_result_files_are_all_written_across_pages_windows_and_other_job
     lost = set(rng.sample(files, 60)) | set(files[:1]) | set(files[-1:]) | set(files[300:600])
     for name in lost:
         (out / name).unlink()
+    # And what a writer killed mid-write leaves (removed), beside a live writer's file (kept).
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale, live = f".onward-tmp-{gone.pid}-00ff", f".onward-tmp-{os.getpid()}-00ff"
+    (out / stale).write_bytes(b"partial")
+    (out / live).write_bytes(b"partial")
     # And new work beside the sweep: pending tasks the worker runs while it restores the lost files.
     r = run_onward("add", "--db", db, "--job", "main", *[f"new{i}" for i in range(20)])
     assert r.returncode == 0, r.stderr
@@ -52,6 +61,8 @@ def test_missing_result_files_are_all_written_across_pages_windows_and_other_job
     r = run_onward("run", "--db", db, "--job", "main", "--out", str(out), "--", "printf", "%s", "{task}")
     assert r.returncode == 0, r.stderr
     assert f"exported {len(lost)} missing result files" in r.stderr.decode(), r.stderr
+    assert not (out / stale).exists() and (out / live).exists()
+    (out / live).unlink()
     after = {p.name: p.read_bytes() for p in out.iterdir()}
     assert {name: data for name, data in after.items() if name in contents} == contents
     assert sorted(set(after) - set(contents)) == sorted(f"new{i}.txt" for i in range(20))

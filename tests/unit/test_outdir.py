@@ -306,7 +306,9 @@ def test_stale_temp_files_of_dead_writers_are_removed_live_ones_kept(tmp_path: P
         ]
         for name in [dead, *kept]:
             (tmp_path / name).write_bytes(b"partial")
-        OutDir(str(tmp_path)).close()
+        with OutDir(str(tmp_path)) as out:
+            for _ in out.remove_stale_temp_files():
+                pass
         assert sorted(os.listdir(tmp_path)) == sorted(kept)
     finally:
         sleeper.kill()

@@ -64,11 +64,11 @@ STORE_RETRY_MAX = 2.0
 # After SIGTERM and --grace, how long outcomes that cannot be committed are still retried before the worker
 # leaves them uncommitted (their tasks stay claimed; the next worker reclaims them, as after a crash). Well
 # within the unit's TimeoutStopSec (grace + systemd.STOP_MARGIN).
+STOP_COMMIT_SECONDS = 5.0
 # How long a turn of the loop goes on with the sweep for missing result files (Settler.export_missing):
 # short beside running tasks (their outcomes wait meanwhile), and the loop turns again at once until it is
 # over.
 EXPORT_SWEEP_SLICE = 0.005
-STOP_COMMIT_SECONDS = 5.0
 # After an attempt could not start for want of the worker's own resources (errors.RESOURCE_ERRNOS), the
 # attempt is given back uncounted, the worker runs fewer tasks at once from then on, and claims nothing for
 # RESOURCE_PAUSE seconds.

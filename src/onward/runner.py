@@ -70,8 +70,8 @@ STOP_COMMIT_SECONDS = 5.0
 # over.
 EXPORT_SWEEP_SLICE = 0.005
 # After an attempt could not start for want of the worker's own resources (errors.RESOURCE_ERRNOS), the
-# attempt is given back uncounted, the worker runs fewer tasks at once from then on, and claims nothing for
-# RESOURCE_PAUSE seconds.
+# attempt is given back uncounted, the worker runs fewer tasks at once (until CONCURRENCY_RAISE_AFTER), and
+# claims nothing for RESOURCE_PAUSE seconds.
 RESOURCE_PAUSE = 1.0
 # Once no attempt has failed to start for that long, a worker that lowered its concurrency raises it again by
 # a third (at least one), up to --concurrency, and so on while the shortage stays away: it was a neighbour's

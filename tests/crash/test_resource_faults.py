@@ -258,20 +258,27 @@ sys.exit(job.run(concurrency=3).exit_code)
 """
 
 
-def test_a_python_worker_that_cannot_start_a_thread_gives_the_attempt_back(tmp_path: Path) -> None:
-    """pthread_create failing with EAGAIN (strace injects it into clone3 of the worker's main thread, which
-    starts the task threads): the attempt is given back uncounted, not failed, and the worker goes on with
-    fewer tasks at once."""
+def run_with_a_thread_start_failing(worker: str, when: int, db: Path, side_effects: Path) -> str:
+    """Run the Python ``worker`` script (arguments: the store, a file for its tasks' side effects) with its
+    main thread's ``when``-th clone3 failing with EAGAIN (strace injects it: pthread_create of a task
+    thread fails). It must exit 0; its stderr."""
     strace = require_tool("strace")
-    db = tmp_path / "s.db"
-    side_effects = tmp_path / "ran.log"
-    script = tmp_path / "worker.py"
-    script.write_text(PYTHON_WORKER)
-    r = subprocess.run([strace, "-qq", "-o", "/dev/null", "-e", "inject=clone3:error=EAGAIN:when=2",
+    script = db.parent / "worker.py"
+    script.write_text(worker)
+    r = subprocess.run([strace, "-qq", "-o", "/dev/null", "-e", f"inject=clone3:error=EAGAIN:when={when}",
                         sys.executable, str(script), str(db), str(side_effects)],
                        env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
     err = r.stderr.decode()
     assert r.returncode == 0, err[-3000:]
+    return err
+
+
+def test_a_python_worker_that_cannot_start_a_thread_gives_the_attempt_back(tmp_path: Path) -> None:
+    """pthread_create failing with EAGAIN (strace injects it into clone3 of the worker's main thread, which
+    starts the task threads): the attempt is given back uncounted, not failed, and the worker goes on with
+    fewer tasks at once."""
+    db, side_effects = tmp_path / "s.db", tmp_path / "ran.log"
+    err = run_with_a_thread_start_failing(PYTHON_WORKER, 2, db, side_effects)
     assert err.count("lowering concurrency") == 1 and "Traceback" not in err, err
     c = sqlite3.connect(db)
     assert dict(c.execute("SELECT name, state FROM tasks")) == {f"t{i}": "done" for i in range(6)}
@@ -314,16 +321,9 @@ def most_at_once(side_effects: Path) -> int:
 def test_a_worker_that_lowered_its_concurrency_raises_it_again_once_the_shortage_is_over(tmp_path: Path) -> None:
     """A thread that could not be started once (EAGAIN injected into one clone3) lowers the concurrency; it
     stayed lowered for the rest of the worker's life. Once no start has failed for a while, it comes back."""
-    strace = require_tool("strace")
-    db = tmp_path / "s.db"
-    side_effects = tmp_path / "ran.log"
-    script = tmp_path / "worker.py"
-    script.write_text(RAISING_WORKER)
-    r = subprocess.run([strace, "-qq", "-o", "/dev/null", "-e", "inject=clone3:error=EAGAIN:when=3",
-                        sys.executable, str(script), str(db), str(side_effects)],
-                       env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=120)
-    err = r.stderr.decode()
-    assert r.returncode == 0 and "Traceback" not in err, err[-3000:]
+    db, side_effects = tmp_path / "s.db", tmp_path / "ran.log"
+    err = run_with_a_thread_start_failing(RAISING_WORKER, 3, db, side_effects)
+    assert "Traceback" not in err, err[-3000:]
     assert err.count("lowering concurrency") == 1, err
     assert "raising concurrency" in err and "to 4:" in err, err
     # Four at once again after the raise: the tasks' own record, not the worker's word.

@@ -443,12 +443,11 @@ class Runner:
             if claims:
                 idle_wait = 0.01
             else:
-                if not self.attempts and now >= self._store_retry_at and self._nothing_left():
-                    # The job is over: every result file is written before "finished" (on a store error the
-                    # worker stays, and tries again at the next heartbeat).
-                    self._sweep_exports(None)
-                    if not self.settler.export_sweep_left:
-                        return
+                if not self.attempts and now >= self._store_retry_at and self._nothing_left() \
+                        and not self.settler.export_sweep_left:
+                    # The job is over, and every result file written: a sweep still going on keeps the worker
+                    # turning (a slice a turn, the watchdog fed between them) until it is over.
+                    return
                 idle_wait = min(idle_wait * 2, 1.0, cfg.heartbeat)
             timeout = self._next_deadline(next_tick, now) - time.monotonic()
             if len(self.attempts) < self.concurrency and not self.stopping:
@@ -884,8 +883,8 @@ class Runner:
         return (self.settler.export_sweep_left and self._syncing is None and not self._unreported
                 and not self._store_backoff and time.monotonic() >= self._sweep_retry_at)
 
-    def _sweep_exports(self, seconds: float | None) -> None:
-        """Go on with the sweep for missing result files for about ``seconds`` (None: to its end)."""
+    def _sweep_exports(self, seconds: float) -> None:
+        """Go on with the sweep for missing result files for about ``seconds``."""
         if not self._sweep_due():
             return
         try:

@@ -243,19 +243,19 @@ class Settler:
         """Whether the sweep started by ``start_export_sweep`` has files or done tasks left to look at."""
         return self._sweep_after is not None or self._sweep_temp_files is not None
 
-    def export_missing(self, seconds: float | None = None) -> None:
-        """Go on with the sweep for about ``seconds`` (None: to its end): remove the temp files of writers
-        that crashed, then write the result file of every done task that has none. A page of done tasks at a time, each page one statement, from where the
-        last slice stopped: a worker's start no longer waits for a walk of every done task (which grew
-        with the job: 0.9 to 2.3 s at 150,000 done tasks, about ten times that at a million), and the memory
-        it takes does not grow with the folder (it read every file's name into a set). Raises StoreError
-        with the place kept, to go on from there.
+    def export_missing(self, seconds: float) -> None:
+        """Go on with the sweep for about ``seconds``: remove the temp files of writers that crashed, then
+        write the result file of every done task that has none. A page of done tasks at a time, each page
+        one statement, from where the last slice stopped: a worker's start no longer waits for a walk of
+        every done task (which grew with the job: 0.9 to 2.3 s at 150,000 done tasks, about ten times that at
+        a million), and the memory it takes does not grow with the folder (it read every file's name into a
+        set). Raises StoreError with the place kept, to go on from there.
 
         Call it only when every completion this worker committed has been told: the sweep writes the result
         of any done task it finds without one, and a result file must not come before its commit is durable.
         """
         assert self.out is not None
-        deadline = None if seconds is None else time.monotonic() + seconds
+        deadline = time.monotonic() + seconds
         # First the temp files crashed writers left, a name of the folder at a time.
         while self._sweep_temp_files is not None:
             try:
@@ -266,7 +266,7 @@ class Settler:
             except OSError as e:
                 self._sweep_temp_files = None
                 self.log.warning(f"could not look for temp files left in --out: {e}")
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 return
         while self._sweep_after is not None:
             # A window of ids at a time: done tasks may be few among them (a job's start), and a statement
@@ -295,7 +295,7 @@ class Settler:
                 if self._sweep_exported:
                     self.log.info(f"exported {self._sweep_exported} missing result files")
                 return
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 return
 
 

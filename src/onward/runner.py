@@ -67,8 +67,9 @@ STORE_RETRY_MAX = 2.0
 STOP_COMMIT_SECONDS = 5.0
 # How long a turn of the loop goes on with the sweep for missing result files (Settler.export_missing):
 # short beside running tasks (their outcomes wait meanwhile), and the loop turns again at once until it is
-# over.
+# over. With no task running, longer: each turn also asks the store for work.
 EXPORT_SWEEP_SLICE = 0.005
+EXPORT_SWEEP_IDLE_SLICE = 0.05
 # After an attempt could not start for want of the worker's own resources (errors.RESOURCE_ERRNOS), the
 # attempt is given back uncounted, the worker runs fewer tasks at once (until CONCURRENCY_RAISE_AFTER), and
 # claims nothing for RESOURCE_PAUSE seconds.
@@ -437,14 +438,14 @@ class Runner:
             for claim in claims:
                 self._start(claim)
             self._report_settled()
-            self._sweep_exports(EXPORT_SWEEP_SLICE)
+            self._sweep_exports(EXPORT_SWEEP_SLICE if self.attempts else EXPORT_SWEEP_IDLE_SLICE)
             if self.stopping and not self.attempts:
                 return
             if claims:
                 idle_wait = 0.01
             else:
-                if not self.attempts and now >= self._store_retry_at and self._nothing_left() \
-                        and not self.settler.export_sweep_left:
+                if not self.attempts and now >= self._store_retry_at and not self.settler.export_sweep_left \
+                        and self._nothing_left():
                     # The job is over, and every result file written: a sweep still going on keeps the worker
                     # turning (a slice a turn, the watchdog fed between them) until it is over.
                     return

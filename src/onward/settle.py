@@ -70,6 +70,10 @@ class Settler:
         self._sweep_after: int | None = None
         self._sweep_exported = 0
         self._sweep_temp_files: Iterator[None] | None = None  # its first part: crashed writers' temp files
+        # When it began (the store's clock): tasks done since are left to the workers that did them, which
+        # write their files once their commits are durable. Another SQLite worker's commit is visible before
+        # its sync: writing its file then would report it before it is durable.
+        self._sweep_since: float | None = None
 
     def settle(self, attempt: Attempt, outcome: Outcome) -> Report:
         """Write one outcome inside the open batch; return what to report once it is committed."""
@@ -236,6 +240,7 @@ class Settler:
         if self.out is not None:
             self._sweep_after = 0
             self._sweep_exported = 0
+            self._sweep_since = None
             self._sweep_temp_files = self.out.remove_stale_temp_files()
 
     @property
@@ -256,6 +261,9 @@ class Settler:
         """
         assert self.out is not None
         deadline = time.monotonic() + seconds
+        if self._sweep_since is None:
+            self._sweep_since = self.store.now()
+        since = self._sweep_since
         # First the temp files crashed writers left, a name of the folder at a time.
         while self._sweep_temp_files is not None:
             try:
@@ -274,6 +282,9 @@ class Settler:
             until = self._sweep_after + EXPORT_SWEEP_WINDOW
             page = self.store.task_page(DONE, None, self._sweep_after, EXPORT_SWEEP_PAGE, until=until)
             for row in page:
+                if row.finished_at is not None and row.finished_at > since:
+                    self._sweep_after = row.task_id  # done since the sweep began: its worker writes the file
+                    continue
                 try:
                     present = self.out.has(row.name)
                 except OSError as e:

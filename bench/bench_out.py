@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_core import REPO, check, copy_store, med, run_process, spread, task_name
+from bench_core import REPO, check, copy_store, med, onward, run_process, spread, task_name
 
 DONE = {False: 100_000, True: 2_000}
 LEFT = 10
@@ -29,10 +29,6 @@ ROUNDS = {False: 5, True: 2}
 
 def log(text: str) -> None:
     print(f"[out {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-def onward(*args: str) -> list[str]:
-    return [sys.executable, "-m", "onward", *args]
 
 
 BUILD = """

@@ -496,7 +496,9 @@ class Runner:
         return max(period, 0.02)
 
     def _want(self, finished: list[tuple[Attempt, Outcome]], now: float) -> int:
-        """How many tasks to claim in a turn that settles ``finished``: the slots free once they are."""
+        """How many tasks to claim in a turn that settles ``finished``: the slots free once they are. Both
+        kinds of turn (the loop's, settle_here's) ask it before they settle: among ``finished``, attempts
+        given back for a store fault put claims off first (``_put_off_claims``)."""
         self._put_off_claims(finished, now)
         if self.stopping or now < self._claim_paused_until:
             return 0

@@ -562,8 +562,8 @@ class SqlStore:
         else:
             name = "iter_tasks" if state is None else "iter_tasks_in_state"
         rows = [task_row_of(r) for r in self._exec(name, params).fetchall()]
-        # The searches and the walks in one state stop at ``until`` in SQL; the small indexes above are read whole, so
-        # their rows beyond it are dropped here. Ids come in order, so what is kept is still a prefix.
+        # The searches and the walks in one state stop at ``until`` in SQL; the small indexes above are read
+        # whole, so their rows beyond it are dropped here. Ids come in order, so what is kept is still a prefix.
         return rows if until is None else [r for r in rows if r.task_id <= until]
 
     def activity(self, bucket_seconds: int = 60) -> list[tuple[float, int, int]]:

@@ -81,12 +81,14 @@ def worker(tmp_path: Path) -> Iterator[Callable[[str, Path], subprocess.Popen[by
         proc.wait(timeout=30)
 
 
-def lock_waiters(admin: Any, db: str, connected_after: Any = None) -> int:
-    """How many sessions of database ``db`` wait for a lock now (those connected after ``connected_after``,
-    a server time, if given)."""
+COMMAND_APP = "onward-test-command"  # application_name of the command run while the lock is held
+
+
+def lock_waiters(admin: Any, db: str, app: str | None = None) -> int:
+    """How many sessions of database ``db`` wait for a lock now (those of application_name ``app``, if
+    given)."""
     row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'"
-                        " AND (%s::timestamptz IS NULL OR backend_start > %s::timestamptz)",
-                        (db, connected_after, connected_after)).fetchone()
+                        " AND (%s::text IS NULL OR application_name = %s::text)", (db, app, app)).fetchone()
     return int(row[0])
 
 
@@ -108,14 +110,17 @@ def run_while_held(url: str, side: Path, *command: str) -> subprocess.CompletedP
         holder.execute("SELECT 1 FROM onward.tasks WHERE name = 't' FOR UPDATE")
         (side / "go").touch()
         wait_for(lambda: lock_waiters(admin, db) >= 1, 30, "the worker to reach the held lock")
-        command_began = admin.execute("SELECT now()").fetchone()[0]
-        send = subprocess.Popen(onward_argv(*command), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": SRC})
-        # The send either completes meanwhile, or queues behind the lock too: its own session, connected
-        # after it began (a count of waiters alone was once met by a session of the worker's, and the lock
-        # was let go before the send came, so that it found the task done).
-        wait_for(lambda: send.poll() is not None or lock_waiters(admin, db, connected_after=command_began) >= 1,
-                 30, "the send to be made")
+        # The command's sessions are told from the worker's by their application_name. Counting the waiting
+        # sessions that connected after the command began was not enough: once, under load, such a count was
+        # met before the command's session came (the worker's statements give up on the lock after 3 s and
+        # it tries again, releases, reclaims), the lock was let go, and the command found the task done.
+        tagged = f"{url}?application_name={COMMAND_APP}"
+        send = subprocess.Popen(onward_argv(*(tagged if part == url else part for part in command)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, "PYTHONPATH": SRC})
+        # The command either completes meanwhile, or queues behind the lock too.
+        wait_for(lambda: send.poll() is not None or lock_waiters(admin, db, app=COMMAND_APP) >= 1,
+                 30, "the command to be made")
         holder.rollback()
         out, err = send.communicate(timeout=60)
         return subprocess.CompletedProcess(send.args, send.returncode, out, err)

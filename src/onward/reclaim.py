@@ -5,6 +5,7 @@ so in the store, and a running task whose owner died (same host: known at once) 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Container
 
 from . import crashpoints
@@ -25,8 +26,14 @@ def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: L
                       expired_leases: bool = True) -> None:
     """Take back tasks whose owner died or whose lease expired; ``ours``: the task ids this worker runs
     (a claim of ours whose commit we never heard back about is not among them, and is taken back too).
-    Without ``expired_leases`` (just after this worker was frozen), only those whose owner is known dead."""
-    for task in store.running_tasks():
+    Without ``expired_leases`` (just after this worker was frozen), only those whose owner is known dead.
+
+    A task whose owner ran others beside it is given back uncounted and marked to run alone (see
+    ``Store.reclaim``): an OOM kill or a crash of a worker at ``--concurrency N`` is not blamed on each of
+    its N tasks. How many an owner ran is read here, before any of them is taken back."""
+    running = store.running_tasks()
+    per_owner = Counter(task.worker_id for task in running)
+    for task in running:
         if task.worker_id == worker_id and task.task_id in ours:
             continue
         alive = _owner_alive(task)
@@ -37,7 +44,7 @@ def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: L
             # is the one path by which a dead worker's task runs again, so the sweep is done here rather than
             # before every command a worker starts; a dead owner renews nothing, so it needs no lock.
             sweep_dead_workers()
-        _reclaim(store, worker_id, task, expired_leases, log)
+        _reclaim(store, worker_id, task, expired_leases, log, per_owner[task.worker_id])
 
 
 def _owner_alive(task: RunningTask) -> bool | None:
@@ -64,7 +71,9 @@ def _end_old_attempt(task: RunningTask, alive: bool | None) -> None:
         kill_group(task.child_pid)  # the leader is gone, but its group may live on
 
 
-def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bool, log: Log) -> None:
+def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bool, log: Log,
+             beside: int) -> None:
+    """``beside``: how many tasks the owner ran, this one included."""
     taken: list[tuple[RunningTask, str]] = []
 
     def decide(locked: RunningTask) -> str | None:
@@ -78,7 +87,8 @@ def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bo
             taken.append((locked, reason))
         return reason
 
-    reclaimed = store.reclaim(task.task_id, task.fence, decide)
+    shared = beside > 1 and task.worker_id is not None
+    reclaimed = store.reclaim(task.task_id, task.fence, decide, shared)
     if reclaimed is None:
         return
     task, reason = taken[-1]
@@ -86,6 +96,9 @@ def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bo
         crashpoints.hit("reclaim")
     if reclaimed.counted:
         kind, detail = "reclaimed", f"{reason}; now {reclaimed.state}"
+    elif shared:
+        kind, detail = "interrupted", (f"{reason} while running {beside} tasks; attempt not counted, now"
+                                       f" {reclaimed.state}, to run alone")
     else:
         # It got further than ever before it died: a crash of a progressing task is not poison.
         kind, detail = "interrupted", f"{reason} after recording new steps; attempt not counted, now pending"

@@ -502,6 +502,11 @@ class Runner:
         self._put_off_claims(finished, now)
         if self.stopping or now < self._claim_paused_until:
             return 0
+        if len(self.attempts) > len(finished):
+            # A task marked to run alone (see Store.reclaim) runs with nothing beside it.
+            settled = {attempt.claim.task_id for attempt, _ in finished}
+            if any(a.claim.alone for task_id, a in self.attempts.items() if task_id not in settled):
+                return 0
         return self.concurrency - len(self.attempts) + len(finished)
 
     def _wait(self, timeout: float) -> None:
@@ -535,15 +540,18 @@ class Runner:
         # A process the handler made ready for the next command: its pid is noted with the first claim, in
         # the same commit, instead of in a commit of its own before that command may run.
         child = self.handler.spare_child() if want > 0 else None
+        # Nothing runs once ``finished`` is settled: a task marked to run alone may be claimed (by itself).
+        idle = len(self.attempts) == len(finished)
         try:
             if not calls and not wake_due and len(finished) == 1 and finished[0][1].kind == "done" \
                     and not finished[0][0].fenced:
                 # One successful attempt and the next claims: one store call (one statement on PostgreSQL).
                 report, claims = self.settler.done_and_claim(*finished[0], want, self.config.lease_seconds,
-                                                             self.config.max_attempts, self._durable_now, child)
+                                                             self.config.max_attempts, self._durable_now, child,
+                                                             idle and want == 1)
                 after_commit.append(report)
             else:
-                claims = self._settle_and_claim_in_batch(calls, finished, want, started, after_commit, child)
+                claims = self._settle_and_claim_in_batch(calls, finished, want, started, after_commit, child, idle)
         except StoreError as e:
             # Taken as not committed: keep the outcomes and try again after a backoff; the tasks that
             # asked for writes are told, since they wait on them. A COMMIT whose answer was lost may still
@@ -580,7 +588,7 @@ class Runner:
 
     def _settle_and_claim_in_batch(self, calls: list[StoreCall], finished: list[tuple[Attempt, Outcome]],
                                    want: int, started: float, after_commit: list[Callable[[], None]],
-                                   child: tuple[int, int] | None) -> list[Claim]:
+                                   child: tuple[int, int] | None, idle: bool) -> list[Claim]:
         # Tasks waiting on their writes (steps) get a durable commit at once: their thread waits on it anyway.
         with self.store.batch(durable=self._durable_now or bool(calls)):
             for fn, future in calls:
@@ -596,7 +604,11 @@ class Runner:
                 self.store.wake_due(behind=self._clock_went_back)
                 self._clock_went_back = False
             claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
-                                      self.config.max_attempts, child) if want > 0 else []
+                                      self.config.max_attempts, child, idle and want == 1) if want > 0 else []
+            if not claims and idle and want > 1:
+                # Only tasks to run alone may be left: one of them, by itself.
+                claims = self.store.claim(self.worker_id, 1, self.config.lease_seconds, self.config.max_attempts,
+                                          child, alone=True)
             for claim in claims:
                 self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
                                      attempt=claim.attempt)

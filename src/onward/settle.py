@@ -90,14 +90,15 @@ class Settler:
 
     def done_and_claim(self, attempt: Attempt, outcome: Outcome, want: int, lease_seconds: float,
                        max_attempts: int, durable: bool = True,
-                       child: tuple[int, int] | None = None) -> tuple[Report, list[Claim]]:
+                       child: tuple[int, int] | None = None, alone: bool = False) -> tuple[Report, list[Claim]]:
         """A successful attempt (not fenced) and the claims of up to ``want`` next tasks (the first noting
-        ``child``, see ``Store.claim``), committed by one store call (``complete_and_claim``): the worker's
+        ``child``, see ``Store.claim``, as ``alone``), committed by one store call (``complete_and_claim``): the worker's
         commit when that attempt is all it has to settle."""
         seconds = time.monotonic() - attempt.started
         claim = attempt.claim
         completed, claims = self.store.complete_and_claim(claim, outcome.result, outcome.result_kind, self.worker_id,
-                                                          want, lease_seconds, max_attempts, durable, child)
+                                                          want, lease_seconds, max_attempts, durable, child,
+                                                          alone)
         return (self._report_done(claim, outcome, seconds) if completed else self._report_fenced(claim)), claims
 
     def _done(self, claim: Claim, outcome: Outcome, seconds: float) -> Report:

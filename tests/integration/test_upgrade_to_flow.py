@@ -69,7 +69,7 @@ def test_the_flow_index_serves_the_hot_queries_without_a_sort_or_scan(tmp_path: 
         store.close()
     params = {"job": 1, "now": 1.0, "lease": 1, "limit": 1, "max_attempts": 1, "worker_id": 1, "since": 0,
               "bucket": 60, "after": 0, "pattern": None, "cap": 10, "rank": 5, "child_pid": None,
-              "child_start": None}
+              "child_start": None, "alone": False}
     with sqlite3.connect(db) as c:
         for name in ("claim", "cancelling", "running", "count_done_since", "done_at_rank", "activity_done",
                      "iter_running_tasks", "iter_pending_tasks", "live_workers"):

@@ -52,6 +52,7 @@ class Claim(NamedTuple):
     fence: int
     max_attempts: int
     child_pid: int | None = None  # a process noted with the claim, to run its command (``claim``'s ``child``)
+    alone: bool = False  # marked to run alone (see ``Store.reclaim``): nothing else may run beside it
 
 
 class Reclaimed(NamedTuple):
@@ -298,14 +299,16 @@ class WorkQueue(Protocol):
         stays one row). Not bounded: it waits for another import of the same names to commit."""
 
     def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int,
-              child: tuple[int, int] | None = None) -> list[Claim]:
+              child: tuple[int, int] | None = None, alone: bool = False) -> list[Claim]:
         """Take up to ``limit`` ready pending tasks (retry time reached), oldest first, for this worker:
         state running, attempt + 1, fence + 1, lease until now + ``lease_seconds``. The claim is committed
         before this returns (or with the enclosing batch), so a task that kills its worker still has the
         attempt counted. No two workers ever hold the same task. Names the lease: bounded from here on.
         ``child`` (pid, start time): a process made ready to run the first claimed task's command; it is
         noted on that claim (as by ``note_child``) in the same transaction, and that ``Claim`` carries its
-        pid as ``child_pid``."""
+        pid as ``child_pid``. A task marked to run alone (``reclaim``) is taken only with ``alone``, which
+        says that the worker runs nothing else and will run nothing beside what it claims (``limit`` 1); its
+        ``Claim`` says ``alone``."""
 
     def next_ready_in(self) -> float | None:
         """Seconds until the job's earliest pending task is ready to claim (its retry's backoff runs out), on
@@ -343,12 +346,12 @@ class WorkQueue(Protocol):
 
     def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
                            lease_seconds: float, max_attempts: int, durable: bool = True,
-                           child: tuple[int, int] | None = None) -> tuple[bool, list[Claim]]:
+                           child: tuple[int, int] | None = None, alone: bool = False) -> tuple[bool, list[Claim]]:
         """``complete`` of ``done`` then ``claim`` of up to ``limit`` tasks, with their journal rows ("done", or
         "fenced" with FENCED_DETAIL when fenced out, and "claimed" for each claim), in one transaction, durable
         unless ``durable=False`` (then as ``batch(durable=False)``: durable at the next ``sync``): a worker's
         commit when its one finished attempt succeeded (the hot path at concurrency 1; PostgreSQL sends it as
-        one statement). ``child`` as for ``claim``. Returns whether the task is done under ``done``'s fence
+        one statement). ``child`` and ``alone`` as for ``claim``. Returns whether the task is done under ``done``'s fence
         (completed now, or done under it already, ``settled_under``, by an earlier commit, which journaled
         it: nothing is journaled for it then), and what ``claim`` would. Bounded."""
 
@@ -364,11 +367,14 @@ class WorkQueue(Protocol):
     def running_tasks(self) -> list[RunningTask]:
         """Every task in state running, with its owner and whether its lease has expired. Bounded."""
 
-    def reclaim(self, task_id: int, fence: int, decide: Callable[[RunningTask], str | None]) -> Reclaimed | None:
+    def reclaim(self, task_id: int, fence: int, decide: Callable[[RunningTask], str | None],
+                shared: bool = False) -> Reclaimed | None:
         """Take a running task away from its owner (dead or lease expired), if ``decide`` says so: the fence
         moves on. If the attempt made durable progress (``record_step`` under this fence reached a step index
         beyond the furthest one recorded before), it is given back uncounted, like a release: a crash does
-        not quarantine an agent that is getting somewhere. Otherwise it counts: the task goes back to
+        not quarantine an agent that is getting somewhere. So is it when its owner ran other tasks beside it
+        (``shared``): which of them ended the worker is not known; the task is then marked to run alone
+        (``claim``), so that a crash while it runs is its own. Otherwise it counts: the task goes back to
         pending, or to failed if its attempts are used up. Returns what was done, or None if the task is no
         longer running under that fence, or was left. Bounded.
 

@@ -506,9 +506,9 @@ class PostgresStore(SqlStore):
         cur = self._exec("complete", {"result": result, "kind": kind, "task_id": task_id, "fence": fence})
         return cur.fetchone() is not None
 
-    def _complete_and_claim_alone(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
-                                  lease_seconds: float, max_attempts: int, durable: bool,
-                                  child: tuple[int, int] | None) -> tuple[bool, list[Claim]]:
+    def _complete_and_claim_straight(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                                     lease_seconds: float, max_attempts: int, durable: bool,
+                                     child: tuple[int, int] | None, alone: bool) -> tuple[bool, list[Claim]]:
         # One autocommitted statement, a synchronous commit whatever ``durable`` says (see _batch_transaction).
         # The statement notes ``child`` on what it claims (one claim here: see SqlStore.complete_and_claim).
         self._set_lease(lease_seconds)
@@ -516,9 +516,10 @@ class PostgresStore(SqlStore):
             "task_id": done.task_id, "fence": done.fence, "attempt": done.attempt, "result": result, "kind": kind,
             "worker_id": worker_id, "limit": limit, "lease": lease_seconds, "max_attempts": max_attempts,
             "pid": os.getpid(), "host": hostname(), "fenced": FENCED_DETAIL,
-            "child_pid": child[0] if child else None, "child_start": child[1] if child else None}).fetchall()
+            "child_pid": child[0] if child else None, "child_start": child[1] if child else None,
+            "alone": alone}).fetchall()
         claims = sorted((Claim(task_id=r[1], name=r[2], attempt=r[3], fence=r[4], max_attempts=r[5],
-                               child_pid=child[0] if child else None)
+                               child_pid=child[0] if child else None, alone=bool(r[6]))
                          for r in rows if r[1] is not None), key=lambda c: c.task_id)
         return bool(rows[0][0]), claims
 

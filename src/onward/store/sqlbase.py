@@ -44,7 +44,7 @@ from .base import (
 from .rows import running_task_of, step_of, task_row_of, worker_of
 
 # The schema both backends write; each one's .sql file holds its migrations to it (see sql.migration).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Tasks per page when listing: each page is its own statement, so a long listing pins no old snapshot.
 PAGE_SIZE = 1000
 # How long one store call may be kept waiting (for a lock, or by the network), in ms: a quarter of the lease
@@ -407,13 +407,13 @@ class SqlStore:
         return [r[0] for r in self._exec("cancelling", {"worker_id": worker_id}).fetchall()]
 
     def claim(self, worker_id: int, limit: int, lease_seconds: float, max_attempts: int,
-              child: tuple[int, int] | None = None) -> list[Claim]:
+              child: tuple[int, int] | None = None, alone: bool = False) -> list[Claim]:
         self._set_lease(lease_seconds)
         # A process made ahead for one claim is noted by the claim itself; for more, on the first task after.
         one = child if limit == 1 else None
         params = {**self._clock(), "worker_id": worker_id, "lease": lease_seconds, "limit": limit,
                   "max_attempts": max_attempts, "child_pid": one[0] if one else None,
-                  "child_start": one[1] if one else None}
+                  "child_start": one[1] if one else None, "alone": alone and limit == 1}
         if child is None or one is not None:
             rows = self._on_its_own("claim", params)
         else:
@@ -424,7 +424,8 @@ class SqlStore:
                     self._exec("note_child", {"pid": child[0], "start": child[1], "task_id": first[0],
                                               "fence": first[3]})
         rows.sort()  # RETURNING gives no order guarantee; hand tasks out in the order they were added
-        claims = [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4]) for r in rows]
+        claims = [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4], alone=bool(r[5]))
+                  for r in rows]
         if child is not None and claims:
             claims[0] = claims[0]._replace(child_pid=child[0])
         return claims
@@ -435,25 +436,25 @@ class SqlStore:
 
     def complete_and_claim(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
                            lease_seconds: float, max_attempts: int, durable: bool = True,
-                           child: tuple[int, int] | None = None) -> tuple[bool, list[Claim]]:
-        # The hot path at concurrency 1 takes the backend's straight way (_complete_and_claim_alone): outside
+                           child: tuple[int, int] | None = None, alone: bool = False) -> tuple[bool, list[Claim]]:
+        # The hot path at concurrency 1 takes the backend's straight way (_complete_and_claim_straight): outside
         # a batch, and with a process made ahead noted on the one claim (the claim statement notes it; for
         # more claims, on the first of them, the batch's way).
         if not self._batch_depth and (child is None or limit == 1):
-            return self._complete_and_claim_alone(done, result, kind, worker_id, limit, lease_seconds,
-                                                  max_attempts, durable, child)
+            return self._complete_and_claim_straight(done, result, kind, worker_id, limit, lease_seconds,
+                                                     max_attempts, durable, child, alone and limit == 1)
         return self._complete_and_claim_in_batch(done, result, kind, worker_id, limit, lease_seconds, max_attempts,
-                                                 durable, child)
+                                                 durable, child, alone)
 
-    def _complete_and_claim_alone(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
-                                  lease_seconds: float, max_attempts: int, durable: bool,
-                                  child: tuple[int, int] | None) -> tuple[bool, list[Claim]]:
+    def _complete_and_claim_straight(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                                     lease_seconds: float, max_attempts: int, durable: bool,
+                                     child: tuple[int, int] | None, alone: bool) -> tuple[bool, list[Claim]]:
         """``complete_and_claim`` in a transaction of its own, the backend's straight way (see there)."""
         raise NotImplementedError
 
     def _complete_and_claim_in_batch(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
                                      lease_seconds: float, max_attempts: int, durable: bool,
-                                     child: tuple[int, int] | None) -> tuple[bool, list[Claim]]:
+                                     child: tuple[int, int] | None, alone: bool) -> tuple[bool, list[Claim]]:
         with self.batch(durable):
             if self.complete(done.task_id, done.fence, result, kind):
                 completed = True
@@ -463,7 +464,7 @@ class SqlStore:
                 if not completed:
                     self._journal("fenced", task_id=done.task_id, worker_id=worker_id, attempt=done.attempt,
                                   detail=FENCED_DETAIL)
-            claims = self.claim(worker_id, limit, lease_seconds, max_attempts, child) if limit > 0 else []
+            claims = self.claim(worker_id, limit, lease_seconds, max_attempts, child, alone) if limit > 0 else []
             for claim in claims:
                 self._journal("claimed", task_id=claim.task_id, worker_id=worker_id, attempt=claim.attempt)
         return completed, claims
@@ -495,7 +496,8 @@ class SqlStore:
                 self._work_ready()
         return str(row[0]) if row is not None else None
 
-    def reclaim(self, task_id: int, fence: int, decide: Callable[[RunningTask], str | None]) -> Reclaimed | None:
+    def reclaim(self, task_id: int, fence: int, decide: Callable[[RunningTask], str | None],
+                shared: bool = False) -> Reclaimed | None:
         with self._write():
             # Read again under the lock the reclaim commits with (see running_one): the owner can renew
             # neither before the caller decides on this read nor before what it decides is committed.
@@ -503,8 +505,8 @@ class SqlStore:
             why = decide(running_task_of(found)) if found is not None else None
             if why is None:
                 return None
-            row = self._exec("reclaim", {**self._clock(), "reason": why, "task_id": task_id,
-                                         "fence": fence}).fetchone()
+            row = self._exec("reclaim", {**self._clock(), "reason": why, "task_id": task_id, "fence": fence,
+                                         "shared": shared}).fetchone()
             if row is not None and row[0] == PENDING:
                 self._work_ready()
         return Reclaimed(state=row[0], counted=bool(row[1])) if row else None

@@ -866,9 +866,9 @@ class SqliteStore(SqlStore):
             self._exec("worker_beat", {"now": now, "completed": completed, "worker_id": worker_id})
         return lost
 
-    def _complete_and_claim_alone(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
-                                  lease_seconds: float, max_attempts: int, durable: bool,
-                                  child: tuple[int, int] | None) -> tuple[bool, list[Claim]]:
+    def _complete_and_claim_straight(self, done: Claim, result: bytes, kind: str, worker_id: int, limit: int,
+                                     lease_seconds: float, max_attempts: int, durable: bool,
+                                     child: tuple[int, int] | None, alone: bool) -> tuple[bool, list[Claim]]:
         # One transaction of three statements (complete, claim, the journal's rows), without the layers of the
         # batch's way (its nesting, its buffered journal, a method and a translation per write): no-op tasks,
         # 20,000, about 420 -> 360 us a task.
@@ -885,7 +885,7 @@ class SqliteStore(SqlStore):
             rows = db.execute(Q["claim"], {
                 "now": now, "worker_id": worker_id, "lease": lease_seconds, "limit": limit,
                 "max_attempts": max_attempts, "child_pid": child[0] if child else None,
-                "child_start": child[1] if child else None, "job": job}).fetchall() if limit > 0 else []
+                "child_start": child[1] if child else None, "job": job, "alone": alone}).fetchall() if limit > 0 else []
             rows.sort()  # RETURNING gives no order guarantee; hand tasks out in the order they were added
             pid, host = os.getpid(), hostname()
             journal = [] if earlier else [job, now, "done" if completed else "fenced", pid, host, worker_id,
@@ -895,7 +895,8 @@ class SqliteStore(SqlStore):
             if journal:
                 db.execute(_events_sql(len(rows) + (not earlier)), journal)
         self._note_commit(durable)  # as after a batch
-        claims = [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4]) for r in rows]
+        claims = [Claim(task_id=r[0], name=r[1], attempt=r[2], fence=r[3], max_attempts=r[4], alone=bool(r[5]))
+                  for r in rows]
         if child is not None and claims:
             claims[0] = claims[0]._replace(child_pid=child[0])
         return completed or earlier, claims

@@ -253,6 +253,14 @@ CREATE INDEX tasks_flow ON tasks (job_id, (state = 'running') + 2 * (state = 'pe
                                   CASE WHEN state = 'done' THEN finished_at ELSE ready_at END, id)
  WHERE state IN ('pending', 'running', 'done');
 
+-- name: migrate_to_6
+-- Tasks to run alone. A worker that dies with several tasks running (the OOM killer, a segfault, kill -9)
+-- cannot tell which of them killed it: counting an attempt for each would fail the innocent ones along with
+-- the culprit, after max_attempts such crashes. Their attempts are given back uncounted and each is marked
+-- run_alone: from then on a worker claims it only when it runs nothing else, and runs nothing else beside
+-- it, so that a crash while it runs is its own, and counts.
+ALTER TABLE tasks ADD COLUMN run_alone INTEGER NOT NULL DEFAULT 0;
+
 -- name: unstopped_workers
 -- Before an upgrade (see sqlbase.refuse_live_workers): read from a store of any older version, so it names
 -- only columns that the workers table has had since version 1.
@@ -295,7 +303,8 @@ UPDATE counts SET n = n + :added WHERE job_id = :job AND state = 'pending';
 -- A paused job claims nothing: checked here, once per statement, rather than by a read of its own. The order
 -- names the time and id only: with the rank (fixed here) in it too, SQLite would sort instead of walking the
 -- index. child_pid/child_start: the process made ready to run the claimed task's command (NULL: none),
--- noted with the claim (the caller passes one only when it claims one task).
+-- noted with the claim (the caller passes one only when it claims one task). A task marked run_alone is
+-- claimed only by a worker that will run nothing else beside it (:alone, with :limit 1; see migrate_to_6).
 UPDATE tasks
    SET state = 'running', attempts = attempts + 1, fence = fence + 1, max_attempts = :max_attempts,
        worker_id = :worker_id, lease_until = :now + :lease, heartbeat_at = :now, progress_at = :now,
@@ -305,9 +314,10 @@ UPDATE tasks
                  AND (state = 'running') + 2 * (state = 'pending') = 2
                  AND CASE WHEN state = 'done' THEN finished_at ELSE ready_at END <= :now
                  AND NOT (SELECT paused FROM jobs WHERE id = :job)
+                 AND (NOT run_alone OR :alone)
                ORDER BY CASE WHEN state = 'done' THEN finished_at ELSE ready_at END, id
                LIMIT :limit)
-RETURNING id, name, attempts, fence, max_attempts;
+RETURNING id, name, attempts, fence, max_attempts, run_alone;
 
 -- name: next_ready_in
 -- The first entry of the claim's range of the index (pending tasks by ready_at): where the next claim starts.
@@ -363,19 +373,23 @@ RETURNING state;
 
 -- name: reclaim
 -- An attempt that recorded a step further than any before it (furthest_step_fence is its fence) is given
--- back uncounted, as by a release; any other attempt counts, and fails the task once attempts are used up.
--- A task asked to be cancelled ends cancelled.
+-- back uncounted, as by a release; so is one whose worker ran other tasks beside it (:shared), which is then
+-- marked to run alone (see migrate_to_6); any other attempt counts, and fails the task once attempts are
+-- used up. A task asked to be cancelled ends cancelled.
 UPDATE tasks
    SET state = CASE WHEN cancel_requested THEN 'cancelled'
-                    WHEN furthest_step_fence <> :fence AND attempts >= max_attempts THEN 'failed'
+                    WHEN furthest_step_fence <> :fence AND NOT :shared AND attempts >= max_attempts THEN 'failed'
                     ELSE 'pending' END,
-       attempts = CASE WHEN furthest_step_fence = :fence THEN attempts - 1 ELSE attempts END,
-       finished_at = CASE WHEN cancel_requested OR (furthest_step_fence <> :fence AND attempts >= max_attempts)
+       attempts = CASE WHEN furthest_step_fence = :fence OR :shared THEN attempts - 1 ELSE attempts END,
+       finished_at = CASE WHEN cancel_requested
+                               OR (furthest_step_fence <> :fence AND NOT :shared AND attempts >= max_attempts)
                           THEN :now ELSE NULL END,
-       error = CASE WHEN furthest_step_fence <> :fence AND attempts >= max_attempts THEN :reason ELSE error END,
+       error = CASE WHEN furthest_step_fence <> :fence AND NOT :shared AND attempts >= max_attempts THEN :reason
+                    ELSE error END,
+       run_alone = run_alone OR :shared,
        fence = fence + 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
  WHERE id = :task_id AND fence = :fence AND state = 'running'
-RETURNING state, furthest_step_fence <> :fence;
+RETURNING state, furthest_step_fence <> :fence AND NOT :shared;
 
 -- name: running
 SELECT t.id, t.name, t.attempts, t.fence, t.worker_id, w.host, w.host_key, w.pid, w.pid_start,

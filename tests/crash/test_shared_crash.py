@@ -1,0 +1,69 @@
+"""A worker that dies with several tasks running does not blame each of them.
+
+`onward run --concurrency 3` of commands, one of which (``poison``) SIGKILLs its worker as it starts, as the
+OOM killer does to a worker whose task takes the memory: the run is started again each time, as a
+supervisor would. Which of the tasks running at a crash caused it is not known, so none of their attempts
+counts; each of them runs alone from then on, with nothing beside it, so that the crash it causes (if any)
+is its own and counts. The poison task ends failed after its attempts, every other task done, and no task
+marked to run alone ever shared its worker. Both on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from tests.conftest import run_onward
+
+FINE = [f"fine-{i}" for i in range(1, 7)]
+# The poison task second: claimed along with fine-1 and fine-2 in the first turn.
+TASKS = [FINE[0], "poison", *FINE[1:]]
+# Each run of a command notes its start and its end in the log (appends of one short line each, in order).
+COMMAND = ('echo "start $1" >> "$2"; if [ "$1" = poison ]; then kill -9 $PPID; sleep 5; fi; sleep 0.2;'
+           ' echo "end $1" >> "$2"')
+
+
+def test_a_crash_with_several_tasks_running_counts_none_of_them_and_finds_the_culprit_alone(
+        store_url: str, tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(f"{name}\n" for name in TASKS))
+    log = tmp_path / "runs.log"
+    argv = ["run", "-q", "--db", store_url, "--tasks", str(tasks), "--concurrency", "3", "--max-attempts", "3",
+            "--retry-delay", "0", "--", "sh", "-c", COMMAND, "sh", "{task}", str(log)]
+    crashes = 0
+    while True:
+        r = run_onward(*argv)
+        if r.returncode != -signal.SIGKILL:
+            break
+        crashes += 1
+        assert crashes <= 8, "the worker crash-loops"
+    assert r.returncode == 3, r.stderr  # some task failed for good
+    listed = run_onward("list", "--db", store_url, "--state", "failed")
+    assert listed.stdout.decode().split() == ["poison"], "a task that only ran beside the culprit was failed"
+    status = json.loads(run_onward("status", "--db", store_url, "--json").stdout)
+    assert (status["done"], status["failed"]) == (len(FINE), 1)
+    # The first crash counted nothing (three tasks ran); then the poison task ran alone three times, each
+    # crash counted: its attempts used up.
+    assert crashes == 4
+
+    lines = log.read_text().split("\n")[:-1]
+    logs = run_onward("logs", "--db", store_url, "-n", "1000").stdout.decode()
+    marked = {name for name in TASKS if f'task="{name}"' in logs and "to run alone" in _lines_of(logs, name)}
+    assert marked == {"fine-1", "poison", "fine-2"}, logs
+    # From its last start on, a task marked to run alone had nothing beside it: the next line of the log
+    # is its own end (or, for the poison task, the next run's first start, after the crash).
+    for name in marked - {"poison"}:
+        last = max(i for i, line in enumerate(lines) if line == f"start {name}")
+        assert lines[last + 1] == f"end {name}", lines
+    poison_starts = [i for i, line in enumerate(lines) if line == "start poison"]
+    assert len(poison_starts) == 4, lines
+    for i in poison_starts[1:]:
+        # Nothing was left running at its start (the line before is an end, or its own crashed run's start)
+        # and nothing ran beside it (the line after is the next run's first start, if any).
+        assert lines[i - 1].startswith("end ") or lines[i - 1] == "start poison", lines
+        assert i + 1 == len(lines) or lines[i + 1].startswith("start "), lines
+
+
+def _lines_of(logs: str, name: str) -> str:
+    return "\n".join(line for line in logs.splitlines() if f'task="{name}"' in line)

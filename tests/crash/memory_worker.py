@@ -19,7 +19,9 @@ task named ``hog`` is where memory runs out, as MODE says:
   once, and each execution touches a share of memory drawn from $MEMORY_SEED, its name and its fence (10
   to 70 MiB) for a moment: in a cgroup limited to 200 MiB the OOM killer ends the worker whenever the tasks
   running at that moment need more, which is at random moments (drawn anew for each execution: tasks
-  claimed together again after a kill do not die together for ever).
+  claimed together again after a kill do not die together for ever);
+- ``together``: there is no ``hog``; the tasks are ``g0`` to ``g11``, four run at once, and each touches 60
+  MiB and holds it for 0.2 s: in a cgroup limited to 200 MiB each fits alone, and three at once do not.
 """
 
 from __future__ import annotations
@@ -79,6 +81,12 @@ def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> i
             touch()
         if mode == "random":
             touch_share(task, fence)
+        if mode == "together":
+            share = bytearray(60 << 20)
+            for i in range(0, len(share), 4096):
+                share[i] = 1
+            time.sleep(0.2)
+            del share
         time.sleep(0.01)
         note("end", task, fence)
         return f"result of {task} fence={fence}"
@@ -91,6 +99,9 @@ def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> i
         job.task(work)
     if mode == "random":
         job.add([f"t{i}" for i in range(int(os.environ["MEMORY_TASKS"]))])
+        return job.run(concurrency=4).exit_code
+    if mode == "together":
+        job.add([f"g{i}" for i in range(12)])
         return job.run(concurrency=4).exit_code
     job.add([f"t{i}" for i in range(10)] + ["hog"] + [f"t{i}" for i in range(10, 20)])
     return job.run().exit_code

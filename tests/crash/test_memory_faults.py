@@ -206,6 +206,26 @@ def test_a_task_that_gets_the_worker_oom_killed_is_failed_as_poison_under_superv
     assert restarts == 3
 
 
+def test_tasks_that_only_together_need_more_memory_than_there_is_all_end_done_under_supervise(
+        store_url: str, tmp_path: Path, memory_cgroup: Path) -> None:
+    """`onward supervise` of a Python worker at concurrency 4 in a cgroup limited to 200 MiB, whose twelve
+    tasks each hold 60 MiB for a moment: each fits alone, three at once do not. Every crash comes with
+    several tasks running, so none is counted; they run alone afterwards, and all end done, each once.
+    (Before, each crash counted an attempt of the four tasks it ended: four of them ended failed, and the
+    supervisor gave up on restarts without progress, no task done.)"""
+    argv = onward_argv("supervise", "--db", store_url, "--",
+                       *in_cgroup(memory_cgroup, memory_worker(store_url, tmp_path, "together", 3)))
+    r = subprocess.run(argv, env=ENV, capture_output=True, timeout=300)
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 0, err[-3000:]
+    assert oom_kills(memory_cgroup) >= 1, err[-3000:]
+    names = [f"g{i}" for i in range(12)]
+    verdict = check_run(store_url, names, "python", tmp_path / "exec.log", tmp_path / "out", None)
+    assert not any(verdict.breaches().values()), verdict.problems
+    rows = query(store_url, "SELECT count(*) FROM {t}tasks WHERE state = 'done'")
+    assert rows[0][0] == 12, err[-3000:]
+
+
 def _timed(stderr: str) -> list[tuple[datetime, str]]:
     """The lines of a supervisor's and worker's stderr with their ISO times."""
     lines = []

@@ -385,6 +385,33 @@ def test_a_progressing_agent_is_not_quarantined_as_poison(store: Store) -> None:
     assert row is not None and row.state == FAILED and row.attempts == 3 and row.error == "owner died"
 
 
+def test_a_shared_crash_counts_no_attempt_and_its_tasks_run_alone_after(store: Store) -> None:
+    """A task taken back from an owner that ran others beside it is given back uncounted, even with its
+    attempts used up, and marked to run alone: claims pass it by unless the worker claims alone (then it
+    is handed out by itself, its Claim saying so); a crash while it runs alone counts as before."""
+    store.add(["a", "b", "c"])
+    w = worker(store)
+    a, b = store.claim(w, 2, 30, 1)
+    assert not a.alone and not b.alone
+    assert store.reclaim(a.task_id, a.fence, because("owner died"), shared=True) == Reclaimed(PENDING, counted=False)
+    row = store.task("a")
+    assert row is not None and row.state == PENDING and row.attempts == 0
+    # Not claimed by a worker that runs, or may run, anything beside it.
+    assert [c.name for c in store.claim(w, 3, 30, 1)] == ["c"]
+    assert store.claim(w, 1, 30, 1) == []
+    assert store.claim(w, 2, 30, 1, alone=True) == []  # alone claims one task, never more
+    (again,) = store.claim(w, 1, 30, 1, alone=True)
+    assert again.name == "a" and again.alone and again.attempt == 1
+    assert store.reclaim(again.task_id, again.fence, because("owner died")) == Reclaimed(FAILED, counted=True)
+    # The same through complete_and_claim, the commit of a worker whose one task is done.
+    assert store.reclaim(b.task_id, b.fence, because("owner died"), shared=True) == Reclaimed(PENDING, counted=False)
+    (c,) = [t for t in store.running_tasks() if t.name == "c"]
+    done, claims = store.complete_and_claim(Claim(c.task_id, "c", 1, c.fence, 1), b"", "json", w, 1, 30, 1)
+    assert done and claims == []
+    (b2,) = store.claim(w, 1, 30, 1, alone=True)
+    assert b2.name == "b" and b2.alone
+
+
 def test_re_recording_steps_already_reached_is_not_progress(store: Store) -> None:
     """Progress is a step beyond the furthest one ever recorded for the task: re-running the last step
     (an error record run again), or steps dropped by replay="prefix" and recorded anew, gets no further,

@@ -28,9 +28,9 @@ def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: L
     (a claim of ours whose commit we never heard back about is not among them, and is taken back too).
     Without ``expired_leases`` (just after this worker was frozen), only those whose owner is known dead.
 
-    A task whose owner ran others beside it is given back uncounted and marked to run alone (see
-    ``Store.reclaim``): an OOM kill or a crash of a worker at ``--concurrency N`` is not blamed on each of
-    its N tasks. How many an owner ran is read here, before any of them is taken back."""
+    A task whose owner ran others beside it is not counted (it gets an attempt more) and runs alone from
+    then on (see ``Store.reclaim``): an OOM kill or a crash of a worker at ``--concurrency N`` is not
+    blamed on each of its N tasks. How many an owner ran is read here, before any of them is taken back."""
     running = store.running_tasks()
     per_owner = Counter(task.worker_id for task in running)
     for task in running:
@@ -97,8 +97,8 @@ def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bo
     if reclaimed.counted:
         kind, detail = "reclaimed", f"{reason}; now {reclaimed.state}"
     elif shared:
-        kind, detail = "interrupted", (f"{reason} while running {beside} tasks; attempt not counted, now"
-                                       f" {reclaimed.state}, to run alone")
+        kind, detail = "interrupted", (f"{reason} while running {beside} tasks; attempt not counted (one"
+                                       f" more given), now {reclaimed.state}, to run alone")
     else:
         # It got further than ever before it died: a crash of a progressing task is not poison.
         kind, detail = "interrupted", f"{reason} after recording new steps; attempt not counted, now pending"

@@ -386,22 +386,23 @@ def test_a_progressing_agent_is_not_quarantined_as_poison(store: Store) -> None:
 
 
 def test_a_shared_crash_counts_no_attempt_and_its_tasks_run_alone_after(store: Store) -> None:
-    """A task taken back from an owner that ran others beside it is given back uncounted, even with its
-    attempts used up, and marked to run alone: claims pass it by unless the worker claims alone (then it
-    is handed out by itself, its Claim saying so); a crash while it runs alone counts as before."""
+    """A task taken back from an owner that ran others beside it is not counted, even with its attempts
+    used up: it gets one more instead (its attempt number still grows), and runs alone from then on: claims
+    pass it by unless the worker claims alone (then it is handed out by itself, its Claim saying so); a
+    crash while it runs alone counts as before."""
     store.add(["a", "b", "c"])
     w = worker(store)
     a, b = store.claim(w, 2, 30, 1)
     assert not a.alone and not b.alone
     assert store.reclaim(a.task_id, a.fence, because("owner died"), shared=True) == Reclaimed(PENDING, counted=False)
     row = store.task("a")
-    assert row is not None and row.state == PENDING and row.attempts == 0
+    assert row is not None and row.state == PENDING and row.attempts == 1
     # Not claimed by a worker that runs, or may run, anything beside it.
     assert [c.name for c in store.claim(w, 3, 30, 1)] == ["c"]
     assert store.claim(w, 1, 30, 1) == []
     assert store.claim(w, 2, 30, 1, alone=True) == []  # alone claims one task, never more
     (again,) = store.claim(w, 1, 30, 1, alone=True)
-    assert again.name == "a" and again.alone and again.attempt == 1
+    assert again.name == "a" and again.alone and (again.attempt, again.max_attempts) == (2, 2)
     assert store.reclaim(again.task_id, again.fence, because("owner died")) == Reclaimed(FAILED, counted=True)
     # The same through complete_and_claim, the commit of a worker whose one task is done.
     assert store.reclaim(b.task_id, b.fence, because("owner died"), shared=True) == Reclaimed(PENDING, counted=False)

@@ -52,7 +52,7 @@ class Claim(NamedTuple):
     fence: int
     max_attempts: int
     child_pid: int | None = None  # a process noted with the claim, to run its command (``claim``'s ``child``)
-    alone: bool = False  # marked to run alone (see ``Store.reclaim``): nothing else may run beside it
+    alone: bool = False  # to run alone (see ``Store.reclaim``): nothing else may run beside it
 
 
 class Reclaimed(NamedTuple):
@@ -306,9 +306,10 @@ class WorkQueue(Protocol):
         attempt counted. No two workers ever hold the same task. Names the lease: bounded from here on.
         ``child`` (pid, start time): a process made ready to run the first claimed task's command; it is
         noted on that claim (as by ``note_child``) in the same transaction, and that ``Claim`` carries its
-        pid as ``child_pid``. A task marked to run alone (``reclaim``) is taken only with ``alone``, which
-        says that the worker runs nothing else and will run nothing beside what it claims (``limit`` 1); its
-        ``Claim`` says ``alone``."""
+        pid as ``child_pid``. A task to run alone (``reclaim``) is taken only with ``alone``, which says
+        that the worker runs nothing else and will run nothing beside what it claims (``limit`` 1); its
+        ``Claim`` says ``alone``, and its ``max_attempts`` is the given one plus one for each crash it was in
+        with other tasks."""
 
     def next_ready_in(self) -> float | None:
         """Seconds until the job's earliest pending task is ready to claim (its retry's backoff runs out), on
@@ -372,10 +373,11 @@ class WorkQueue(Protocol):
         """Take a running task away from its owner (dead or lease expired), if ``decide`` says so: the fence
         moves on. If the attempt made durable progress (``record_step`` under this fence reached a step index
         beyond the furthest one recorded before), it is given back uncounted, like a release: a crash does
-        not quarantine an agent that is getting somewhere. So is it when its owner ran other tasks beside it
-        (``shared``): which of them ended the worker is not known; the task is then marked to run alone
-        (``claim``), so that a crash while it runs is its own. Otherwise it counts: the task goes back to
-        pending, or to failed if its attempts are used up. Returns what was done, or None if the task is no
+        not quarantine an agent that is getting somewhere. Nor does it count when its owner ran other tasks
+        beside it (``shared``, whatever its steps): which of them ended the worker is not known. The task then
+        gets an attempt more instead of the attempt back (its attempt number is not used again) and runs
+        alone from then on (``claim``), so that a crash while it runs is its own. Otherwise it counts: the
+        task goes back to pending, or to failed if its attempts are used up. Returns what was done, or None if the task is no
         longer running under that fence, or was left. Bounded.
 
         The task is read again (as ``running_tasks`` reads it) under a lock that its owner's ``renew`` and

@@ -213,7 +213,7 @@ SELECT 1;
 
 -- name: migrate_to_6
 -- Tasks to run alone (see migrate_to_6 of the SQLite schema). A column with a constant default: no rewrite.
-ALTER TABLE onward.tasks ADD COLUMN run_alone boolean NOT NULL DEFAULT false;
+ALTER TABLE onward.tasks ADD COLUMN shared_crashes integer NOT NULL DEFAULT 0;
 
 -- name: session
 -- Run once on every new connection. Durable writes need synchronous_commit on whatever the server's
@@ -375,29 +375,31 @@ SELECT count(*) FROM changed;
 -- SKIP LOCKED: workers claiming at the same moment each lock different rows instead of queueing on the
 -- same ones; the locked row's state is re-checked under the lock, so no two workers ever hold one task.
 -- A paused job claims nothing: checked here, once per statement, rather than by a read of its own.
--- child_pid/child_start: as in complete_and_claim. A task marked run_alone is claimed only by a worker that
--- will run nothing else beside it (%(alone)s, with %(limit)s 1; see migrate_to_6 of the SQLite schema).
+-- child_pid/child_start: as in complete_and_claim. A task that was in a crash with others runs alone (see
+-- the SQLite schema's migrate_to_6 and claim): %(alone)s, with %(limit)s 1.
 WITH changed AS (
     UPDATE onward.tasks AS t
-       SET state = 'running', attempts = t.attempts + 1, fence = t.fence + 1, max_attempts = %(max_attempts)s,
+       SET state = 'running', attempts = t.attempts + 1, fence = t.fence + 1,
+           max_attempts = %(max_attempts)s + t.shared_crashes,
            worker_id = %(worker_id)s, lease_until = onward.epoch() + %(lease)s, heartbeat_at = onward.epoch(),
            progress_at = onward.epoch(), note = NULL, started_at = onward.epoch(), child_pid = %(child_pid)s,
            child_start = %(child_start)s, cancel_requested = false
      WHERE t.id IN (SELECT id FROM onward.tasks
                      WHERE job_id = %(job)s AND state = 'pending' AND ready_at <= onward.epoch()
                        AND NOT (SELECT paused FROM onward.jobs WHERE id = %(job)s)
-                       AND (NOT run_alone OR %(alone)s)
+                       AND (shared_crashes = 0 OR %(alone)s)
                      ORDER BY ready_at, id
                      LIMIT %(limit)s
                        FOR UPDATE SKIP LOCKED)
-    RETURNING t.id, t.name, t.attempts, t.fence, t.max_attempts, t.job_id, t.state, t.run_alone
+    RETURNING t.id, t.name, t.attempts, t.fence, t.max_attempts, t.job_id, t.state,
+              t.shared_crashes > 0 AS alone
 ), counted AS (
     INSERT INTO onward.counts (job_id, state, n)
     SELECT job_id, state, count(*) FROM changed GROUP BY job_id, state
     UNION ALL
     SELECT job_id, 'pending', -count(*) FROM changed GROUP BY job_id
 )
-SELECT id, name, attempts, fence, max_attempts, run_alone FROM changed;
+SELECT id, name, attempts, fence, max_attempts, alone FROM changed;
 
 -- name: complete_and_claim
 -- complete, then claim, with their counts and journal rows, as one statement: run on its own (autocommit),
@@ -420,18 +422,19 @@ WITH completed AS (
     -- child_pid/child_start: the process made ready to run the claimed task's command (NULL: none), noted
     -- with the claim (the caller passes one only when it claims one task).
     UPDATE onward.tasks AS t
-       SET state = 'running', attempts = t.attempts + 1, fence = t.fence + 1, max_attempts = %(max_attempts)s,
+       SET state = 'running', attempts = t.attempts + 1, fence = t.fence + 1,
+           max_attempts = %(max_attempts)s + t.shared_crashes,
            worker_id = %(worker_id)s, lease_until = onward.epoch() + %(lease)s, heartbeat_at = onward.epoch(),
            progress_at = onward.epoch(), note = NULL, started_at = onward.epoch(), child_pid = %(child_pid)s,
            child_start = %(child_start)s, cancel_requested = false
      WHERE t.id IN (SELECT id FROM onward.tasks
                      WHERE job_id = %(job)s AND state = 'pending' AND ready_at <= onward.epoch()
                        AND NOT (SELECT paused FROM onward.jobs WHERE id = %(job)s)
-                       AND (NOT run_alone OR %(alone)s)
+                       AND (shared_crashes = 0 OR %(alone)s)
                      ORDER BY ready_at, id
                      LIMIT %(limit)s
                        FOR UPDATE SKIP LOCKED)
-    RETURNING t.id, t.name, t.attempts, t.fence, t.max_attempts, t.job_id, t.run_alone
+    RETURNING t.id, t.name, t.attempts, t.fence, t.max_attempts, t.job_id, t.shared_crashes > 0 AS alone
 ), counted AS (
     -- The net change per state: a task completed and one claimed leave running as it was, so the usual
     -- commit adds two delta rows (done +1, pending -1), not four.
@@ -463,7 +466,7 @@ WITH completed AS (
 -- task claimed meanwhile and make their owners wait in turn: a convoy that cost a third of the throughput
 -- at 4 worker processes. Which order the executor takes is a matter of speed only: both see one snapshot.
 SELECT (SELECT count(*) FROM completed) + (SELECT count(*) FROM earlier), c.id, c.name, c.attempts, c.fence,
-       c.max_attempts, c.run_alone
+       c.max_attempts, c.alone
   FROM (VALUES (true)) AS one (x) LEFT JOIN changed AS c ON true;
 
 -- name: next_ready_in
@@ -570,22 +573,25 @@ SELECT state FROM changed;
 -- SKIP LOCKED: a row locked by another transaction (its owner committing right now, or a worker cut
 -- off in the middle of one) is left for the next round instead of stalling this worker's loop.
 -- An attempt that recorded a step further than any before it (furthest_step_fence is its fence) is given
--- back uncounted, as by a release; so is one whose worker ran other tasks beside it (%(shared)s), which is
--- then marked to run alone; any other attempt counts, and fails the task once attempts are used up.
+-- back uncounted, as by a release. One whose worker ran other tasks beside it (%(shared)s, whatever its
+-- steps) does not count either, by an attempt more instead, and the task runs alone from then on (see the
+-- SQLite schema's migrate_to_6). Any other attempt counts, and fails the task once attempts are used up.
 WITH changed AS (
     UPDATE onward.tasks
        SET state = CASE WHEN cancel_requested THEN 'cancelled'
                         WHEN furthest_step_fence <> %(fence)s AND NOT %(shared)s AND attempts >= max_attempts
                         THEN 'failed'
                         ELSE 'pending' END,
-           attempts = CASE WHEN furthest_step_fence = %(fence)s OR %(shared)s THEN attempts - 1 ELSE attempts END,
+           attempts = CASE WHEN furthest_step_fence = %(fence)s AND NOT %(shared)s THEN attempts - 1
+                           ELSE attempts END,
+           max_attempts = max_attempts + %(shared)s::integer,
            finished_at = CASE WHEN cancel_requested
                                    OR (furthest_step_fence <> %(fence)s AND NOT %(shared)s
                                        AND attempts >= max_attempts)
                               THEN onward.epoch() ELSE NULL END,
            error = CASE WHEN furthest_step_fence <> %(fence)s AND NOT %(shared)s AND attempts >= max_attempts
                         THEN %(reason)s ELSE error END,
-           run_alone = run_alone OR %(shared)s,
+           shared_crashes = shared_crashes + %(shared)s::integer,
            fence = fence + 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
      WHERE id = (SELECT id FROM onward.tasks
                   WHERE id = %(task_id)s AND fence = %(fence)s AND state = 'running'

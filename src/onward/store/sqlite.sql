@@ -256,10 +256,12 @@ CREATE INDEX tasks_flow ON tasks (job_id, (state = 'running') + 2 * (state = 'pe
 -- name: migrate_to_6
 -- Tasks to run alone. A worker that dies with several tasks running (the OOM killer, a segfault, kill -9)
 -- cannot tell which of them killed it: counting an attempt for each would fail the innocent ones along with
--- the culprit, after max_attempts such crashes. Their attempts are given back uncounted and each is marked
--- run_alone: from then on a worker claims it only when it runs nothing else, and runs nothing else beside
--- it, so that a crash while it runs is its own, and counts.
-ALTER TABLE tasks ADD COLUMN run_alone INTEGER NOT NULL DEFAULT 0;
+-- the culprit, after max_attempts such crashes. shared_crashes counts the crashes a task was in with others
+-- (see reclaim): each gives it one attempt more (claim adds them to max_attempts; the attempt number still
+-- grows, so that every execution of a command has its own ONWARD_ATTEMPT), and once there is one, the task
+-- runs alone: a worker claims it only when it runs nothing else, and claims nothing beside it, so that a
+-- crash while it runs is its own, and counts.
+ALTER TABLE tasks ADD COLUMN shared_crashes INTEGER NOT NULL DEFAULT 0;
 
 -- name: unstopped_workers
 -- Before an upgrade (see sqlbase.refuse_live_workers): read from a store of any older version, so it names
@@ -303,10 +305,12 @@ UPDATE counts SET n = n + :added WHERE job_id = :job AND state = 'pending';
 -- A paused job claims nothing: checked here, once per statement, rather than by a read of its own. The order
 -- names the time and id only: with the rank (fixed here) in it too, SQLite would sort instead of walking the
 -- index. child_pid/child_start: the process made ready to run the claimed task's command (NULL: none),
--- noted with the claim (the caller passes one only when it claims one task). A task marked run_alone is
--- claimed only by a worker that will run nothing else beside it (:alone, with :limit 1; see migrate_to_6).
+-- noted with the claim (the caller passes one only when it claims one task). A task that was in a crash
+-- with others runs alone: claimed only by a worker that will run nothing else beside it (:alone, with
+-- :limit 1), and given an attempt more for each such crash (see migrate_to_6).
 UPDATE tasks
-   SET state = 'running', attempts = attempts + 1, fence = fence + 1, max_attempts = :max_attempts,
+   SET state = 'running', attempts = attempts + 1, fence = fence + 1,
+       max_attempts = :max_attempts + shared_crashes,
        worker_id = :worker_id, lease_until = :now + :lease, heartbeat_at = :now, progress_at = :now,
        note = NULL, started_at = :now, child_pid = :child_pid, child_start = :child_start, cancel_requested = 0
  WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_flow
@@ -314,10 +318,10 @@ UPDATE tasks
                  AND (state = 'running') + 2 * (state = 'pending') = 2
                  AND CASE WHEN state = 'done' THEN finished_at ELSE ready_at END <= :now
                  AND NOT (SELECT paused FROM jobs WHERE id = :job)
-                 AND (NOT run_alone OR :alone)
+                 AND (shared_crashes = 0 OR :alone)
                ORDER BY CASE WHEN state = 'done' THEN finished_at ELSE ready_at END, id
                LIMIT :limit)
-RETURNING id, name, attempts, fence, max_attempts, run_alone;
+RETURNING id, name, attempts, fence, max_attempts, shared_crashes > 0;
 
 -- name: next_ready_in
 -- The first entry of the claim's range of the index (pending tasks by ready_at): where the next claim starts.
@@ -373,20 +377,22 @@ RETURNING state;
 
 -- name: reclaim
 -- An attempt that recorded a step further than any before it (furthest_step_fence is its fence) is given
--- back uncounted, as by a release; so is one whose worker ran other tasks beside it (:shared), which is then
--- marked to run alone (see migrate_to_6); any other attempt counts, and fails the task once attempts are
--- used up. A task asked to be cancelled ends cancelled.
+-- back uncounted, as by a release. One whose worker ran other tasks beside it (:shared, whatever its steps)
+-- does not count either, by an attempt more instead (its number is not used again: see migrate_to_6), and
+-- the task runs alone from then on. Any other attempt counts, and fails the task once attempts are used up.
+-- A task asked to be cancelled ends cancelled.
 UPDATE tasks
    SET state = CASE WHEN cancel_requested THEN 'cancelled'
                     WHEN furthest_step_fence <> :fence AND NOT :shared AND attempts >= max_attempts THEN 'failed'
                     ELSE 'pending' END,
-       attempts = CASE WHEN furthest_step_fence = :fence OR :shared THEN attempts - 1 ELSE attempts END,
+       attempts = CASE WHEN furthest_step_fence = :fence AND NOT :shared THEN attempts - 1 ELSE attempts END,
+       max_attempts = max_attempts + :shared,
        finished_at = CASE WHEN cancel_requested
                                OR (furthest_step_fence <> :fence AND NOT :shared AND attempts >= max_attempts)
                           THEN :now ELSE NULL END,
        error = CASE WHEN furthest_step_fence <> :fence AND NOT :shared AND attempts >= max_attempts THEN :reason
                     ELSE error END,
-       run_alone = run_alone OR :shared,
+       shared_crashes = shared_crashes + :shared,
        fence = fence + 1, worker_id = NULL, lease_until = NULL, child_pid = NULL, child_start = NULL
  WHERE id = :task_id AND fence = :fence AND state = 'running'
 RETURNING state, furthest_step_fence <> :fence AND NOT :shared;

@@ -28,9 +28,12 @@ def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: L
     (a claim of ours whose commit we never heard back about is not among them, and is taken back too).
     Without ``expired_leases`` (just after this worker was frozen), only those whose owner is known dead.
 
-    A task whose owner ran others beside it is not counted (it gets an attempt more) and runs alone from
-    then on (see ``Store.reclaim``): an OOM kill or a crash of a worker at ``--concurrency N`` is not
-    blamed on each of its N tasks. How many an owner ran is read here, before any of them is taken back."""
+    A task whose owner died (this host's process is gone) while it ran others beside it is not counted
+    (it gets an attempt more) and runs alone from then on (see ``Store.reclaim``): an OOM kill or a crash
+    of a worker at ``--concurrency N`` is not blamed on each of its N tasks. How many an owner ran is read
+    here, before any of them is taken back. A lease that ran out is no such sign (a worker cut off from
+    the store, or frozen, lives on; one that died on another host is taken back by its own host's next
+    worker, if any, at once): its tasks count as before."""
     running = store.running_tasks()
     per_owner = Counter(task.worker_id for task in running)
     for task in running:
@@ -44,7 +47,8 @@ def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: L
             # is the one path by which a dead worker's task runs again, so the sweep is done here rather than
             # before every command a worker starts; a dead owner renews nothing, so it needs no lock.
             sweep_dead_workers()
-        _reclaim(store, worker_id, task, expired_leases, log, per_owner[task.worker_id])
+        died_with = per_owner[task.worker_id] if alive is False and task.worker_id is not None else 1
+        _reclaim(store, worker_id, task, expired_leases, log, died_with)
 
 
 def _owner_alive(task: RunningTask) -> bool | None:
@@ -72,8 +76,9 @@ def _end_old_attempt(task: RunningTask, alive: bool | None) -> None:
 
 
 def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bool, log: Log,
-             beside: int) -> None:
-    """``beside``: how many tasks the owner ran, this one included."""
+             died_with: int) -> None:
+    """``died_with``: how many tasks the owner, found dead, ran (this one included); 1 when it was not
+    found dead."""
     taken: list[tuple[RunningTask, str]] = []
 
     def decide(locked: RunningTask) -> str | None:
@@ -87,7 +92,7 @@ def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bo
             taken.append((locked, reason))
         return reason
 
-    shared = beside > 1 and task.worker_id is not None
+    shared = died_with > 1
     reclaimed = store.reclaim(task.task_id, task.fence, decide, shared)
     if reclaimed is None:
         return
@@ -97,7 +102,7 @@ def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bo
     if reclaimed.counted:
         kind, detail = "reclaimed", f"{reason}; now {reclaimed.state}"
     elif shared:
-        kind, detail = "interrupted", (f"{reason} while running {beside} tasks; attempt not counted (one"
+        kind, detail = "interrupted", (f"{reason} while running {died_with} tasks; attempt not counted (one"
                                        f" more given), now {reclaimed.state}, to run alone")
     else:
         # It got further than ever before it died: a crash of a progressing task is not poison.

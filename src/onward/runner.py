@@ -158,6 +158,9 @@ class Runner:
         self._paused = False  # the job is paused (onward pause), as last read: claims return nothing then
         self._marker_held = False  # this worker made the keep-awake marker exist
         self._waits_seen = False  # the job had waiting tasks at the last heartbeat, or one parked here since
+        # A task to run alone (see Store.reclaim) was ready at the last heartbeat: claim nothing more until
+        # nothing runs, then those tasks one by one (concurrency 1 claims them in turn as any other).
+        self._alone_ready = False
         self._wake_due_at = 0.0  # monotonic time before which waits' deadlines are not looked at again
         # Whether the next look at waits' deadlines also wakes the tasks parked at a later moment than the
         # store's clock now (it went back since, see _loop): at this worker's first look, and after its wall
@@ -503,7 +506,9 @@ class Runner:
         if self.stopping or now < self._claim_paused_until:
             return 0
         if len(self.attempts) > len(finished):
-            # A task marked to run alone (see Store.reclaim) runs with nothing beside it.
+            # A task to run alone runs with nothing beside it, and one ready waits for what runs to end.
+            if self._alone_ready:
+                return 0
             settled = {attempt.claim.task_id for attempt, _ in finished}
             if any(a.claim.alone for task_id, a in self.attempts.items() if task_id not in settled):
                 return 0
@@ -540,11 +545,11 @@ class Runner:
         # A process the handler made ready for the next command: its pid is noted with the first claim, in
         # the same commit, instead of in a commit of its own before that command may run.
         child = self.handler.spare_child() if want > 0 else None
-        # Nothing runs once ``finished`` is settled: a task marked to run alone may be claimed (by itself).
+        # Nothing runs once ``finished`` is settled: a task to run alone may be claimed (by itself).
         idle = len(self.attempts) == len(finished)
         try:
             if not calls and not wake_due and len(finished) == 1 and finished[0][1].kind == "done" \
-                    and not finished[0][0].fenced:
+                    and not finished[0][0].fenced and not (idle and self._alone_ready and want > 1):
                 # One successful attempt and the next claims: one store call (one statement on PostgreSQL).
                 report, claims = self.settler.done_and_claim(*finished[0], want, self.config.lease_seconds,
                                                              self.config.max_attempts, self._durable_now, child,
@@ -603,15 +608,25 @@ class Runner:
                 self._wake_due_at = started + WAKE_DUE_EVERY
                 self.store.wake_due(behind=self._clock_went_back)
                 self._clock_went_back = False
-            claims = self.store.claim(self.worker_id, want, self.config.lease_seconds,
-                                      self.config.max_attempts, child, idle and want == 1) if want > 0 else []
-            if not claims and idle and want > 1:
-                # Only tasks to run alone may be left: one of them, by itself.
-                claims = self.store.claim(self.worker_id, 1, self.config.lease_seconds, self.config.max_attempts,
-                                          child, alone=True)
+            claims = self._claim(want, idle, child) if want > 0 else []
             for claim in claims:
                 self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
                                      attempt=claim.attempt)
+        return claims
+
+    def _claim(self, want: int, idle: bool, child: tuple[int, int] | None) -> list[Claim]:
+        """Claims of up to ``want`` tasks, in the open batch; ``idle``: nothing runs once it commits. A task to
+        run alone is claimed only by itself, when nothing runs: first of all while one is known ready
+        (``_alone_ready``), else when nothing else is left."""
+        cfg = self.config
+        if idle and want > 1 and self._alone_ready:
+            claims = self.store.claim(self.worker_id, 1, cfg.lease_seconds, cfg.max_attempts, child, alone=True)
+            if claims:
+                return claims
+            self._alone_ready = False
+        claims = self.store.claim(self.worker_id, want, cfg.lease_seconds, cfg.max_attempts, child, idle and want == 1)
+        if not claims and idle and want > 1:
+            claims = self.store.claim(self.worker_id, 1, cfg.lease_seconds, cfg.max_attempts, child, alone=True)
         return claims
 
     def _back_off(self, e: StoreError) -> None:
@@ -888,8 +903,12 @@ class Runner:
         return paused
 
     def _reclaim_abandoned(self) -> None:
+        """At start-up and every heartbeat: take back what dead workers left, and look for tasks to run alone
+        (some may just have been taken back)."""
         reclaim_abandoned(self.store, self.worker_id, self.attempts, self.log,
                           expired_leases=time.monotonic() >= self._lease_takeovers_from)
+        if self.concurrency > 1:
+            self._alone_ready = self.store.alone_ready()
 
     def _sweep_due(self) -> bool:
         """Whether the sweep for missing result files has a slice to go through now: only once every

@@ -4,8 +4,9 @@
 OOM killer does to a worker whose task takes the memory: the run is started again each time, as a
 supervisor would. Which of the tasks running at a crash caused it is not known, so none of their attempts
 counts; each of them runs alone from then on, with nothing beside it, so that the crash it causes (if any)
-is its own and counts. The poison task ends failed after its attempts, every other task done, and no task
-marked to run alone ever shared its worker. Both on SQLite and on PostgreSQL.
+is its own and counts. The poison task ends failed after its attempts, every other task done, no task
+marked to run alone ever shared its worker, and those tasks ran before the rest. Both on SQLite and on
+PostgreSQL.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def test_a_crash_with_several_tasks_running_counts_none_of_them_and_finds_the_cu
     for name in marked - {"poison"}:
         last = max(i for i, line in enumerate(lines) if line == f"start {name}")
         assert lines[last + 1] == f"end {name}", lines
+    # They ran first, in their order, before the tasks that were never in a crash: a worker that knows of
+    # a task to run alone ready claims nothing more until it runs nothing, then runs those tasks (they are
+    # not left until nothing else is, which is never while tasks keep coming).
+    later = min(i for i, line in enumerate(lines) if line in {f"start {name}" for name in FINE[2:]})
+    assert all(i < later for i, line in enumerate(lines) if line in ("start fine-1", "start fine-2", "start poison")), \
+        lines
     poison_starts = [i for i, line in enumerate(lines) if line == "start poison"]
     assert len(poison_starts) == 4, lines
     for i in poison_starts[1:]:

@@ -394,7 +394,9 @@ def test_a_shared_crash_counts_no_attempt_and_its_tasks_run_alone_after(store: S
     w = worker(store)
     a, b = store.claim(w, 2, 30, 1)
     assert not a.alone and not b.alone
+    assert not store.alone_ready()
     assert store.reclaim(a.task_id, a.fence, because("owner died"), shared=True) == Reclaimed(PENDING, counted=False)
+    assert store.alone_ready()
     row = store.task("a")
     assert row is not None and row.state == PENDING and row.attempts == 1
     # Not claimed by a worker that runs, or may run, anything beside it.
@@ -403,6 +405,7 @@ def test_a_shared_crash_counts_no_attempt_and_its_tasks_run_alone_after(store: S
     assert store.claim(w, 2, 30, 1, alone=True) == []  # alone claims one task, never more
     (again,) = store.claim(w, 1, 30, 1, alone=True)
     assert again.name == "a" and again.alone and (again.attempt, again.max_attempts) == (2, 2)
+    assert not store.alone_ready()  # running, not pending
     assert store.reclaim(again.task_id, again.fence, because("owner died")) == Reclaimed(FAILED, counted=True)
     # The same through complete_and_claim, the commit of a worker whose one task is done.
     assert store.reclaim(b.task_id, b.fence, because("owner died"), shared=True) == Reclaimed(PENDING, counted=False)

@@ -311,6 +311,10 @@ class WorkQueue(Protocol):
         ``Claim`` says ``alone``, and its ``max_attempts`` is the given one plus one for each crash it was in
         with other tasks."""
 
+    def alone_ready(self) -> bool:
+        """Whether a pending task of the job that is to run alone (see ``reclaim``) is ready to claim now.
+        One read of a small index. Bounded."""
+
     def next_ready_in(self) -> float | None:
         """Seconds until the job's earliest pending task is ready to claim (its retry's backoff runs out), on
         the store's clock; zero or less when one is ready now; None when nothing is pending. One read of the

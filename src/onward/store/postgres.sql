@@ -214,6 +214,7 @@ SELECT 1;
 -- name: migrate_to_6
 -- Tasks to run alone (see migrate_to_6 of the SQLite schema). A column with a constant default: no rewrite.
 ALTER TABLE onward.tasks ADD COLUMN shared_crashes integer NOT NULL DEFAULT 0;
+CREATE INDEX tasks_alone ON onward.tasks (job_id, ready_at) WHERE state = 'pending' AND shared_crashes > 0;
 
 -- name: session
 -- Run once on every new connection. Durable writes need synchronous_commit on whatever the server's
@@ -468,6 +469,11 @@ WITH completed AS (
 SELECT (SELECT count(*) FROM completed) + (SELECT count(*) FROM earlier), c.id, c.name, c.attempts, c.fence,
        c.max_attempts, c.alone
   FROM (VALUES (true)) AS one (x) LEFT JOIN changed AS c ON true;
+
+-- name: alone_ready
+-- See the SQLite schema's tasks_alone.
+SELECT EXISTS (SELECT 1 FROM onward.tasks
+                WHERE job_id = %(job)s AND state = 'pending' AND shared_crashes > 0 AND ready_at <= onward.epoch());
 
 -- name: next_ready_in
 SELECT ready_at - onward.epoch() FROM onward.tasks

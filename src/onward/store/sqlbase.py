@@ -430,6 +430,9 @@ class SqlStore:
             claims[0] = claims[0]._replace(child_pid=child[0])
         return claims
 
+    def alone_ready(self) -> bool:
+        return bool(self._exec("alone_ready", self._clock()).fetchone()[0])
+
     def next_ready_in(self) -> float | None:
         row = self._exec("next_ready_in", self._clock()).fetchone()
         return None if row is None else float(row[0])

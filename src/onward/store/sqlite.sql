@@ -262,6 +262,10 @@ CREATE INDEX tasks_flow ON tasks (job_id, (state = 'running') + 2 * (state = 'pe
 -- runs alone: a worker claims it only when it runs nothing else, and claims nothing beside it, so that a
 -- crash while it runs is its own, and counts.
 ALTER TABLE tasks ADD COLUMN shared_crashes INTEGER NOT NULL DEFAULT 0;
+-- The pending ones, few: a busy worker asks at each heartbeat whether one is ready (alone_ready), and if
+-- so claims nothing more until it runs nothing, then runs them one by one: they are not left until the job
+-- has nothing else (never, while tasks keep coming).
+CREATE INDEX tasks_alone ON tasks (job_id, ready_at) WHERE state = 'pending' AND shared_crashes > 0;
 
 -- name: unstopped_workers
 -- Before an upgrade (see sqlbase.refuse_live_workers): read from a store of any older version, so it names
@@ -322,6 +326,10 @@ UPDATE tasks
                ORDER BY CASE WHEN state = 'done' THEN finished_at ELSE ready_at END, id
                LIMIT :limit)
 RETURNING id, name, attempts, fence, max_attempts, shared_crashes > 0;
+
+-- name: alone_ready
+SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_alone
+                WHERE job_id = :job AND state = 'pending' AND shared_crashes > 0 AND ready_at <= :now);
 
 -- name: next_ready_in
 -- The first entry of the claim's range of the index (pending tasks by ready_at): where the next claim starts.

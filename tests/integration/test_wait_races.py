@@ -51,6 +51,14 @@ WORKER = textwrap.dedent('''
         try:
             return {"got": ctx.wait("k", timeout=float(timeout) if timeout else None)}
         except WaitTimeout:
+            # The task ends only once the test's send has returned (the file "sent"). A send queued on the
+            # task's row lock behind the wait's record is woken when that commits, but the task's completion
+            # a moment later joins no queue (PostgreSQL queues only those that found the row locked): it
+            # passed a send whose process was slow to run (CI, twice; SIGSTOP of the send's server process
+            # for 0.1 s shows it), which then found the task done.
+            deadline = time.monotonic() + 60
+            while not os.path.exists(os.path.join(side, "sent")) and time.monotonic() < deadline:
+                time.sleep(0.02)
             return "timed out"
 
     sys.exit(job.run().exit_code)
@@ -156,6 +164,7 @@ def test_a_value_sent_while_a_timeout_is_recorded_is_not_dropped(pg_url: str, tm
     worker(pg_url, side)
     wait_for(lambda: (side / "ready").exists(), 60, "t to run again once its wait's deadline passed")
     sent = send_while_held(pg_url, side, '"late"')
+    (side / "sent").touch()
     assert sent.returncode == 0, sent.stderr
     wait_for(lambda: task_result(pg_url, "t") is not None, 30, "t to finish")
     got = task_result(pg_url, "t")

@@ -505,13 +505,18 @@ class Runner:
         self._put_off_claims(finished, now)
         if self.stopping or now < self._claim_paused_until:
             return 0
-        if len(self.attempts) > len(finished):
-            # A task to run alone runs with nothing beside it, and one ready waits for what runs to end.
+        running = len(self.attempts) - len(finished)  # once ``finished`` is settled
+        if running > 0:
+            # One ready to run alone waits for what runs to end.
             if self._alone_ready:
                 return 0
-            settled = {attempt.claim.task_id for attempt, _ in finished}
-            if any(a.claim.alone for task_id, a in self.attempts.items() if task_id not in settled):
-                return 0
+            # A task to run alone runs with nothing beside it: claimed only when nothing ran, and nothing is
+            # claimed while it runs, so it can only be the one attempt left (no scan of every attempt here,
+            # at every turn of a worker that runs thousands).
+            if running == 1:
+                settled = {attempt.claim.task_id for attempt, _ in finished}
+                if any(a.claim.alone for task_id, a in self.attempts.items() if task_id not in settled):
+                    return 0
         return self.concurrency - len(self.attempts) + len(finished)
 
     def _wait(self, timeout: float) -> None:

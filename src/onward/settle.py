@@ -91,8 +91,8 @@ class Settler:
     def done_and_claim(self, attempt: Attempt, outcome: Outcome, want: int, lease_seconds: float,
                        max_attempts: int, durable: bool = True,
                        child: tuple[int, int] | None = None, alone: bool = False) -> tuple[Report, list[Claim]]:
-        """A successful attempt (not fenced) and the claims of up to ``want`` next tasks (the first noting
-        ``child``, see ``Store.claim``, as ``alone``), committed by one store call (``complete_and_claim``): the worker's
+        """A successful attempt (not fenced) and the claims of up to ``want`` next tasks (``child`` and
+        ``alone`` as for ``Store.claim``), committed by one store call (``complete_and_claim``): the worker's
         commit when that attempt is all it has to settle."""
         seconds = time.monotonic() - attempt.started
         claim = attempt.claim

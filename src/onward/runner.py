@@ -8,7 +8,12 @@ Each turn, everything that finished since the last turn is committed together wi
 one transaction (group commit), crash-safe at first; the claimed tasks are started, and then one sync makes
 the commit durable while they run: with one slot that is exactly one durable commit per task, its fsync
 off the path from one task to the next, and nothing (log line, output file, summary) reports a completion
-before that sync returned.
+before that sync returned. With several slots the loop does not stand in that fsync: it leaves it to the
+store's sync thread and goes on settling and starting tasks as they end, telling what a commit settled at
+the first turn after its sync returned (``_report_settled``, pipelined). At --concurrency 4, 10,000
+commands of ``true``, the loop had stood in fdatasync for a quarter of its time; whole runs took 6.68 s
+before, 5.96 s after (medians of 8 runs taking turns, CPU time unchanged). At one slot the loop has
+nothing else to do while the fsync runs, and the thread's hand-overs cost more than they save.
 
 A turn may also be taken on a task's own thread (``settle_here``): when the attempt that just finished was
 the only one running, there is nothing to group its commit with, and handing it to the loop's thread and the
@@ -47,7 +52,7 @@ from .notify import Notifier
 from .proc import current_owner, owner_alive
 from .reclaim import mark_dead_workers, reclaim_abandoned
 from .settle import RunSummary, Settler
-from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Claim, Store
+from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Claim, PendingSync, Store
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -142,9 +147,9 @@ class Runner:
         self._stop_deadline: float | None = None
         self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
         self._unreported: list[Callable[[], None]] = []  # what the last commit settled, told once it is durable
-        # A sync running beside the next task (see _report_settled): the call that waits for it, and what the
-        # commit it makes durable settled.
-        self._syncing: tuple[Callable[[], None], list[Callable[[], None]]] | None = None
+        # Syncs left running beside the tasks (see _report_settled), oldest first: each with what the commits
+        # it makes durable settled.
+        self._syncing: list[tuple[PendingSync, list[Callable[[], None]]]] = []
         # After a failed sync: commits are durable at once again (see _report_settled), and results of tasks
         # settled meanwhile are written to --out after the next good commit.
         self._durable_now = False
@@ -440,7 +445,8 @@ class Runner:
                 claims = self._settle_and_claim(finished, self._want(finished, now))
             for claim in claims:
                 self._start(claim)
-            self._report_settled()
+            # With tasks running, the fsync is left to the sync thread rather than made here (pipelined).
+            self._report_settled(pipelined=bool(self.attempts) and self.concurrency > 1)
             self._sweep_exports(EXPORT_SWEEP_SLICE if self.attempts else EXPORT_SWEEP_IDLE_SLICE)
             if self.stopping and not self.attempts:
                 return
@@ -640,7 +646,7 @@ class Runner:
         self._store_retry_at = time.monotonic() + self._store_backoff
         self.store_errors.warning("store error, will retry", str(e))
 
-    def _report_settled(self, beside_next: bool = False) -> None:
+    def _report_settled(self, beside_next: bool = False, pipelined: bool = False) -> None:
         """Make the last settling commit durable, then tell what it settled (log lines, output files, the
         tally, steps' values to their tasks). Called once the tasks it claimed have started, so that the
         fsync overlaps their run.
@@ -648,38 +654,54 @@ class Runner:
         ``beside_next`` (settle_here, whose thread runs the next task itself): the sync is started and left
         running beside that task (``Store.sync_ahead``), and what the commit settled is told by the next
         turn, on whichever thread, once it waited for that sync; the store wakes the loop if none comes
-        within a moment. A sync made in place would delay the next task by the whole fsync. Whatever the
-        order of turns, the reports of one commit are told before those of the next, and never before their
-        commit is durable."""
-        if self._syncing is not None:
-            wait, earlier = self._syncing
-            self._syncing = None
+        within a moment. A sync made in place would delay the next task by the whole fsync.
+
+        ``pipelined`` (the loop's turn while tasks run): the same, except that no earlier sync is waited for:
+        what a finished one made durable is told, the others are left running, and the next turn looks
+        again. The loop then never stands in an fsync while commands exit around it; the store's sync thread
+        syncs the latest commit once the one under way returns, so one fsync may cover several turns.
+
+        Whatever the order of turns, the reports of one commit are told before those of the next, and never
+        before their commit is durable."""
+        told = False
+        while self._syncing:
+            wait, earlier = self._syncing[0]
+            if pipelined and not wait.finished():
+                break
+            del self._syncing[0]
             try:
                 wait()
             except StoreError as e:
+                self._syncing = []
                 self._unreported = []  # committed after what failed to sync: not vouched for either
                 self._sync_failed(e)
                 return
             for report in earlier:
                 report()
-        else:
-            earlier = []
+            told = told or bool(earlier)
         if self._unreported:
             reports, self._unreported = self._unreported, []
             try:
-                wait_for_sync = self.store.sync_ahead() if beside_next else None
-                if not beside_next:
+                ahead = beside_next or pipelined
+                wait_for_sync = self.store.sync_ahead() if ahead else None
+                if not ahead:
                     self.store.sync()
             except StoreError as e:
+                self._syncing = []
                 self._sync_failed(e)
                 return
             if wait_for_sync is not None:
-                self._syncing = (wait_for_sync, reports)
+                self._syncing.append((wait_for_sync, reports))
+                reports = []
+            elif self._syncing:
+                # (pipelined) Durable already (nothing new was owed, or synced in place), but earlier commits'
+                # syncs still run: told after what they settled.
+                self._syncing[-1][1].extend(reports)
                 reports = []
             for report in reports:
                 report()
-            earlier += reports
-        if not earlier:
+            told = told or bool(reports)
+        if not told:
             return  # nothing told
         if self._exports_owed and not self._store_backoff:
             self._exports_owed = False
@@ -919,7 +941,7 @@ class Runner:
         """Whether the sweep for missing result files has a slice to go through now: only once every
         completion this worker committed was made durable and told (a result file must never come before its
         commit is durable), and not while the store is failing."""
-        return (self.settler.export_sweep_left and self._syncing is None and not self._unreported
+        return (self.settler.export_sweep_left and not self._syncing and not self._unreported
                 and not self._store_backoff and time.monotonic() >= self._sweep_retry_at)
 
     def _sweep_exports(self, seconds: float) -> None:

@@ -171,6 +171,36 @@ def test_failing_fsync_beside_the_next_python_task_never_reports_what_it_did_not
     assert set(reported) <= durable
 
 
+def test_failing_fsync_left_to_the_sync_thread_by_the_loop_never_reports_what_it_did_not_sync(
+        tmp_path: Path) -> None:
+    """At --concurrency 4 the loop leaves each settling commit's fsync to the store's sync thread and goes on
+    settling and starting commands (Runner._report_settled, pipelined): several commits may wait on one
+    sync. Its fdatasync fails with EIO now and then (strace, every thread): none of what a failed sync was to
+    vouch for is told, nor anything committed after it, the worker carries on, and the job ends done."""
+    strace = require_tool("strace")
+    db = tmp_path / "s.db"
+    trace = tmp_path / "trace.txt"
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(f"t{i}\n" for i in range(300)))
+    argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", "4", "--max-attempts", "10",
+                       "--", "true", "{task}")
+    faulty = subprocess.run(
+        [strace, "-f", "-qq", "-y", "-o", str(trace), "-e", "trace=fdatasync", "-e",
+         "inject=fdatasync:error=EIO:when=15+11", *argv],
+        env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=180)
+    err = faulty.stderr.decode()
+    assert faulty.returncode == 0, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert "store error, will retry" in err, "the injected fsync failures did not reach the worker"
+    assert "-wal>) = -1 EIO" in trace.read_text(), "no sync of the log failed"
+    reported = told_done(err)
+    assert len(reported) == len(set(reported))
+    assert len(reported) < 300  # the completions the failed syncs were to vouch for were never told
+    durable = done_in_store(db)
+    assert set(reported) <= durable
+    assert len(durable) == 300  # and it went on to the end
+
+
 @pytest.mark.parametrize("worker", ["command", "python"])
 def test_a_journal_that_refuses_the_probe_after_a_sync_never_has_that_sync_vouched_for(
         tmp_path: Path, worker: str) -> None:

@@ -46,6 +46,8 @@ typedef struct {
     uint64_t requested, done, waited;
     struct timespec done_at;
     int woke;           /* wake_fd was written for the sync that finished last */
+    int idle;           /* the thread waits on cv for a request (or lingers): a request must wake it */
+    int waiters;        /* callers of wait() waiting on cv: a finished sync must wake them */
     int error;          /* errno of the first failed fdatasync; 0 while none failed */
     int probing;        /* 1 until the file's filesystem turned out to take no journal probe */
 } SyncThread;
@@ -104,16 +106,19 @@ static void *run(void *arg) {
                 failed = refused;
             if (failed && !self->error)
                 self->error = failed;
-            self->done = target;
+            __atomic_store_n(&self->done, target, __ATOMIC_RELEASE);  /* read without the lock by finished() */
             self->woke = 0;
             clock_gettime(CLOCK_MONOTONIC, &self->done_at);
-            pthread_cond_broadcast(&self->cv);
+            if (self->waiters)
+                pthread_cond_broadcast(&self->cv);
             continue;
         }
         if (self->done > self->waited && !self->woke) {
             struct timespec at;
             deadline_after(&at, &self->done_at, self->linger);
+            self->idle = 1;
             int rc = pthread_cond_timedwait(&self->cv, &self->mu, &at);
+            self->idle = 0;
             if (rc == ETIMEDOUT && !self->stopping && self->requested == self->done
                 && self->done > self->waited && !self->woke) {
                 uint64_t one = 1;
@@ -122,7 +127,9 @@ static void *run(void *arg) {
             }
             continue;
         }
+        self->idle = 1;
         pthread_cond_wait(&self->cv, &self->mu);
+        self->idle = 0;
     }
     pthread_mutex_unlock(&self->mu);
     return NULL;
@@ -198,7 +205,8 @@ static PyObject *SyncThread_request(SyncThread *self, PyObject *args) {
     self->fd = (int)fd;
     self->probe_fd = (int)probe_fd;
     uint64_t ticket = ++self->requested;
-    pthread_cond_broadcast(&self->cv);
+    if (self->idle)  /* otherwise it is syncing, and looks at `requested` again once that returns */
+        pthread_cond_broadcast(&self->cv);
     pthread_mutex_unlock(&self->mu);
     return PyLong_FromUnsignedLongLong(ticket);
 }
@@ -217,8 +225,10 @@ static PyObject *SyncThread_wait(SyncThread *self, PyObject *arg) {
     }
     if (self->done < ticket) {
         Py_BEGIN_ALLOW_THREADS
+        self->waiters++;
         while (self->done < ticket && !self->stopping)
             pthread_cond_wait(&self->cv, &self->mu);
+        self->waiters--;
         Py_END_ALLOW_THREADS
     }
     if (ticket > self->waited)
@@ -229,13 +239,23 @@ static PyObject *SyncThread_wait(SyncThread *self, PyObject *arg) {
         self->woke = 0;
     }
     int error = self->done < ticket ? EBADF : self->error;  /* closed while waiting: never synced */
-    pthread_cond_broadcast(&self->cv);  /* the thread's linger wait: the sync it waits on was claimed */
+    /* The thread, lingering on the sync just claimed, is not woken for it: its linger ends in nothing (see run). */
     pthread_mutex_unlock(&self->mu);
     if (error) {
         errno = error;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *SyncThread_finished(SyncThread *self, PyObject *arg) {
+    unsigned long long ticket = PyLong_AsUnsignedLongLong(arg);
+    if (ticket == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (self->closed)
+        return closed_error();
+    /* Without the lock: asked at every turn of a busy loop, it would contend with the thread for it. */
+    return PyBool_FromLong(__atomic_load_n(&self->done, __ATOMIC_ACQUIRE) >= ticket);
 }
 
 static PyObject *SyncThread_fileno(SyncThread *self, PyObject *unused) {
@@ -277,6 +297,9 @@ static PyMethodDef SyncThread_methods[] = {
      "covered), then probe the journal through probe_fd (see journal_probe)."},
     {"wait", (PyCFunction)SyncThread_wait, METH_O,
      "wait(ticket): return once the sync of that request has returned; OSError if any sync failed."},
+    {"finished", (PyCFunction)SyncThread_finished, METH_O,
+     "finished(ticket) -> bool: whether the sync of that request has returned (well or not: `wait` tells), "
+     "without waiting."},
     {"fileno", (PyCFunction)SyncThread_fileno, METH_NOARGS,
      "fileno() -> the eventfd readable while a finished sync has gone unclaimed for `linger` seconds."},
     {"close", (PyCFunction)SyncThread_close, METH_NOARGS,

@@ -34,6 +34,22 @@ RESULT_KINDS = ("bytes", "str", "json")
 # compiles its methods when its module loads, about 1.5 ms a class here, and every onward command loads
 # this module (a restarted worker's start-up is on the recovery path). Two rows keep the dataclass because
 # a field of theirs is named like a tuple method (count, index); Stats, for its default_factory.
+class PendingSync:
+    """A sync started by ``Store.sync_ahead``: calling it waits for the sync (and raises as ``Store.sync``
+    would); ``finished()`` says, without waiting, whether that call would return at once."""
+
+    __slots__ = ("_wait", "_finished")
+
+    def __init__(self, wait: Callable[[], None], finished: Callable[[], bool]) -> None:
+        self._wait, self._finished = wait, finished
+
+    def __call__(self) -> None:
+        self._wait()
+
+    def finished(self) -> bool:
+        return self._finished()
+
+
 class Owner(NamedTuple):
     """Who runs a worker: enough to tell, on the same host, whether that process is still alive."""
 
@@ -243,9 +259,9 @@ class Connection(Protocol):
         ``StoreUnavailable`` when the storage fails to sync: what was committed since the last sync may not
         be on disk, and must never be reported."""
 
-    def sync_ahead(self) -> Callable[[], None] | None:
-        """Start ``sync`` and return without waiting for it: the call returned waits for it (and raises as
-        ``sync`` would). None when every commit so far is durable on return already: nothing was owed, or
+    def sync_ahead(self) -> PendingSync | None:
+        """Start ``sync`` and return without waiting for it: calling what it returns waits for it (and raises
+        as ``sync`` would); its ``finished()`` says whether that would wait. None when every commit so far is durable on return already: nothing was owed, or
         the backend cannot sync in the background and synced here. Meanwhile this handle may go on
         committing; a commit made after this call is not covered by it."""
 

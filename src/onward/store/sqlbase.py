@@ -31,6 +31,7 @@ from .base import (
     HostRestarts,
     JobRow,
     Owner,
+    PendingSync,
     Reclaimed,
     RunningTask,
     SourceMark,
@@ -306,7 +307,7 @@ class SqlStore:
         """Bring every commit so far to stable storage (``sync``, when a crash-safe batch is not yet)."""
         raise NotImplementedError
 
-    def sync_ahead(self) -> Callable[[], None] | None:
+    def sync_ahead(self) -> PendingSync | None:
         self.sync()  # no background sync here: in place (a backend that has one overrides both)
         return None
 

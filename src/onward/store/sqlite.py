@@ -29,7 +29,7 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -46,7 +46,7 @@ from ..errors import (
 )
 from ..log import one_line
 from ..proc import hostname
-from .base import DONE, FENCED_DETAIL, Claim, Event, Lease, Stats, StepRecord
+from .base import DONE, FENCED_DETAIL, Claim, Event, Lease, PendingSync, Stats, StepRecord
 from .rows import event_of
 from .sql import migration
 from .sqlbase import (
@@ -682,7 +682,7 @@ class SqliteStore(SqlStore):
         self._suspect_log()
         return StoreUnavailable(f"store {self.path}: cannot make the last commit durable: {e.strerror}")
 
-    def sync_ahead(self) -> Callable[[], None] | None:
+    def sync_ahead(self) -> PendingSync | None:
         if not self._sync_owed:
             return None
         if self._sync_thread is None:
@@ -701,7 +701,8 @@ class SqliteStore(SqlStore):
             self.sync()
             return None
         self._sync_owed = False
-        return functools.partial(self._wait_for_sync, self._sync_thread, ticket)
+        return PendingSync(functools.partial(self._wait_for_sync, self._sync_thread, ticket),
+                           functools.partial(self._sync_thread.finished, ticket))
 
     def _wait_for_sync(self, sync_thread: Any, ticket: int) -> None:
         try:

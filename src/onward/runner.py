@@ -93,6 +93,11 @@ RESOURCE_WARN_EVERY = 60.0
 WAKE_DUE_EVERY = 1.0
 # A step back of the wall clock larger than this between two turns of the loop is taken as the clock set back.
 CLOCK_BACK_SECONDS = 1.0
+# The most syncs the loop leaves running beside its turns (pipelined, see _report_settled) before it waits for
+# the oldest in place: one runs at a time, so these pile up only while an fsync is slow. A disk that hangs
+# then stalls the loop within a few dozen turns, as an fsync in place would, instead of letting it run task
+# after task whose completion it can never report (and whose reports it would keep in memory).
+PIPELINED_SYNCS_MAX = 32
 # An idle worker's polls double from 10 ms to a second; past this, each also asks the store when the next
 # retry is due, so that it wakes then (``_idle_timeout``). The wake comes this much after the due time: a
 # claim takes only tasks whose time has come (``ready_at <= now``), and the store's clock is not this one.
@@ -666,7 +671,7 @@ class Runner:
         told = False
         while self._syncing:
             wait, earlier = self._syncing[0]
-            if pipelined and not wait.finished():
+            if pipelined and len(self._syncing) < PIPELINED_SYNCS_MAX and not wait.finished():
                 break
             del self._syncing[0]
             try:

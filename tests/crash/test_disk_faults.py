@@ -203,6 +203,36 @@ def test_failing_fsync_left_to_the_sync_thread_by_the_loop_never_reports_what_it
     assert len(durable) == 300  # and it went on to the end
 
 
+def test_a_hung_fsync_stalls_the_pipelined_loop_within_a_few_dozen_turns(tmp_path: Path) -> None:
+    """The loop at --concurrency 4 leaves its syncs running beside its turns, but not without bound
+    (runner.PIPELINED_SYNCS_MAX): when one fdatasync hangs (here one of the sync thread's, held 3 s by strace),
+    the loop stops settling and starting tasks a few dozen turns later, as an fsync in place would stop it,
+    rather than running the whole job with nothing made durable. Seen in the store: no task finished for
+    most of those 3 s, and few finished after the hung sync was asked for (without the bound: no gap, and
+    about 2,000 tasks done in those 3 s)."""
+    strace = require_tool("strace")
+    db = tmp_path / "s.db"
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(f"t{i}\n" for i in range(1500)))
+    argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", "4", "--", "true",
+                       "{task}")
+    # when= counts per thread: the 30th fdatasync of the sync thread (the worker's own make fewer).
+    run = subprocess.run([strace, "-f", "-qq", "--seccomp-bpf", "-o", "/dev/null", "-e", "trace=fdatasync",
+                          "-e", "inject=fdatasync:delay_enter=3000000:when=30", *argv],
+                         env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=180)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    c = sqlite3.connect(db)
+    finished = [at for (at,) in c.execute("SELECT finished_at FROM tasks WHERE state = 'done' ORDER BY finished_at")]
+    c.close()
+    assert len(finished) == 1500
+    gaps = [(b - a, i) for i, (a, b) in enumerate(zip(finished, finished[1:], strict=False), start=1)]
+    gap, before = max(gaps)
+    assert gap > 2.0, f"the loop went on while the fsync hung (longest pause between completions {gap:.2f} s)"
+    # The 30th sync comes after at least 30 turns (at most 4 completions each), and the loop stops at most
+    # PIPELINED_SYNCS_MAX turns after it: well under 500 completions before the pause.
+    assert before < 500, f"{before} tasks finished before the loop stopped for the hung fsync"
+
+
 @pytest.mark.parametrize("worker", ["command", "python"])
 def test_a_journal_that_refuses_the_probe_after_a_sync_never_has_that_sync_vouched_for(
         tmp_path: Path, worker: str) -> None:

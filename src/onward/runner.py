@@ -951,6 +951,11 @@ class Runner:
 
     def _sweep_exports(self, seconds: float) -> None:
         """Go on with the sweep for missing result files for about ``seconds``."""
+        if self._syncing and self.settler.export_sweep_left:
+            # The sweep must not see a commit before it is durable: the syncs the loop left running are waited
+            # for here (only while a sweep is left, after a start that found result files missing), so that a
+            # busy loop, which leaves one running at almost every turn, does not put the sweep off to its end.
+            self._report_settled()
         if not self._sweep_due():
             return
         try:

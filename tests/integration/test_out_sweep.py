@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -73,3 +74,23 @@ def test_missing_result_files_are_all_written_across_pages_windows_and_other_job
     assert "missing result files" not in r.stderr.decode()
     r = run_onward("status", "--db", db, "--job", "other", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["pending"] == 5000, r.stdout
+
+
+def test_the_sweep_goes_on_beside_a_busy_worker_at_concurrency_4(tmp_path: Path) -> None:
+    """At --concurrency 4 on SQLite the loop leaves a sync running at almost every turn (Runner._report_settled,
+    pipelined), and the sweep may only look at durable commits: the sweep waits for those syncs rather than
+    for a turn without one, so the missing files are written early in the run, not after its last task."""
+    db = str(tmp_path / "s.db")
+    build_job(db, tmp_path / "first-out", "default", [f"old{i}" for i in range(1000)])
+    r = run_onward("add", "--db", db, *[f"new{i}" for i in range(1500)])
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"  # a new folder: every old task's result file is missing
+    r = run_onward("run", "--db", db, "--out", str(out), "--concurrency", "4", "--", "true", "{task}")
+    assert r.returncode == 0, r.stderr
+    assert "exported 1000 missing result files" in r.stderr.decode(), r.stderr
+    swept_by = max(os.stat(out / f"old{i}.txt").st_mtime for i in range(1000))
+    c = sqlite3.connect(db)
+    finished = [at for (at,) in c.execute("SELECT finished_at FROM tasks WHERE name LIKE 'new%'")]
+    c.close()
+    after = sum(at > swept_by for at in finished)
+    assert after > 750, f"the sweep ended after {1500 - after} of the 1,500 new tasks were done"

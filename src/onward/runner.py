@@ -677,7 +677,7 @@ class Runner:
             try:
                 wait()
             except StoreError as e:
-                self._syncing = []
+                self._drop_syncing()
                 self._unreported = []  # committed after what failed to sync: not vouched for either
                 self._sync_failed(e)
                 return
@@ -692,7 +692,7 @@ class Runner:
                 if not ahead:
                     self.store.sync()
             except StoreError as e:
-                self._syncing = []
+                self._drop_syncing()
                 self._sync_failed(e)
                 return
             if wait_for_sync is not None:
@@ -711,6 +711,17 @@ class Runner:
         if self._exports_owed and not self._store_backoff:
             self._exports_owed = False
             self.settler.start_export_sweep()
+
+    def _drop_syncing(self) -> None:
+        """After a failed sync: what the syncs still running were to vouch for is never told (they come after
+        the failure). They are waited for all the same (the last covers the others; it fails as the first
+        did), so that none is left unclaimed: the store's descriptor would wake the loop for it at every turn."""
+        syncing, self._syncing = self._syncing, []
+        if syncing:
+            try:
+                syncing[-1][0]()
+            except StoreError:
+                pass
 
     def _sync_failed(self, e: StoreError) -> None:
         # The commit is visible but not vouched for: what it settled is never told (none of those tasks was

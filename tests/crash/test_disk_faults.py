@@ -171,6 +171,22 @@ def test_failing_fsync_beside_the_next_python_task_never_reports_what_it_did_not
     assert set(reported) <= durable
 
 
+def commands_at_concurrency_4_under_strace(tmp_path: Path, n: int, inject: str, traced: str = "fdatasync",
+                                           ) -> tuple[subprocess.CompletedProcess[bytes], str]:
+    """``onward run --concurrency 4 -- true {task}`` of ``n`` tasks, every thread under strace with ``inject``
+    (its -e inject= value): the run, and strace's trace of the ``traced`` calls (descriptors with their paths)."""
+    strace = require_tool("strace")
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(f"t{i}\n" for i in range(n)))
+    trace = tmp_path / "trace.txt"
+    argv = onward_argv("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tasks), "--concurrency", "4",
+                       "--max-attempts", "10", "--", "true", "{task}")
+    run = subprocess.run([strace, "-f", "-qq", "-y", "-o", str(trace), "-e", f"trace={traced}", "-e",
+                          f"inject={inject}", *argv], env=dict(os.environ, PYTHONPATH=SRC), capture_output=True,
+                         timeout=300)
+    return run, trace.read_text()
+
+
 def test_failing_fsync_left_to_the_sync_thread_by_the_loop_never_reports_what_it_did_not_sync(
         tmp_path: Path) -> None:
     """At --concurrency 4 the loop leaves each settling commit's fsync to the store's sync thread and goes on
@@ -179,26 +195,16 @@ def test_failing_fsync_left_to_the_sync_thread_by_the_loop_never_reports_what_it
     that thread, what it was to vouch for is not told, the worker carries on, and the job ends done. (The
     data is not really lost here, so the store holds what was told either way: that nothing is told before
     its sync returned is tested by power cuts, test_power_cut.py.)"""
-    strace = require_tool("strace")
-    db = tmp_path / "s.db"
-    trace = tmp_path / "trace.txt"
-    tasks = tmp_path / "tasks.txt"
-    tasks.write_text("".join(f"t{i}\n" for i in range(300)))
-    argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", "4", "--max-attempts", "10",
-                       "--", "true", "{task}")
-    faulty = subprocess.run(
-        [strace, "-f", "-qq", "-y", "-o", str(trace), "-e", "trace=fdatasync", "-e",
-         "inject=fdatasync:error=EIO:when=15+11", *argv],
-        env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=180)
+    faulty, trace = commands_at_concurrency_4_under_strace(tmp_path, 300, "fdatasync:error=EIO:when=15+11")
     err = faulty.stderr.decode()
     assert faulty.returncode == 0, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
     assert "store error, will retry" in err, "the injected fsync failures did not reach the worker"
-    assert "-wal>) = -1 EIO" in trace.read_text(), "no sync of the log failed"
+    assert "-wal>) = -1 EIO" in trace, "no sync of the log failed"
     reported = told_done(err)
     assert len(reported) == len(set(reported))
     assert len(reported) < 300  # the completions the failed syncs were to vouch for were never told
-    durable = done_in_store(db)
+    durable = done_in_store(tmp_path / "s.db")
     assert set(reported) <= durable
     assert len(durable) == 300  # and it went on to the end
 
@@ -210,17 +216,10 @@ def test_a_hung_fsync_stalls_the_pipelined_loop_within_a_few_dozen_turns(tmp_pat
     rather than running the whole job with nothing made durable. Seen in the store: no task finished for
     most of those 3 s, and few finished after the hung sync was asked for (without the bound: no gap, and
     about 2,000 tasks done in those 3 s)."""
-    strace = require_tool("strace")
-    db = tmp_path / "s.db"
-    tasks = tmp_path / "tasks.txt"
-    tasks.write_text("".join(f"t{i}\n" for i in range(1500)))
-    argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", "4", "--", "true",
-                       "{task}")
     # when= counts per thread: the 30th fdatasync of the sync thread (the worker's own make fewer).
-    run = subprocess.run([strace, "-f", "-qq", "--seccomp-bpf", "-o", "/dev/null", "-e", "trace=fdatasync",
-                          "-e", "inject=fdatasync:delay_enter=3000000:when=30", *argv],
-                         env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=180)
+    run, _ = commands_at_concurrency_4_under_strace(tmp_path, 1500, "fdatasync:delay_enter=3000000:when=30")
     assert run.returncode == 0, run.stderr.decode()[-2000:]
+    db = tmp_path / "s.db"
     c = sqlite3.connect(db)
     finished = [at for (at,) in c.execute("SELECT finished_at FROM tasks WHERE state = 'done' ORDER BY finished_at")]
     c.close()
@@ -237,25 +236,16 @@ def test_a_sync_that_fails_while_later_ones_wait_leaves_the_loop_waking_only_for
     """Several commits wait for their syncs beside the pipelined loop (--concurrency 4) while one fdatasync of
     the sync thread is held 1 s, then fails with EIO (strace). None of what those syncs were to vouch for is
     told, and they are claimed all the same: a sync left unclaimed would keep the store's descriptor
-    readable, and the loop woke for it without end (39,000 waits for 1,500 tasks, against 950)."""
-    strace = require_tool("strace")
-    db = tmp_path / "s.db"
-    trace = tmp_path / "trace.txt"
-    tasks = tmp_path / "tasks.txt"
-    tasks.write_text("".join(f"t{i}\n" for i in range(600)))
-    argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", "4", "--max-attempts", "10",
-                       "--", "true", "{task}")
-    run = subprocess.run([strace, "-f", "-qq", "-y", "-o", str(trace), "-e", "trace=fdatasync,epoll_wait", "-e",
-                          "inject=fdatasync:error=EIO:delay_enter=1000000:when=30", *argv],
-                         env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, timeout=300)
+    readable, and the loop woke for it without end (44,310 waits for 600 tasks, against under 1,000)."""
+    run, trace = commands_at_concurrency_4_under_strace(
+        tmp_path, 600, "fdatasync:error=EIO:delay_enter=1000000:when=30", traced="fdatasync,epoll_wait")
     err = run.stderr.decode()
     assert run.returncode == 0, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
-    text = trace.read_text()
-    assert "-wal>) = -1 EIO" in text, "no sync of the log failed"
-    waits = text.count("epoll_wait(")
+    assert "-wal>) = -1 EIO" in trace, "no sync of the log failed"
+    waits = trace.count("epoll_wait(")
     assert waits < 3 * 600, f"the loop woke {waits} times for 600 tasks: something kept it awake"
-    assert len(done_in_store(db)) == 600
+    assert len(done_in_store(tmp_path / "s.db")) == 600
 
 
 @pytest.mark.parametrize("worker", ["command", "python"])

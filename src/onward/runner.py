@@ -451,7 +451,7 @@ class Runner:
                 claims = self._settle_and_claim(finished, self._want(finished, now))
             for claim in claims:
                 self._start(claim)
-            # With tasks running, the fsync is left to the sync thread rather than made here (pipelined).
+            # With tasks running at --concurrency above 1, the fsync is left to the sync thread (pipelined).
             self._report_settled(pipelined=bool(self.attempts) and self.concurrency > 1)
             self._sweep_exports(EXPORT_SWEEP_SLICE if self.attempts else EXPORT_SWEEP_IDLE_SLICE)
             if self.stopping and not self.attempts:

@@ -211,12 +211,22 @@ static PyObject *SyncThread_request(SyncThread *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(ticket);
 }
 
+/* The ticket `arg` names, into *ticket: 0, or -1 with an exception set (not a ticket, or closed). */
+static int ticket_of(SyncThread *self, PyObject *arg, unsigned long long *ticket) {
+    *ticket = PyLong_AsUnsignedLongLong(arg);
+    if (*ticket == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (self->closed) {
+        closed_error();
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *SyncThread_wait(SyncThread *self, PyObject *arg) {
-    unsigned long long ticket = PyLong_AsUnsignedLongLong(arg);
-    if (ticket == (unsigned long long)-1 && PyErr_Occurred())
+    unsigned long long ticket;
+    if (ticket_of(self, arg, &ticket) < 0)
         return NULL;
-    if (self->closed)
-        return closed_error();
     pthread_mutex_lock(&self->mu);
     if (ticket > self->requested) {
         pthread_mutex_unlock(&self->mu);
@@ -249,11 +259,9 @@ static PyObject *SyncThread_wait(SyncThread *self, PyObject *arg) {
 }
 
 static PyObject *SyncThread_finished(SyncThread *self, PyObject *arg) {
-    unsigned long long ticket = PyLong_AsUnsignedLongLong(arg);
-    if (ticket == (unsigned long long)-1 && PyErr_Occurred())
+    unsigned long long ticket;
+    if (ticket_of(self, arg, &ticket) < 0)
         return NULL;
-    if (self->closed)
-        return closed_error();
     /* Without the lock: asked at every turn of a busy loop, it would contend with the thread for it. */
     return PyBool_FromLong(__atomic_load_n(&self->done, __ATOMIC_ACQUIRE) >= ticket);
 }

@@ -30,10 +30,6 @@ FENCED_DETAIL = "outcome not committed: the task was taken over"
 RESULT_KINDS = ("bytes", "str", "json")
 
 
-# The rows below are NamedTuples (immutable, compared by value) rather than frozen dataclasses: a dataclass
-# compiles its methods when its module loads, about 1.5 ms a class here, and every onward command loads
-# this module (a restarted worker's start-up is on the recovery path). Two rows keep the dataclass because
-# a field of theirs is named like a tuple method (count, index); Stats, for its default_factory.
 class PendingSync:
     """A sync started by ``Store.sync_ahead``: calling it waits for the sync (and raises as ``Store.sync``
     would); ``finished()`` says, without waiting, whether that call would return at once."""
@@ -50,6 +46,10 @@ class PendingSync:
         return self._finished()
 
 
+# The rows below are NamedTuples (immutable, compared by value) rather than frozen dataclasses: a dataclass
+# compiles its methods when its module loads, about 1.5 ms a class here, and every onward command loads
+# this module (a restarted worker's start-up is on the recovery path). Two rows keep the dataclass because
+# a field of theirs is named like a tuple method (count, index); Stats, for its default_factory.
 class Owner(NamedTuple):
     """Who runs a worker: enough to tell, on the same host, whether that process is still alive."""
 
@@ -261,8 +261,9 @@ class Connection(Protocol):
 
     def sync_ahead(self) -> PendingSync | None:
         """Start ``sync`` and return without waiting for it: calling what it returns waits for it (and raises
-        as ``sync`` would); its ``finished()`` says whether that would wait. None when every commit so far is durable on return already: nothing was owed, or
-        the backend cannot sync in the background and synced here. Meanwhile this handle may go on
+        as ``sync`` would); its ``finished()`` says whether that would wait. None when every commit so far is
+        durable on return already: nothing was owed, or the backend cannot sync in the background and synced
+        here. Meanwhile this handle may go on
         committing; a commit made after this call is not covered by it."""
 
     def sync_ahead_fd(self) -> int | None:

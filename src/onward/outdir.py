@@ -47,7 +47,7 @@ from urllib.parse import unquote, urlsplit
 
 from onward.errors import UNAVAILABLE_ERRNOS, OutputUnavailable, UsageError
 from onward.folders import create_private_folders
-from onward.proc import pid_exists
+from onward.proc import pid_exists, pid_start_time, process_alive
 
 # The longest stem (file name without '.txt') of any form; with the suffix, 204 bytes, within the 255
 # that Linux and macOS file systems allow for one path component.
@@ -69,7 +69,8 @@ _NO_XATTRS = frozenset({errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EPE
 TEMP_PREFIX = ".onward-tmp-"
 # Digits only (no sign, no spaces, no other scripts' digits): os.kill(-n, 0) and os.kill(0, 0) ask about a
 # whole process group, not one process, so a negative pid must not parse and pid 0 is skipped.
-_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"([0-9]{1,10})-[0-9a-f]+", re.ASCII)
+# The writer's pid, then its start time (names made before it was added have none), then random hex.
+_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"([0-9]{1,10})-(?:([0-9]{1,20})-)?[0-9a-f]+", re.ASCII)
 
 
 def _task_bytes(task: str) -> bytes:
@@ -123,9 +124,19 @@ def _create_new_file(dir_fd: int, name: str) -> int:
     return os.open(name, flags, 0o600, dir_fd=dir_fd)
 
 
+_writer: tuple[int, int | None] | None = None  # this process's pid and start time, read once per process
+
+
 def _new_temp_name() -> str:
-    # 64 random bits: two writers (or a name someone planted in advance) clash only by luck.
-    return f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+    # The writer's start time beside its pid: a pid is reused (32,768 of them, by default), so a dead
+    # writer's file would otherwise look live whenever another process got its pid, and stay. 64 random
+    # bits: two writers (or a name someone planted in advance) clash only by luck.
+    global _writer
+    pid = os.getpid()
+    if _writer is None or _writer[0] != pid:  # (a forked child is another writer)
+        _writer = (pid, pid_start_time(pid))
+    start = _writer[1]
+    return f"{TEMP_PREFIX}{pid}-{'' if start is None else f'{start}-'}{secrets.token_hex(8)}"
 
 
 
@@ -225,8 +236,8 @@ class OutDir:
         match = _TEMP_NAME.fullmatch(name) if name.startswith(TEMP_PREFIX) else None
         if match is None:
             return
-        pid = int(match.group(1))
-        if pid == 0 or pid_exists(pid):
+        pid, start = int(match.group(1)), match.group(2)
+        if pid == 0 or (pid_exists(pid) if start is None else process_alive(pid, int(start))):
             return
         try:
             os.unlink(name, dir_fd=self._dir_fd)

@@ -315,6 +315,28 @@ def test_stale_temp_files_of_dead_writers_are_removed_live_ones_kept(tmp_path: P
         sleeper.wait()
 
 
+def test_a_temp_file_whose_writer_pid_was_reused_is_removed(tmp_path: Path) -> None:
+    """A temp file's name carries its writer's start time beside its pid: a live process that got a dead
+    writer's pid (pids are reused: 32,768 by default) does not keep the dead writer's file. The power-cut
+    test's final check found such a file left under load."""
+    from onward.outdir import _new_temp_name
+    from onward.proc import pid_start_time
+
+    own = _new_temp_name()
+    start = pid_start_time(os.getpid())
+    assert start is not None
+    assert own.startswith(f"{TEMP_PREFIX}{os.getpid()}-{start}-")
+    reused = f"{TEMP_PREFIX}{os.getpid()}-{start + 1}-00ff"  # our pid, another process's start: gone
+    kept = [f"{TEMP_PREFIX}{os.getpid()}-{start}-00ff", f"{TEMP_PREFIX}{os.getpid()}-00ff"]
+    for name in [reused, *kept]:
+        (tmp_path / name).write_bytes(b"partial")
+    with OutDir(str(tmp_path)) as out:
+        for _ in out.remove_stale_temp_files():
+            pass
+        out.write("t", b"x")  # and its own temp file, named the new way, is renamed into place
+    assert sorted(os.listdir(tmp_path)) == sorted([*kept, "t.txt"])
+
+
 def test_a_folder_under_a_file_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "afile").write_bytes(b"")
     with pytest.raises(UsageError) as error:

@@ -23,9 +23,12 @@ next task back to a task thread would cost two thread hand-overs per task. Its t
 loop's turn, same code, concurrency 1: no-op tasks 1.2-1.8x the throughput at 100,000 tasks, tasks
 computing 0.1 ms 1.5x (medians). On SQLite its sync is left running beside the next task, on a thread that
 never takes the GIL (``Store.sync_ahead``), and what the commit settled is told by the next turn: no-op
-tasks 1.37x the throughput of syncing in place before the next task (20,000, medians of three). One lock
-(``_turn``) makes every turn, on either thread, the only one: the loop holds it except while it waits, so
-the runner's state and the store connection are only ever touched by one turn at a time. The loop keeps what must not depend on tasks' threads: ticks (leases,
+tasks 1.37x the throughput of syncing in place before the next task (20,000, medians of three). The next
+turn still waits for that sync before it tells: leaving it running there too, as the loop's pipelined turns
+do, measured no gain (188.5 against 183.5 us a task, medians of 4 pairs; the syncs stayed one per task, the
+turn's own work as long as an fsync). One lock (``_turn``) makes every turn, on either thread, the only
+one: the loop holds it except while it waits, so the runner's state and the store connection are only ever
+touched by one turn at a time. The loop keeps what must not depend on tasks' threads: ticks (leases,
 reclaims, cancels), deadlines, signals and the watchdog; a task's thread gives way to it (hands its outcome
 over the usual way) once a tick is due.
 """

@@ -1,6 +1,7 @@
-"""The leases of one worker's running attempts, as its loop knows them: renewed every heartbeat, known to
-hold until a moment measured from before the renewal was sent, and when they cannot be renewed, their
-tasks stopped in time (before another worker may take them over) with nothing of them committed.
+"""The leases of one worker's running attempts, as its loop knows them: renewed every heartbeat (and at least
+three times a lease, see runner.RENEWALS_PER_LEASE), known to hold until a moment measured from before the
+renewal was sent, and when they cannot be renewed, their tasks stopped in time (before another worker may
+take them over) with nothing of them committed.
 """
 
 from __future__ import annotations

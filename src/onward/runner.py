@@ -95,6 +95,12 @@ STEP_FAULT_PAUSE = 1.0
 RESOURCE_WARN_EVERY = 60.0
 # How often a worker looks for waits whose deadline passed (ctx.wait's timeout), while its job has some.
 WAKE_DUE_EVERY = 1.0
+# The loop's look (lease renewal, reclaims, cancels) comes every heartbeat, and at least this many times a lease:
+# that is the default (a lease of three heartbeats), so that a renewal comes while two thirds of the lease are
+# left. A lease set barely longer than the heartbeat (--heartbeat 1 --lease 1.0000001, which the rule "longer
+# than the heartbeat" allows) ran out before nearly every renewal, by the moment the loop woke late: another
+# worker looking in that moment could take the task over from its healthy owner.
+RENEWALS_PER_LEASE = 3
 # A step back of the wall clock larger than this between two turns of the loop is taken as the clock set back.
 CLOCK_BACK_SECONDS = 1.0
 # The most syncs the loop leaves running beside its turns (pipelined, see _report_settled) before it waits for
@@ -407,7 +413,7 @@ class Runner:
     def _loop(self) -> None:
         cfg = self.config
         idle_wait = 0.01
-        next_tick = self._tick_due_at = time.monotonic() + cfg.heartbeat
+        next_tick = self._tick_due_at = time.monotonic() + self._tick_period()
         last_turn, last_wall = time.monotonic(), time.time()
         while True:
             now, wall = time.monotonic(), time.time()
@@ -502,7 +508,8 @@ class Runner:
         return idle_wait
 
     def _tick_period(self) -> float:
-        period = self.config.heartbeat
+        # Every heartbeat, and at least RENEWALS_PER_LEASE times a lease (see there).
+        period = min(self.config.heartbeat, self.config.lease_seconds / RENEWALS_PER_LEASE)
         if self.config.stall_timeout:
             period = min(period, self.config.stall_timeout / 4)
         # Cannot renew: look again in time to stop our tasks before the leases run out, not a whole

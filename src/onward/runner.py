@@ -688,8 +688,6 @@ class Runner:
             try:
                 wait()
             except StoreError as e:
-                self._drop_syncing()
-                self._unreported = []  # committed after what failed to sync: not vouched for either
                 self._sync_failed(e)
                 return
             for report in earlier:
@@ -703,7 +701,6 @@ class Runner:
                 if not ahead:
                     self.store.sync()
             except StoreError as e:
-                self._drop_syncing()
                 self._sync_failed(e)
                 return
             if wait_for_sync is not None:
@@ -723,21 +720,19 @@ class Runner:
             self._exports_owed = False
             self.settler.start_export_sweep()
 
-    def _drop_syncing(self) -> None:
-        """After a failed sync: what the syncs still running were to vouch for is never told (they come after
-        the failure). They are waited for all the same (the last covers the others; it fails as the first
-        did), so that none is left unclaimed: the store's descriptor would wake the loop for it at every turn."""
-        syncing, self._syncing = self._syncing, []
+    def _sync_failed(self, e: StoreError) -> None:
+        """After a failed sync: the commit it was to vouch for, and every one after it, is visible but not
+        vouched for: what they settled is never told (none of those tasks was reported done, so running one
+        again breaks no promise). The syncs still running are waited for all the same (the last covers the
+        others; it fails as the first did), so that none is left unclaimed: the store's descriptor would wake
+        the loop for it at every turn. The worker stays up like after a failed commit, backs off, and commits
+        durably at once from now on, as SQLite does on its own."""
+        syncing, self._syncing, self._unreported = self._syncing, [], []
         if syncing:
             try:
                 syncing[-1][0]()
             except StoreError:
                 pass
-
-    def _sync_failed(self, e: StoreError) -> None:
-        # The commit is visible but not vouched for: what it settled is never told (none of those tasks was
-        # reported done, so running one again breaks no promise). The worker stays up like after a failed
-        # commit, backs off, and commits durably at once from now on, as SQLite does on its own.
         self._durable_now = self._exports_owed = True
         self._back_off(e)
 

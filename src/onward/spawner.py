@@ -204,12 +204,15 @@ class Spawner:
                     raise
             try:
                 _write_all(ready.go, request)
-            except BrokenPipeError:  # it was killed while it waited: nothing of the command ran
-                ready.close_all()
+            except OSError as e:
+                ready.close_all()  # go included: a process still waiting leaves without running anything
                 os.waitpid(pid, 0)
-                continue
-            finally:
-                os.close(ready.go)
+                if isinstance(e, BrokenPipeError):  # it was killed while it waited: nothing of the command ran
+                    continue
+                raise
+            # Closed once, on this path only: closed again after ``close_all``, the number could by then be
+            # a descriptor another thread has just opened (the store's, say).
+            os.close(ready.go)
             return pid, ready.stdout, ready.stderr, ready.report
         raise OSError(errno.EAGAIN, "the command spawner died three times in a row")
 

@@ -52,6 +52,11 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("ONWARD_JOB", None)
     os.environ.pop("ONWARD_KEEP_AWAKE", None)
     os.environ.pop("NOTIFY_SOCKET", None)
+    # Started in the background by a shell without job control (`make test &` in a script), the suite
+    # inherits SIGINT ignored, and so would every onward it starts: a Ctrl-C test would wait for an exit
+    # that never comes. A handled SIGINT is reset to the default at a child's exec; an ignored one is not.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(params=BACKENDS)

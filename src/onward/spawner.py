@@ -205,7 +205,10 @@ class Spawner:
             try:
                 _write_all(ready.go, request)
             except OSError as e:
-                ready.close_all()  # go included: a process still waiting leaves without running anything
+                # Killed before its go is closed: a request cut short by the error must not run as a shorter
+                # command. (Dead already after a broken pipe; it is our child, unreaped: the pid is its own.)
+                os.kill(pid, 9)  # SIGKILL: ``signal`` is not imported in this file (see the imports)
+                ready.close_all()
                 os.waitpid(pid, 0)
                 if isinstance(e, BrokenPipeError):  # it was killed while it waited: nothing of the command ran
                     continue

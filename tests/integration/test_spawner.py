@@ -19,7 +19,7 @@ import pytest
 
 from onward import cgroups
 from onward.cgroups import own_cgroup
-from onward.proc import children, pid_exists, pid_start_time
+from onward.proc import children, pid_exists, pid_start_time, stat_fields
 from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, run_onward, wait_for
 
 own = own_cgroup()
@@ -254,8 +254,7 @@ def kill_unless_it_ran(pid: int, word: str) -> bool:
         except ProcessLookupError:
             return False
         try:
-            wait_for(lambda: open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()[0] in b"TZX",
-                     10, "the process to stop")
+            wait_for(lambda: (fields := stat_fields(pid)) is None or fields[0] in b"TZX", 10, "the process to stop")
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 still = word.encode() in f.read()
         except OSError:  # gone meanwhile

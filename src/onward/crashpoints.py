@@ -31,7 +31,7 @@ PHASES = (
     "export_written",  # the result file is in --out (renamed and its folder fsynced)
     "lease_renewed",  # the renewal of this worker's leases committed
     "retry_scheduled",  # a failed attempt committed as pending again (retry later)
-    "reclaim",  # another worker's abandoned task committed back to pending; not journaled yet
+    "reclaim",  # another worker's abandoned tasks committed back to pending (and journaled); not logged yet
     # Durable waits (ctx.wait, parked sleeps):
     "wait_parking",  # the wait found no value: the attempt ends parked, nothing of that committed yet
     "wait_parked",  # the park committed (the task waits, slot and lease given back); not reported yet

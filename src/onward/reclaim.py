@@ -31,24 +31,35 @@ def reclaim_abandoned(store: Store, worker_id: int, ours: Container[int], log: L
     A task whose owner died (this host's process is gone) while it ran others beside it is not counted
     (it gets an attempt more) and runs alone from then on (see ``Store.reclaim``): an OOM kill or a crash
     of a worker at ``--concurrency N`` is not blamed on each of its N tasks. How many an owner ran is read
-    here, before any of them is taken back. A lease that ran out is no such sign (a worker cut off from
-    the store, or frozen, lives on; one that died on another host is taken back by its own host's next
-    worker, if any, at once): its tasks count as before."""
+    here, before any of them is taken back, and an owner's tasks are taken back in one transaction: a
+    worker that read the running tasks meanwhile sees all of them running or none, never the last of
+    them alone (it counted that one's attempt as if its owner had died running it alone). A lease that
+    ran out is no such sign (a worker cut off from the store, or frozen, lives on; one that died on
+    another host is taken back by its own host's next worker, if any, at once): its tasks count as before."""
     running = store.running_tasks()
     per_owner = Counter(task.worker_id for task in running)
+    by_owner: dict[int | None, list[tuple[RunningTask, bool | None]]] = {}
     for task in running:
         if task.worker_id == worker_id and task.task_id in ours:
             continue
         alive = _owner_alive(task)
-        if _takeover_reason(task, alive, expired_leases) is None:
-            continue
-        if alive is False:
+        if _takeover_reason(task, alive, expired_leases) is not None:
+            by_owner.setdefault(task.worker_id, []).append((task, alive))
+    for owner, tasks in by_owner.items():
+        if any(alive is False for _, alive in tasks):
             # What left its command's group (``setsid``, a double fork) is in the dead worker's cgroups. This
             # is the one path by which a dead worker's task runs again, so the sweep is done here rather than
             # before every command a worker starts; a dead owner renews nothing, so it needs no lock.
             sweep_dead_workers()
-        died_with = per_owner[task.worker_id] if alive is False and task.worker_id is not None else 1
-        _reclaim(store, worker_id, task, expired_leases, log, died_with)
+        said: list[str] = []
+        with store.batch():
+            for task, alive in tasks:
+                died_with = per_owner[owner] if alive is False and owner is not None else 1
+                said += _reclaim(store, worker_id, task, expired_leases, died_with)
+        if crashpoints.ARMED and said:  # the tasks are committed back to pending (fences moved), journaled
+            crashpoints.hit("reclaim")
+        for line in said:
+            log.warning(line)
 
 
 def _owner_alive(task: RunningTask) -> bool | None:
@@ -75,10 +86,11 @@ def _end_old_attempt(task: RunningTask, alive: bool | None) -> None:
         kill_group(task.child_pid)  # the leader is gone, but its group may live on
 
 
-def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bool, log: Log,
-             died_with: int) -> None:
-    """``died_with``: how many tasks the owner, found dead, ran (this one included); 1 when it was not
-    found dead."""
+def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bool,
+             died_with: int) -> list[str]:
+    """In the caller's batch: take ``task`` back if it is still to be taken, and journal it; the line to log
+    once that commits (none if it was not taken). ``died_with``: how many tasks the owner, found dead, ran
+    (this one included); 1 when it was not found dead."""
     taken: list[tuple[RunningTask, str]] = []
 
     def decide(locked: RunningTask) -> str | None:
@@ -95,10 +107,8 @@ def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bo
     shared = died_with > 1
     reclaimed = store.reclaim(task.task_id, task.fence, decide, shared)
     if reclaimed is None:
-        return
+        return []
     task, reason = taken[-1]
-    if crashpoints.ARMED:  # the task is committed back to pending (fence moved); not journaled yet
-        crashpoints.hit("reclaim")
     if reclaimed.counted:
         kind, detail = "reclaimed", f"{reason}; now {reclaimed.state}"
     elif shared:
@@ -108,4 +118,4 @@ def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bo
         # It got further than ever before it died: a crash of a progressing task is not poison.
         kind, detail = "interrupted", f"{reason} after recording new steps; attempt not counted, now pending"
     store.log_event(kind, task_id=task.task_id, worker_id=worker_id, attempt=task.attempt, detail=detail)
-    log.warning(f"{kind} task={quote(task.name)} attempt={task.attempt}: {detail}")
+    return [f"{kind} task={quote(task.name)} attempt={task.attempt}: {detail}"]

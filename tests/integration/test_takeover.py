@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -134,6 +135,71 @@ def test_the_owner_cannot_renew_while_a_takeover_decides(store_url: str) -> None
     finally:
         owner.close()
         taker.close()
+
+
+class AnotherTakerReadsAfterTheFirstReclaim:
+    """The store as one taker-over sees it, except that once its first reclaim has returned, a second
+    taker-over (another worker, through its own handle) runs its whole look at the running tasks before the
+    first goes on: the moment two workers' heartbeats meet over a dead worker's tasks."""
+
+    def __init__(self, store: Store, other: Store, other_id: int) -> None:
+        self._store, self._other, self._other_id = store, other, other_id
+        self.other_failed: list[str] = []
+        self._reclaims = 0
+
+    def reclaim(self, *args: Any, **kwargs: Any) -> Reclaimed | None:
+        done = self._store.reclaim(*args, **kwargs)
+        self._reclaims += 1
+        if self._reclaims == 1:
+            def other_look() -> None:
+                try:
+                    reclaim_abandoned(self._other, self._other_id, set(), Log(stream=io.StringIO()))
+                except StoreError as e:  # waited for our lock past its bound: it looks again at its next beat
+                    self.other_failed.append(str(e))
+            look = threading.Thread(target=other_look)
+            look.start()
+            look.join(timeout=60)
+            assert not look.is_alive(), "the second taker-over never returned"
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def test_two_workers_taking_over_a_dead_workers_tasks_at_once_count_none_of_them(store_url: str) -> None:
+    """A worker dies (its process is gone) with two tasks running beside each other: neither attempt counts,
+    each task gets one more and runs alone from then on (see Store.reclaim). Two live workers look at once:
+    the second reads the running tasks after the first took back one of the two. It used to see the other
+    one running alone, and count its attempt as if its owner had died running only that task."""
+    first, second = open_store(store_url), open_store(store_url)
+    try:
+        first.add(["a", "b"])
+        # The owner: a process of this host that claims both tasks and exits without a word.
+        subprocess.run([sys.executable, "-c",
+                        "import os, sys\n"
+                        "from onward.store import open_store\n"
+                        "from onward.proc import current_owner\n"
+                        "s = open_store(sys.argv[1])\n"
+                        "w = s.register_worker(current_owner(), 'test')\n"
+                        "assert len(s.claim(w, 2, 30, 3)) == 2\n"
+                        "os._exit(0)\n", store_url],
+                       env=dict(os.environ, PYTHONPATH=SRC), check=True, timeout=60)
+        assert sorted(t.name for t in first.running_tasks()) == ["a", "b"]
+        first_id, second_id = worker(first), worker(second)
+        second.renew(second_id, [], 0.5, 0)  # the second waits at most 0.25 s for a lock the first holds
+        seen = AnotherTakerReadsAfterTheFirstReclaim(first, second, second_id)
+        log_text = io.StringIO()
+        reclaim_abandoned(cast(Store, seen), first_id, set(), Log(stream=log_text))
+        kinds = sorted((e.task or "", e.kind) for e in first.events() if e.kind in ("reclaimed", "interrupted"))
+        assert kinds == [("a", "interrupted"), ("b", "interrupted")], (kinds, log_text.getvalue(), seen.other_failed)
+        for name in ("a", "b"):
+            row = first.task(name)
+            assert row is not None and (row.state, row.attempts) == (PENDING, 1), row
+        alone = [first.claim(first_id, 1, 30, 3, alone=True) for _ in range(2)]
+        assert sorted((c.name, c.alone, c.max_attempts) for (c,) in alone) == [("a", True, 4), ("b", True, 4)]
+    finally:
+        first.close()
+        second.close()
 
 
 # A Python task run by the Job API: a thread, which cannot be killed. It writes a line (worker, time) every

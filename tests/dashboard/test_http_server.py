@@ -10,10 +10,13 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from onward.dashboard.server import SECURITY_HEADERS
-from tests.conftest import run_onward
+from onward.dashboard import server
+from onward.dashboard.server import SECURITY_HEADERS, Dashboard
+from onward.store import open_store
+from onward.store.base import Store
+from tests.conftest import run_onward, wait_for
 from tests.dashboard.conftest import Served
 
 
@@ -155,3 +158,39 @@ def test_a_burst_of_connections_opened_at_once_all_get_an_answer(tmp_path: Path,
     failed = Counter(outcome for outcome in outcomes if not outcome.startswith("HTTP/1.1 200 "))
     assert not failed, f"{sum(failed.values())} of {BURST} connections had no answer: {failed}"
     assert served.get("/api/status").status == 200
+
+
+class IdleRunsOutOfMemoryOnce:
+    """A real store whose first ``idle`` runs out of memory (as a MemoryError can strike any allocation)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.idle_calls = 0
+
+    def idle(self) -> None:
+        self.idle_calls += 1
+        if self.idle_calls == 1:
+            raise MemoryError
+        self._store.idle()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def test_the_idle_look_outlives_a_memory_error(tmp_path: Path, monkeypatch: Any) -> None:
+    """The dashboard's thread that calls Store.idle every second (so that its connection lets go of a
+    suspect log's index) goes on after a MemoryError there: it used to end, silently, for good."""
+    store = open_store(str(tmp_path / "store.db"))
+    store.add(["t"])
+    flaky = IdleRunsOutOfMemoryOnce(store)
+    board = Dashboard(cast(Store, flaky), None, "127.0.0.1", True)
+    monkeypatch.setattr(server, "IDLE_EVERY", 0.01)
+    look = threading.Thread(target=board.idle_between_requests, daemon=True)
+    look.start()
+    try:
+        wait_for(lambda: flaky.idle_calls >= 3, 30, "the idle look to go on after its MemoryError")
+    finally:
+        board.stopping.set()
+        look.join(timeout=30)
+        store.close()
+    assert not look.is_alive()

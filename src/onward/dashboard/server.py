@@ -119,6 +119,10 @@ class Dashboard:
                     self.store.idle()
                 except StoreError:
                     pass  # the next request is answered 503 with the error, as for any store that fails
+                except MemoryError:
+                    # Passing (the requests meet it too, each answered 500): this thread must outlive it, or
+                    # no later look lets go of a suspect log's index for as long as the dashboard runs.
+                    pass
 
 
 class Handler(BaseHTTPRequestHandler):

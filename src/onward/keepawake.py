@@ -7,19 +7,25 @@ alive, and removes it when nothing is left to do, or when the last live worker l
 One marker may be shared by workers of several jobs and stores (the conventional path is shared by every
 one of them): each worker that holds it keeps a shared lock (``flock``) on it, and one that lets it go
 removes it only when no other worker holds it. A lock dies with its process, so a killed worker's marker
-is never held by it.
+is never held by it; and, where no supervisor is there to let it go, a killed worker's marker keeper
+(``onward.markerkeeper``) removes it by that same rule.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
-import stat
+import sys
 
+from . import markerkeeper
 from .errors import UsageError
 from .folders import create_private_folders
 from .log import Log
+from .markerkeeper import not_a_marker, open_marker, remove_unheld, same_file
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
 
 SANDBOX_DIR = "~/.sandboxer"
 SANDBOX_MARKER = "keep-awake"
@@ -47,45 +53,18 @@ def chosen_marker(flag: str | None) -> str | None:
     return None
 
 
-MARKER_TEXT = b"onward pid="  # what every marker onward writes begins with
 NAME_MAX = 255  # the longest name of a file or folder on Linux's filesystems
-
-
-def _not_a_marker(path: str) -> str | None:
-    """Why the file at ``path`` is something onward must neither overwrite nor remove (None: nothing is
-    there, or it is a marker: one onward wrote, or an empty file, as ``touch`` makes by the sandboxes'
-    convention). A typo'd path (``--keep-awake tasks.txt``) would otherwise be replaced by a marker and
-    deleted when the work is done."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return "is a symbolic link"
-        if e.errno == errno.EISDIR:
-            return "is a directory"
-        return None  # unreadable: whether it can be replaced is found when writing (a warning then)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "is not a regular file"
-        head = os.read(fd, len(MARKER_TEXT))
-    finally:
-        os.close(fd)
-    if head and not MARKER_TEXT.startswith(head):  # (a prefix: read while another worker writes it)
-        return "holds something other than a keep-awake marker"
-    return None
 
 
 def _check_marker_path(path: str) -> None:
     """Refuse, before anything is written, a marker that could never be a file (a directory, or a path
-    under something that is not a directory) and a file there that is not a marker (``_not_a_marker``).
+    under something that is not a directory) and a file there that is not a marker (``not_a_marker``).
     (A full or failing disk is only found when writing: that is a warning then, see ``KeepAwake.hold``.)"""
     if os.path.isdir(path):
         raise UsageError(f"keep-awake marker {path} is a directory; give the path of a file")
     if any(len(os.fsencode(part)) > NAME_MAX for part in path.split(os.sep)):
         raise UsageError(f"keep-awake marker {path[:80]}…: a name in it is longer than {NAME_MAX} bytes")
-    why = _not_a_marker(path)
+    why = not_a_marker(path)
     if why:
         raise UsageError(f"keep-awake marker {path} {why}; give a path of its own (nothing was changed)")
     parent = os.path.dirname(os.path.abspath(path))
@@ -101,23 +80,6 @@ def _check_marker_path(path: str) -> None:
 HOLD_TRIES = 20
 
 
-def _same_file(fd: int, path: str) -> bool:
-    """Whether ``path`` still names the file open on ``fd`` (not removed, nor replaced, since)."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    mine = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
-
-
-def _open_marker(path: str) -> int | None:
-    try:
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-
-
 class KeepAwake:
     def __init__(self, path: str, log: Log) -> None:
         self.path = path
@@ -129,16 +91,16 @@ class KeepAwake:
         """Make sure the marker exists (it may have been removed by a worker that finished), and hold it: a
         shared lock on it tells every other worker sharing it that it is still wanted. A marker that cannot
         be written (a full disk) is a warning, never a reason to stop the work it is there for."""
-        if self._fd is not None and _same_file(self._fd, self.path):
+        if self._fd is not None and same_file(self._fd, self.path):
             return
         self.leave()
-        why = _not_a_marker(self.path)
+        why = not_a_marker(self.path)
         if why:  # put there since this worker started
             self._warn(f"keep-awake marker {self.path} {why} now; left as it is, the work goes on")
             return
         try:
             for _ in range(HOLD_TRIES):
-                fd = _open_marker(self.path)
+                fd = open_marker(self.path)
                 if fd is None:
                     self._create(store)
                     continue
@@ -147,11 +109,12 @@ class KeepAwake:
                 except BlockingIOError:  # another worker is removing it: once gone, it is made anew
                     os.close(fd)
                     continue
-                if not _same_file(fd, self.path):
+                if not same_file(fd, self.path):
                     os.close(fd)
                     continue
                 self._fd = fd
                 self._failure = None
+                self._watch_for_death()
                 return
         except OSError as e:
             self._warn(f"cannot write the keep-awake marker {self.path}: {e.strerror}; the work goes on")
@@ -183,27 +146,63 @@ class KeepAwake:
     def release(self) -> None:
         """Let the marker go, and remove it unless another worker holds it."""
         self.leave()
-        why = _not_a_marker(self.path)
+        why = not_a_marker(self.path)
         if why:  # put there since this worker started: not ours to remove
             self._warn(f"keep-awake marker {self.path} {why} now; left as it is")
             return
         try:
-            fd = _open_marker(self.path)
-            if fd is None:
-                return
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return  # held by a worker of another job or store sharing it: that worker removes it
-                if _same_file(fd, self.path):
-                    os.unlink(self.path)
-            finally:
-                os.close(fd)
+            # Unless held by a worker of another job or store sharing it: that worker removes it.
+            remove_unheld(self.path)
         except OSError as e:
             self._warn(f"cannot remove the keep-awake marker {self.path}: {e.strerror}")
+
+    def _watch_for_death(self) -> None:
+        """Have a marker keeper (``onward.markerkeeper``) remove the marker should this process die holding
+        it, unless a supervisor is there to (``NOTIFY_SOCKET``: ``onward supervise``, systemd), which keeps
+        it across a restart. One keeper a marker per process, for as long as the process lives."""
+        if "NOTIFY_SOCKET" in os.environ:
+            return
+        path = os.path.abspath(self.path)
+        if path in _keepers:
+            return
+        try:
+            _keepers[path] = _start_keeper(path)
+        except (OSError, ValueError) as e:  # no descriptor, process or memory left
+            self._warn(f"cannot start the process that removes the keep-awake marker {self.path} should this"
+                       f" worker be killed: {getattr(e, 'strerror', None) or e}; the work goes on")
 
     def _warn(self, text: str) -> None:
         if text != self._failure:
             self.log.warning(text)
             self._failure = text
+
+
+# Per marker (absolute path), the keeper watching this process and the write end of the pipe it watches,
+# kept open (and referenced, so that neither is collected) for as long as this process lives.
+_keepers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+
+_BOOT = ("import sys; sys.path.append(sys.argv[1].rpartition('/')[0]); import markerkeeper; "
+         "markerkeeper.keep(sys.argv[2], int(sys.argv[3]))")
+
+
+def _start_keeper(path: str) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a keeper for the marker at ``path`` (see ``onward.markerkeeper``): in a session of its own, so
+    that a signal to the worker's process group (Ctrl-C, ``kill -9 -PGID``) does not reach it; with no
+    descriptor of the worker's but the pipe's read end, and nothing to print to. The write end stays here,
+    close-on-exec, so that no command of the worker's holds it open after the worker is gone."""
+    import subprocess  # here: ``onward status`` imports this module, and starts no keeper
+
+    if not sys.executable:
+        raise OSError(0, "no Python interpreter to run it with")
+    watched, held = os.pipe()
+    try:
+        keeper = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _BOOT, markerkeeper.__file__, path, str(watched)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=[watched],
+            cwd="/", env={}, start_new_session=True)
+    except BaseException:
+        os.close(held)
+        raise
+    finally:
+        os.close(watched)
+    return keeper, held

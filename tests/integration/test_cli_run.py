@@ -383,6 +383,107 @@ def test_keep_awake_stays_while_another_worker_has_work(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+def keepers_of(marker: Path, parent: int | None = None) -> list[int]:
+    """The pids of the marker keepers (``onward.markerkeeper``) watching over ``marker``; only those whose
+    parent is ``parent``, if given."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if any(a.endswith(b"markerkeeper.py") for a in args) and os.fsencode(str(marker)) in args \
+                and parent in (None, ppid):
+            found.append(int(entry))
+    return found
+
+
+def lone_worker(db: str, marker: Path, started: Path, *args: str) -> subprocess.Popen[bytes]:
+    """``onward run --keep-awake marker`` with no supervisor (no ``NOTIFY_SOCKET``), in a session of its
+    own, its one task touching ``started`` and then sleeping; returned once that task runs."""
+    lone = env()
+    lone.pop("NOTIFY_SOCKET", None)
+    worker = subprocess.Popen(
+        onward_argv("run", "--db", db, *args, "--keep-awake", str(marker), "--", "sh", "-c",
+                    f"touch {started}; sleep 60"),
+        env=lone, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for(started.exists, 20, "the task to start")
+    assert marker.exists()
+    return worker
+
+
+def keeper_of(worker: subprocess.Popen[bytes], marker: Path) -> int:
+    """The pid of ``worker``'s marker keeper."""
+    wait_for(lambda: keepers_of(marker, worker.pid), 20, "the worker's marker keeper")
+    (keeper,) = keepers_of(marker, worker.pid)
+    return keeper
+
+
+@pytest.mark.parametrize("target", ["worker", "process group"])
+def test_a_lone_worker_killed_outright_leaves_no_keep_awake_marker(tmp_path: Path, target: str) -> None:
+    """No supervisor is there to let a killed worker's marker go (``onward supervise`` does when it gives
+    up): the worker's marker keeper does, so that a sandbox is not kept awake, and paid for, with no worker
+    left. Before, the marker stayed until a worker ran the job again. The keeper is in a session of its
+    own: a SIGKILL to the worker's whole process group does not reach it."""
+    db = str(tmp_path / "s.db")
+    marker = tmp_path / "awake" / "keep-awake"
+    run_onward("add", "--db", db, "a")
+    worker = lone_worker(db, marker, tmp_path / "started")
+    os.kill(worker.pid, signal.SIGKILL) if target == "worker" else os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=20)
+    wait_for(lambda: not marker.exists(), 20, "the killed worker's marker to be removed")
+    wait_for(lambda: not keepers_of(marker), 20, "the keeper to exit")
+    # The work is still there: the next run takes it, and the marker while it works.
+    r = run_onward("run", "--db", db, "--keep-awake", str(marker), "--", "true")
+    assert r.returncode == 0, r.stderr
+    assert status(db)["done"] == 1 and not marker.exists()
+
+
+def test_a_killed_workers_keeper_leaves_a_marker_another_worker_holds(tmp_path: Path) -> None:
+    """The keeper removes the marker by a leaving worker's rule: not while a worker of another job sharing
+    it still works (it holds a lock on it)."""
+    db = str(tmp_path / "s.db")
+    marker = tmp_path / "keep-awake"
+    run_onward("add", "--db", db, "--job", "a", "a1")
+    run_onward("add", "--db", db, "--job", "b", "b1")
+    a = lone_worker(db, marker, tmp_path / "a-started", "--job", "a")
+    b = lone_worker(db, marker, tmp_path / "b-started", "--job", "b")
+    try:
+        a_keeper = keeper_of(a, marker)
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait(timeout=20)
+        wait_for(lambda: a_keeper not in keepers_of(marker), 20, "worker a's keeper to exit")
+        assert marker.exists(), "job b's worker still holds the marker"
+        os.kill(b.pid, signal.SIGKILL)
+        b.wait(timeout=20)
+        wait_for(lambda: not marker.exists(), 20, "the last killed worker's marker to be removed")
+    finally:
+        for worker in (a, b):
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+
+
+def test_a_killed_workers_keeper_leaves_a_file_that_is_not_a_marker(tmp_path: Path) -> None:
+    """Something put in the marker's place while the worker ran (not a marker onward wrote, nor an empty
+    file) is not the keeper's to remove, as it is not a leaving worker's."""
+    db = str(tmp_path / "s.db")
+    marker = tmp_path / "keep-awake"
+    run_onward("add", "--db", db, "a")
+    worker = lone_worker(db, marker, tmp_path / "started")
+    keeper = keeper_of(worker, marker)
+    mine = tmp_path / "mine"
+    mine.write_text("my notes\n")
+    os.replace(mine, marker)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=20)
+    wait_for(lambda: keeper not in keepers_of(marker), 20, "the keeper to exit")
+    assert marker.read_text() == "my notes\n"
+
+
 def test_keep_awake_shared_by_two_jobs_stays_until_both_are_done(tmp_path: Path) -> None:
     """One marker for two jobs (the sandbox's conventional path is shared by every job and store): the job
     that finishes first must not remove it while the other still works, not even for a heartbeat."""

@@ -332,6 +332,34 @@ def test_run_refuses_a_keep_awake_path_that_is_a_directory_before_running(tmp_pa
     job.close()
 
 
+def test_a_python_worker_its_task_kills_leaves_no_keep_awake_marker(tmp_path: Path) -> None:
+    """The OOM killer takes a Python worker for what its task holds (its memory is the worker's): with no
+    supervisor, the marker keeper the worker started removes the marker it can no longer remove itself."""
+    marker = tmp_path / "keep-awake"
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal
+        from onward import Job
+        from onward.log import QUIET
+        job = Job({str(tmp_path / "s.db")!r}, keep_awake={str(marker)!r}, log_level=QUIET)
+
+        @job.task
+        def handle(task, ctx):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        job.add(["big"])
+        job.run()
+    """))
+    lone = dict(os.environ, PYTHONPATH=SRC)
+    lone.pop("NOTIFY_SOCKET", None)
+    r = subprocess.run([sys.executable, str(script)], env=lone, capture_output=True, timeout=60)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    wait_for(lambda: not marker.exists(), 20, "the killed worker's marker to be removed")
+    job = Job(str(tmp_path / "s.db"), log_level=QUIET)
+    assert job.store.counts()["running"] == 1  # the task itself is left for the next worker to reclaim
+    job.close()
+
+
 def test_an_error_text_with_nul_bytes_fails_its_task_on_every_backend_and_stalls_nothing(
         store_url: str, tmp_path: Path) -> None:
     """A command whose stderr holds a NUL byte, beside others that succeed, at concurrency 4: PostgreSQL's

@@ -114,7 +114,7 @@ class KeepAwake:
                     continue
                 self._fd = fd
                 self._failure = None
-                self._watch_for_death()
+                self._watch_for_death()  # (once a marker per process)
                 return
         except OSError as e:
             self._warn(f"cannot write the keep-awake marker {self.path}: {e.strerror}; the work goes on")
@@ -157,24 +157,34 @@ class KeepAwake:
             self._warn(f"cannot remove the keep-awake marker {self.path}: {e.strerror}")
 
     def _watch_for_death(self) -> None:
-        """Have a marker keeper (``onward.markerkeeper``) remove the marker should this process die holding
-        it, unless a supervisor is there to (``NOTIFY_SOCKET``: ``onward supervise``, systemd), which keeps
-        it across a restart. One keeper a marker per process, for as long as the process lives."""
-        if "NOTIFY_SOCKET" in os.environ:
-            return
-        path = os.path.abspath(self.path)
-        if path in _keepers:
-            return
-        try:
-            _keepers[path] = _start_keeper(path)
-        except (OSError, ValueError) as e:  # no descriptor, process or memory left
-            self._warn(f"cannot start the process that removes the keep-awake marker {self.path} should this"
-                       f" worker be killed: {getattr(e, 'strerror', None) or e}; the work goes on")
+        failed = keep_after_death(self.path, "worker")
+        if failed:
+            self._warn(failed)
 
     def _warn(self, text: str) -> None:
         if text != self._failure:
             self.log.warning(text)
             self._failure = text
+
+
+def keep_after_death(path: str, who: str) -> str | None:
+    """Have a marker keeper (``onward.markerkeeper``) remove the marker at ``path`` once this process is
+    gone, however it ends, unless another worker holds it then. Not where a supervisor restarts this process
+    (``NOTIFY_SOCKET``: ``onward supervise``, systemd): the marker is meant to stay across a restart, and the
+    supervisor lets it go when it gives up (``onward supervise`` has a keeper of its own for its own death).
+    One keeper a marker per process, for as long as the process lives. Returns why one could not be
+    started (a warning for ``who`` to give: the work goes on), or None."""
+    if os.environ.get("NOTIFY_SOCKET"):  # (set empty, it is not: as sd_notify takes it)
+        return None
+    path = os.path.abspath(path)
+    if path in _keepers:
+        return None
+    try:
+        _keepers[path] = _start_keeper(path)
+    except (OSError, ValueError) as e:  # no descriptor, process or memory left
+        return (f"cannot start the process that removes the keep-awake marker {path} should this {who} be"
+                f" killed: {getattr(e, 'strerror', None) or e}; the work goes on")
+    return None
 
 
 # Per marker (absolute path), the keeper watching this process and the write end of the pipe it watches,

@@ -102,7 +102,7 @@ from onward.config import MIN_HEARTBEAT
 from onward.durations import doubling
 from onward.errors import RESOURCE_ERRNOS, StoreError, UsageError
 from onward.gate import START_GATE, Gate
-from onward.keepawake import KeepAwake, chosen_marker
+from onward.keepawake import KeepAwake, chosen_marker, keep_after_death
 from onward.log import Log
 from onward.notify import PROGRESS_FIELD
 from onward.proc import (
@@ -308,6 +308,14 @@ class Supervisor:
         self._stop_signal = None
         # Leftovers of workers that died with an earlier supervisor (kill -9 of it) go first.
         sweep_dead_workers()
+        marker = self._marker()
+        if marker:
+            # A supervisor killed outright takes its worker with it (PDEATHSIG) and can let the marker go no
+            # more than the worker could: a marker keeper does it then. Started before the supervisor becomes
+            # a subreaper, so that it is not taken for a dead worker's leftover (_orphans_reparented).
+            failed = keep_after_death(marker, "supervisor")
+            if failed:
+                log(failed)
         with tempfile.TemporaryDirectory(prefix="onward-supervise-") as private_dir, \
                 socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify, \
                 self._signals_forwarded(), self._orphans_reparented():
@@ -406,13 +414,18 @@ class Supervisor:
     def _let_marker_go(self) -> None:
         """No worker of ours runs again, and the last one died without a word (else it let the keep-awake marker
         go itself): remove its marker unless another worker holds it, so that a job nobody works on no longer
-        keeps the sandbox awake. Only for ``onward run`` itself: the marker it would have used is known."""
-        if onward_run_span(self.command) is None:
-            return
-        found = find_run_option(self.command, "--keep-awake")
-        path = chosen_marker(found[2] if found else None)
+        keeps the sandbox awake."""
+        path = self._marker()
         if path:
             KeepAwake(path, _log).release()
+
+    def _marker(self) -> str | None:
+        """The keep-awake marker the worker keeps, if any. Only for ``onward run`` itself: the marker it uses is
+        known from its command line (or the environment it inherits)."""
+        if onward_run_span(self.command) is None:
+            return None
+        found = find_run_option(self.command, "--keep-awake")
+        return chosen_marker(found[2] if found else None)
 
     # --- the standby ---------------------------------------------------------------------------------
     def _start_standby(self, notify_path: str) -> Standby | None:

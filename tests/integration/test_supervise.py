@@ -794,6 +794,31 @@ def test_giving_up_on_a_crash_loop_lets_the_keep_awake_marker_go(supervised: Cal
     assert not marker.exists()
 
 
+def test_a_supervisor_killed_outright_leaves_no_keep_awake_marker(supervised: Callable[..., Supervised],
+                                                                   tmp_path: Path) -> None:
+    """``kill -9`` of the supervisor (or the OOM killer taking it) takes its worker with it (PDEATHSIG), and
+    neither can let the marker go: the supervisor's marker keeper does, so that the sandbox is not kept
+    awake with nobody left to work. (Before, the marker stayed until a worker ran the job again.)"""
+    (tmp_path / "t.txt").write_text("a\n")
+    marker = tmp_path / "awake" / "keep-awake"
+    job = supervised([], ["--tasks", "t.txt", "--keep-awake", str(marker), "--", "sleep", "60"],
+                     env={"NOTIFY_SOCKET": ""})  # (not itself supervised, whatever runs the tests)
+    worker = job.ready(1)
+    wait_for(marker.exists, 20, "the worker to hold the marker")
+    job.proc.kill()
+    assert job.proc.wait(30) == -signal.SIGKILL
+    wait_for(lambda: gone(worker), 20, "the worker to die with its supervisor")
+    wait_for(lambda: not marker.exists(), 20, "the marker to be removed")
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie nobody reaped counts: it runs nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 # --- secrets ---------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def url_with_a_password() -> Iterator[tuple[str, str]]:

@@ -176,20 +176,22 @@ def keep_after_death(path: str, who: str) -> str | None:
     started (a warning for ``who`` to give: the work goes on), or None."""
     if os.environ.get("NOTIFY_SOCKET"):  # (set empty, it is not: as sd_notify takes it)
         return None
-    path = os.path.abspath(path)
-    if path in _keepers:
+    # By process too: a child forked from a process with a keeper (multiprocessing) holds the parent's pipe
+    # as well, and a keeper of its own watches it alone.
+    key = (os.getpid(), os.path.abspath(path))
+    if key in _keepers:
         return None
     try:
-        _keepers[path] = _start_keeper(path)
+        _keepers[key] = _start_keeper(key[1])
     except (OSError, ValueError) as e:  # no descriptor, process or memory left
         return (f"cannot start the process that removes the keep-awake marker {path} should this {who} be"
                 f" killed: {getattr(e, 'strerror', None) or e}; the work goes on")
     return None
 
 
-# Per marker (absolute path), the keeper watching this process and the write end of the pipe it watches,
-# kept open (and referenced, so that neither is collected) for as long as this process lives.
-_keepers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+# Per process and marker (absolute path), the keeper watching that process and the write end of the pipe it
+# watches, kept open (and referenced, so that neither is collected) for as long as the process lives.
+_keepers: dict[tuple[int, str], tuple[subprocess.Popen[bytes], int]] = {}
 
 _BOOT = ("import sys; sys.path.append(sys.argv[1].rpartition('/')[0]); import markerkeeper; "
          "markerkeeper.keep(sys.argv[2], int(sys.argv[3]))")

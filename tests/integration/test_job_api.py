@@ -360,6 +360,53 @@ def test_a_python_worker_its_task_kills_leaves_no_keep_awake_marker(tmp_path: Pa
     job.close()
 
 
+def test_a_forked_worker_its_task_kills_leaves_no_keep_awake_marker_while_its_parent_lives(tmp_path: Path) -> None:
+    """The same in a child forked (multiprocessing) from a process that ran a job with that marker before: the
+    child has a keeper of its own. (The parent's, inherited, watches a pipe the parent holds open as well.)"""
+    marker = tmp_path / "keep-awake"
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing, os, signal, sys, time
+        from onward import Job
+        from onward.log import QUIET
+
+        def job(name):
+            return Job({str(tmp_path / "s.db")!r}, name=name, keep_awake={str(marker)!r}, log_level=QUIET)
+
+        def child():
+            worker = job("child")
+
+            @worker.task
+            def handle(task, ctx):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            worker.add(["big"])
+            worker.run()
+
+        if __name__ == "__main__":
+            first = job("first")
+
+            @first.task
+            def quick(task, ctx):
+                return task
+
+            first.add(["a"])
+            assert first.run().done == 1 and not os.path.exists({str(marker)!r})
+            process = multiprocessing.get_context("fork").Process(target=child)
+            process.start()
+            process.join(60)
+            deadline = time.monotonic() + 20
+            while os.path.exists({str(marker)!r}) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            print(process.exitcode, "stayed" if os.path.exists({str(marker)!r}) else "removed")
+    """))
+    lone = dict(os.environ, PYTHONPATH=SRC)
+    lone.pop("NOTIFY_SOCKET", None)
+    r = subprocess.run([sys.executable, str(script)], env=lone, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(-signal.SIGKILL), "removed"], r.stdout + r.stderr
+
+
 def test_an_error_text_with_nul_bytes_fails_its_task_on_every_backend_and_stalls_nothing(
         store_url: str, tmp_path: Path) -> None:
     """A command whose stderr holds a NUL byte, beside others that succeed, at concurrency 4: PostgreSQL's

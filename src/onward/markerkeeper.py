@@ -17,7 +17,8 @@ then finds nothing to do, or a marker another worker holds, and leaves it.
 
 Not started where a supervisor restarts the worker (``NOTIFY_SOCKET`` set: ``onward supervise`` or
 systemd's ``Type=notify``): there the marker is meant to stay across a restart, and the supervisor lets
-it go when it gives up.
+it go when it gives up. ``onward supervise`` starts a keeper of its own instead, watching itself: killed
+outright, it takes its worker with it (PDEATHSIG), and neither can let the marker go then.
 
 This file is also imported by ``onward.keepawake``, which shares its two rules (what counts as a marker,
 and when one may be removed); it imports nothing but the standard library.
@@ -29,7 +30,6 @@ import errno
 import fcntl
 import os
 import stat
-import sys
 import time
 
 MARKER_TEXT = b"onward pid="  # what every marker onward writes begins with
@@ -127,7 +127,3 @@ def keep(path: str, watched: int) -> None:
             remove_unheld(path, LOCK_PATIENCE)
         except OSError:
             pass  # a disk that fails now: nothing left to tell it to (the worker is gone); as before, it stays
-
-
-if __name__ == "__main__":  # (run by file name in tests; the worker boots it with _BOOT, see keepawake)
-    keep(sys.argv[1], int(sys.argv[2]))

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from onward.proc import children
 from tests.conftest import cgroup_v1, onward_argv, run_onward, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
@@ -384,20 +385,17 @@ def test_keep_awake_stays_while_another_worker_has_work(tmp_path: Path) -> None:
 
 
 def keepers_of(marker: Path, parent: int | None = None) -> list[int]:
-    """The pids of the marker keepers (``onward.markerkeeper``) watching over ``marker``; only those whose
-    parent is ``parent``, if given."""
+    """The pids of the marker keepers (``onward.markerkeeper``) watching over ``marker``; only the children
+    of ``parent``, if given."""
+    pids = children(parent) if parent is not None else [int(e) for e in os.listdir("/proc") if e.isdigit()]
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in pids:
         try:
-            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
             continue  # gone meanwhile
-        if any(a.endswith(b"markerkeeper.py") for a in args) and os.fsencode(str(marker)) in args \
-                and parent in (None, ppid):
-            found.append(int(entry))
+        if any(a.endswith(b"markerkeeper.py") for a in args) and os.fsencode(str(marker)) in args:
+            found.append(pid)
     return found
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from onward.proc import pid_start_time
 from onward.store import open_store
 from onward.supervise import (
     DEFAULT_RESTART_DELAY,
@@ -807,16 +808,8 @@ def test_a_supervisor_killed_outright_leaves_no_keep_awake_marker(supervised: Ca
     wait_for(marker.exists, 20, "the worker to hold the marker")
     job.proc.kill()
     assert job.proc.wait(30) == -signal.SIGKILL
-    wait_for(lambda: gone(worker), 20, "the worker to die with its supervisor")
+    wait_for(lambda: pid_start_time(worker) is None, 20, "the worker to die with its supervisor")
     wait_for(lambda: not marker.exists(), 20, "the marker to be removed")
-
-
-def gone(pid: int) -> bool:
-    """Whether process ``pid`` has exited (a zombie nobody reaped counts: it runs nothing)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
 
 
 # --- secrets ---------------------------------------------------------------------------------------------

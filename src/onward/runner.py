@@ -738,6 +738,11 @@ class Runner:
 
     # --- running attempts ----------------------------------------------------------------------------
     def _start(self, claim: Claim) -> None:
+        if self.stopping:
+            # Claimed in the moment before a SIGTERM was handled: nothing of it ran, so it is given back
+            # uncounted rather than started only to be told to stop.
+            self._not_started(claim, Outcome.released(f"stopped by {self._stop_requested} before it started"))
+            return
         if len(self.attempts) >= self.concurrency:
             # Claimed along with an attempt that ran out of resources: given back without trying.
             self._not_started(claim, Outcome.released(f"worker lowered its concurrency to {self.concurrency}"))
@@ -762,6 +767,10 @@ class Runner:
             self._not_started(claim, Outcome.failure(cannot_run(program, e)))
             return
         self.attempts[claim.task_id] = attempt
+        if self.stopping:
+            # A SIGTERM handled while it was being started: the handler told the attempts it found, and this one
+            # was not among them yet (its task would have run on, unaware, until the grace ran out).
+            attempt.request_stop()
 
     def _not_started(self, claim: Claim, outcome: Outcome) -> None:
         attempt = Attempt(claim)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from onward.proc import children
+from onward.proc import children, stat_fields
 from tests.conftest import cgroup_v1, onward_argv, run_onward, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
@@ -187,6 +187,31 @@ def test_sigterm_lets_running_tasks_finish(tmp_path: Path) -> None:
     st = status(db)
     assert st["done"] == 1 and st["pending"] == 2 and st["running"] == 0
     assert b"stopped by SIGTERM" in err
+
+
+def test_a_task_claimed_in_the_instant_before_a_sigterm_is_given_back_unstarted(tmp_path: Path) -> None:
+    """The worker freezes itself (SIGSTOP) once its claim committed, before the command starts; a SIGTERM
+    comes meanwhile, and it goes on (SIGCONT). The command is never run (before: it ran, to the end of its
+    grace), and the claim is given back uncounted."""
+    db = str(tmp_path / "s.db")
+    run_onward("add", "--db", db, "a")
+    ran = tmp_path / "ran"
+    p = popen_onward("run", "--db", db, "--grace", "30", "--", "sh", "-c", f"touch {ran}; sleep 60",
+                     ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT="claim_committed:1")
+    try:
+        wait_for(lambda: (stat_fields(p.pid) or [b""])[0] == b"T", 30, "the worker to freeze itself after its claim")
+        p.send_signal(signal.SIGTERM)
+        p.send_signal(signal.SIGCONT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert not ran.exists()
+    rows = run_onward("list", "--db", db, "--long").stdout.decode()
+    assert rows.startswith("pending\t0\t"), rows  # given back, the attempt not counted
+    assert b"stopped by SIGTERM before it started" in err, err
 
 
 def test_sigterm_past_grace_kills_and_does_not_count_the_attempt(tmp_path: Path) -> None:

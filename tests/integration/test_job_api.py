@@ -14,6 +14,7 @@ import pytest
 
 from onward import Job, TaskContext, TaskNotDone, UsageError
 from onward.log import QUIET
+from onward.proc import stat_fields
 from tests.conftest import run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -243,6 +244,42 @@ def test_sigterm_sets_the_stop_flag_and_the_task_finishes(tmp_path: Path) -> Non
     assert "saw-stop slow" in marks(tmp_path)
     job = Job(db)
     assert job.result("slow") == "stopped early but finished"
+    assert job.store.task("other").state == "pending"  # type: ignore[union-attr]
+    job.close()
+
+
+@pytest.mark.parametrize("phase", ["claim_committed", "attempt_started"])
+def test_a_sigterm_while_a_task_is_being_started_still_reaches_it(tmp_path: Path, phase: str) -> None:
+    """The SIGTERM handler tells the attempts it finds to stop. One came (once, on a loaded machine) after the
+    slow task was claimed and before its attempt was counted among them: the task never saw ``ctx.stopping``
+    and the worker waited out its whole grace. Here the worker freezes itself at that moment (SIGSTOP), gets
+    its SIGTERM while frozen, and goes on (SIGCONT). Claimed but not yet started: given back uncounted, never
+    started. Started (its thread may be running it): told to stop like any running task."""
+    db = str(tmp_path / "s.db")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    p = subprocess.Popen([sys.executable, str(script), db, str(tmp_path / "marks"), "15", "slow", "other"],
+                         env=dict(os.environ, PYTHONPATH=SRC, ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT=f"{phase}:1"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: (stat_fields(p.pid) or [b""])[0] == b"T", 30, "the worker to freeze itself")
+        p.send_signal(signal.SIGTERM)
+        p.send_signal(signal.SIGCONT)
+        _, err = p.communicate(timeout=60)  # a task left unaware runs until the grace (15 s) is out
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err.decode()
+    job = Job(db)
+    if phase == "claim_committed":
+        assert not any(m.startswith("start slow") for m in marks(tmp_path)), marks(tmp_path)
+        assert "stopped by SIGTERM before it started" in err.decode(), err.decode()[-2000:]
+        slow = job.store.task("slow")
+        assert slow is not None and (slow.state, slow.attempts) == ("pending", 0), slow  # given back uncounted
+    else:
+        assert "saw-stop slow" in marks(tmp_path), err.decode()[-2000:]
+        assert job.result("slow") == "stopped early but finished"
     assert job.store.task("other").state == "pending"  # type: ignore[union-attr]
     job.close()
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from onward.proc import stat_fields
 from tests import pgutil
 
 if TYPE_CHECKING:
@@ -214,6 +215,15 @@ def require_tool(name: str) -> str:
             pytest.fail(f"{name} is needed")
         pytest.skip(f"needs {name}")
     return path
+
+
+def process_state(pid: int) -> str:
+    """The state letter of process ``pid`` (proc(5): "T" stopped, "Z" a zombie, ...); ProcessLookupError if
+    there is no such process."""
+    fields = stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(pid)
+    return fields[0].decode()
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:

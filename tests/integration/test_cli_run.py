@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from onward.proc import children, stat_fields
-from tests.conftest import cgroup_v1, onward_argv, run_onward, wait_for
+from onward.proc import children
+from tests.conftest import cgroup_v1, onward_argv, process_state, run_onward, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -199,7 +199,7 @@ def test_a_task_claimed_in_the_instant_before_a_sigterm_is_given_back_unstarted(
     p = popen_onward("run", "--db", db, "--grace", "30", "--", "sh", "-c", f"touch {ran}; sleep 60",
                      ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT="claim_committed:1")
     try:
-        wait_for(lambda: (stat_fields(p.pid) or [b""])[0] == b"T", 30, "the worker to freeze itself after its claim")
+        wait_for(lambda: process_state(p.pid) == "T", 30, "the worker to freeze itself after its claim")
         p.send_signal(signal.SIGTERM)
         p.send_signal(signal.SIGCONT)
         _, err = p.communicate(timeout=60)

@@ -14,8 +14,7 @@ import pytest
 
 from onward import Job, TaskContext, TaskNotDone, UsageError
 from onward.log import QUIET
-from onward.proc import stat_fields
-from tests.conftest import run_onward, wait_for
+from tests.conftest import process_state, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -262,7 +261,7 @@ def test_a_sigterm_while_a_task_is_being_started_still_reaches_it(tmp_path: Path
                          env=dict(os.environ, PYTHONPATH=SRC, ONWARD_TEST_HOOKS="1", ONWARD_FREEZE_AT=f"{phase}:1"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: (stat_fields(p.pid) or [b""])[0] == b"T", 30, "the worker to freeze itself")
+        wait_for(lambda: process_state(p.pid) == "T", 30, "the worker to freeze itself")
         p.send_signal(signal.SIGTERM)
         p.send_signal(signal.SIGCONT)
         _, err = p.communicate(timeout=60)  # a task left unaware runs until the grace (15 s) is out

@@ -20,7 +20,7 @@ import pytest
 from onward import cgroups
 from onward.cgroups import own_cgroup
 from onward.proc import children, pid_exists, pid_start_time, stat_fields
-from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, run_onward, wait_for
+from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, process_state, run_onward, wait_for
 
 own = own_cgroup()
 CLONE: dict[str, str] = {}  # the default, where onward._clonespawn is built (test_the_clone_path_is_built_here)
@@ -416,11 +416,6 @@ def frozen_and_taken_over(tmp_path: Path, phase: str, mode: dict[str, str], ahea
     finally:
         c.close()
     return [line.split()[0] for line in runs.read_text().splitlines()], err.decode(), fenced
-
-
-def process_state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return f.read().rsplit(b")", 1)[1].split()[0].decode()
 
 
 @pytest.mark.parametrize("phase,mode", [("claim_committed", CLONE), ("child_noted", CLONE),

@@ -144,6 +144,10 @@ class Attempt:
         self.cancel_reason: str | None = None
         self.cancelled_at: float | None = None
         self.fenced = False  # the lease was lost: whatever happens, commit nothing
+        # It has ended, and the commit of its outcome failed (Runner._settle_and_claim): it is tried again.
+        # Nothing of it runs, so no lease running out or reported lost fences it: that commit may have been
+        # carried out all the same (its answer lost), and the try again asks the store (Store.settled_under).
+        self.awaiting_commit = False
         # Monotonic time by which the attempt must have ended, whatever the grace: set when its lease runs out
         # unrenewed, since another worker may take the task over once it has, and when it was taken over
         # (Leases).

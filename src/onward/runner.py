@@ -594,6 +594,8 @@ class Runner:
                 self.handler.discard_spare()
             self._back_off(e)
             self._unsettled = finished
+            for attempt, _ in finished:
+                attempt.awaiting_commit = True
             for _, future in calls:
                 future.set_exception(e)
             return []

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -651,3 +652,75 @@ def test_a_jobs_output_folder_is_marked_as_its_own_as_the_clis_is(tmp_path: Path
     assert (out / "a.txt").read_text() == "one:a"
     same = run_onward("run", "--db", str(tmp_path / "one.db"), "--out", str(out), "--", "echo", "x")
     assert same.returncode == 0, same.stderr
+
+
+
+@pytest.mark.parametrize("carried_out", [True, False], ids=["answer_lost", "request_lost"])
+def test_an_outcome_whose_commit_failed_waits_through_its_lease_and_only_its_fence_decides(
+        store_url: str, monkeypatch: pytest.MonkeyPatch, carried_out: bool) -> None:
+    """A commit that fails for the store (a connection cut) is taken as not made and tried again once the
+    store answers. If the outage outlasts the task's lease, the outcome waiting for it was dropped as
+    fenced, unasked: when the answer alone had been lost, the task was done in the store and this run's
+    tally one short (with a log line saying 'not committing it'). An ended attempt runs nothing that could
+    overlap another, so a lease running out no longer fences it: the try again is taken under the task's
+    fence only. Here the commit that completes the first task and claims the next fails (in this process:
+    the store's own class, wrapped), either after it was carried out (its answer lost) or before, then every
+    statement of this worker fails until another worker, a process of its own, has taken over whatever
+    leases ran out and finished the job. The first task ran once here. Its answer lost: it is told done,
+    once, and its result is this run's. Its request lost: the other worker ran it again (it was never
+    committed), and this outcome is refused as fenced, never written over the other's."""
+    import threading
+
+    from onward.errors import StoreUnavailable
+    from onward.store import open_store
+
+    store_class: Any = type(open_store(store_url))
+    real_commit, real_exec = store_class.complete_and_claim, store_class._exec
+    outage = threading.Event()
+    lost: list[str] = []
+    other: list[subprocess.CompletedProcess[bytes]] = []
+
+    def take_over_then_end_the_outage() -> None:
+        other.append(run_onward("run", "--db", store_url, "--heartbeat", "0.2", "--", "echo", "other", timeout=60))
+        outage.clear()
+
+    def complete_and_claim(self: Any, done: Any, *args: Any, **kwargs: Any) -> Any:
+        if lost:
+            cut_off()
+            return real_commit(self, done, *args, **kwargs)
+        value = real_commit(self, done, *args, **kwargs) if carried_out else None
+        lost.append(done.name)
+        outage.set()
+        threading.Thread(target=take_over_then_end_the_outage, daemon=True).start()
+        raise StoreUnavailable("the server's answer was lost (test)" if carried_out else "connection cut (test)")
+        return value
+
+    def cut_off() -> None:  # every statement fails during the outage (SQLite's complete_and_claim runs its
+        if outage.is_set():  # own, without _exec: the hot path)
+            raise StoreUnavailable("the server cannot be reached (test)")
+
+    def query(self: Any, *args: Any, **kwargs: Any) -> Any:
+        cut_off()
+        return real_exec(self, *args, **kwargs)
+
+    monkeypatch.setattr(store_class, "complete_and_claim", complete_and_claim)
+    monkeypatch.setattr(store_class, "_exec", query)
+    names = [f"t{i}" for i in range(4)]
+    calls: list[str] = []
+    job = Job(store_url, log_level=QUIET)
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        calls.append(task)
+        return task.upper()
+
+    job.add(names)
+    summary = job.run(heartbeat=0.2, lease=1.0)
+    assert lost == ["t0"] and other and other[0].returncode == 0, other
+    assert calls == ["t0"], calls
+    assert summary.counts["done"] == len(names), summary
+    assert (summary.done, summary.fenced) == ((1, 0) if carried_out else (0, 1)), summary
+    others = [job.result(name) for name in names[1:]]
+    assert others == [b"other\n"] * 3, others
+    assert job.result("t0") == ("T0" if carried_out else b"other\n")
+    job.close()

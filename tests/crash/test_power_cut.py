@@ -353,7 +353,12 @@ def read_store(db: Path) -> StoreView:
     the store's creation was durable leaves no file, or an empty one: a store without tasks."""
     if not db.exists() or db.stat().st_size == 0:
         return StoreView("ok", {}, {})
-    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    except sqlite3.OperationalError as e:
+        # Seen once, in a make torture run beside a whole suite on the same machine, right after the remount
+        # (the same seeds passed alone and beside the crash tests): say what the open met, and on what mount.
+        raise AssertionError(f"cannot open {db} read-only: {e}; {why_not_opened(db)}") from None
     try:
         integrity = str(c.execute("PRAGMA integrity_check").fetchone()[0])
         states = dict(c.execute("SELECT name, state FROM tasks").fetchall())
@@ -361,6 +366,17 @@ def read_store(db: Path) -> StoreView:
     finally:
         c.close()
     return StoreView(integrity, states, results)
+
+
+def why_not_opened(path: Path) -> str:
+    """What a plain open of ``path`` meets, and the mount holding it (its options: read-only, errors)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        opened = "a plain open for reading works"
+    except OSError as e:
+        opened = f"a plain open for reading fails: {e}"
+    mount = subprocess.run(["findmnt", "-n", "-T", str(path)], capture_output=True, text=True)
+    return f"{opened}; mount: {(mount.stdout or mount.stderr).strip()}"
 
 
 def check_out_files(out: Path, states: dict[str, str]) -> tuple[list[str], list[str]]:

@@ -157,6 +157,11 @@ class Attempt:
     def cancelled(self) -> bool:
         return self.cancel_reason is not None
 
+    @property
+    def fenceable(self) -> bool:
+        """Whether a lease lost or run out must fence it: not fenced yet, and not ended awaiting its commit."""
+        return not self.fenced and not self.awaiting_commit
+
     def last_progress(self) -> float:
         return self._progress
 

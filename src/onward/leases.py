@@ -45,7 +45,7 @@ class Leases:
     def until_fence(self, attempts: Mapping[int, Attempt], now: float) -> float | None:
         """While renewals fail and tasks of ours still run: the seconds until they must be stopped (0 when
         that moment has passed already, as it may have during the look that failed to renew)."""
-        if self.renewal_failing and any(not a.fenced and not a.awaiting_commit for a in attempts.values()):
+        if self.renewal_failing and any(a.fenceable for a in attempts.values()):
             return max(0.0, self.valid_until - self.fence_margin - now)
         return None
 
@@ -72,7 +72,7 @@ class Leases:
         for task_id in lost:
             attempt = attempts.get(task_id)
             # A lease reported lost of an attempt awaiting its commit may be that commit's own doing.
-            if attempt is not None and not attempt.fenced and not attempt.awaiting_commit:
+            if attempt is not None and attempt.fenceable:
                 self._fence_taken_over(worker_id, attempt)
 
     def _fence_taken_over(self, worker_id: int, attempt: Attempt) -> None:
@@ -89,7 +89,7 @@ class Leases:
         if time.monotonic() < self.valid_until - self.fence_margin:
             return
         for attempt in attempts.values():
-            if not attempt.fenced and not attempt.awaiting_commit:
+            if attempt.fenceable:
                 # A command's process group is killed at once; a Python task's thread cannot be, and may
                 # ignore its cancellation: half of the margin left is its grace, then the worker exits (the
                 # runner's deadlines), so that it never runs on beside the attempt that takes the task over.

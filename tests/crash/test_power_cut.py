@@ -356,8 +356,11 @@ def read_store(db: Path) -> StoreView:
     try:
         c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     except sqlite3.OperationalError as e:
-        # Seen once, in a make torture run beside a whole suite on the same machine, right after the remount
-        # (the same seeds passed alone and beside the crash tests): say what the open met, and on what mount.
+        # Seen when make torture ran beside a whole suite started on its own: EIO, on a mount marked
+        # "shutdown". A mount namespace another process made meanwhile (ip netns exec, systemd-nspawn) held a
+        # copy of the loop disk's mount, so the unmount left its superblock, shut down by the cut, alive, and
+        # the mount again took it back (MOUNT_NAMESPACE_FILES in tests/conftest.py keeps make test's own tests
+        # from doing so to each other). Say what the open met, and on what mount.
         raise AssertionError(f"cannot open {db} read-only: {e}; {why_not_opened(db)}") from None
     try:
         integrity = str(c.execute("PRAGMA integrity_check").fetchone()[0])

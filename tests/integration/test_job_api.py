@@ -654,7 +654,6 @@ def test_a_jobs_output_folder_is_marked_as_its_own_as_the_clis_is(tmp_path: Path
     assert same.returncode == 0, same.stderr
 
 
-
 @pytest.mark.parametrize("carried_out", [True, False], ids=["answer_lost", "request_lost"])
 def test_an_outcome_whose_commit_failed_waits_through_its_lease_and_only_its_fence_decides(
         store_url: str, monkeypatch: pytest.MonkeyPatch, carried_out: bool) -> None:
@@ -684,20 +683,20 @@ def test_an_outcome_whose_commit_failed_waits_through_its_lease_and_only_its_fen
         other.append(run_onward("run", "--db", store_url, "--heartbeat", "0.2", "--", "echo", "other", timeout=60))
         outage.clear()
 
+    def cut_off() -> None:  # every statement fails during the outage (SQLite's complete_and_claim runs its
+        if outage.is_set():  # own, without _exec: the hot path)
+            raise StoreUnavailable("the server cannot be reached (test)")
+
     def complete_and_claim(self: Any, done: Any, *args: Any, **kwargs: Any) -> Any:
         if lost:
             cut_off()
             return real_commit(self, done, *args, **kwargs)
-        value = real_commit(self, done, *args, **kwargs) if carried_out else None
+        if carried_out:
+            real_commit(self, done, *args, **kwargs)
         lost.append(done.name)
         outage.set()
         threading.Thread(target=take_over_then_end_the_outage, daemon=True).start()
         raise StoreUnavailable("the server's answer was lost (test)" if carried_out else "connection cut (test)")
-        return value
-
-    def cut_off() -> None:  # every statement fails during the outage (SQLite's complete_and_claim runs its
-        if outage.is_set():  # own, without _exec: the hot path)
-            raise StoreUnavailable("the server cannot be reached (test)")
 
     def query(self: Any, *args: Any, **kwargs: Any) -> Any:
         cut_off()

@@ -330,10 +330,12 @@ class Supervisor:
         restarts: deque[float] = deque()  # when each restart within the window happened (monotonic)
         streak = 0
         child = self._spawn(path, first=True)
+        # How long a worker ran counts from its start (for the log, and for a crash that counts as fast), not
+        # from when the supervisor, done loading or journaling beside it, goes back to watching it.
+        started = time.monotonic()
         self._load_journal_backend()
         try:
             while child is not None:
-                started = time.monotonic()
                 returncode, watchdog_cause = self._watch(child, notify, path)
                 ran_for = time.monotonic() - started
                 status = describe_status(returncode)
@@ -394,6 +396,7 @@ class Supervisor:
                     log(f"standby {early.proc.pid} ended during the restart delay ({status}); starting another")
                     early = None
                 child = self._spawn(path, first=False) if early is None else self._let_through(early)
+                started = time.monotonic()
                 self._journal(journal, cause)
             return self._stopped_before_start()
         finally:

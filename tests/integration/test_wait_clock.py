@@ -79,8 +79,9 @@ def test_a_wall_clock_set_back_neither_stretches_nor_shortens_a_parked_sleep_or_
         worker.wait(timeout=30)
 
 
-# "to" waits for "k" at most 1 s, "send" waits for it with no timeout, "nap" sleeps 2 s (parked). Each notes its
-# step's runs, its timeouts and its results beside.
+# "to" waits for "k" at most 4 s, "send" waits for it with no timeout, "nap" sleeps 5 s (parked). Each notes its
+# step's runs, its timeouts and its results beside. The test sees all three parked at once only until "to" times
+# out: 4 s leaves the polls of `onward status` on a loaded machine time to see it (1 s did not, once).
 SANDBOX_WORKER = textwrap.dedent('''
     import os, sys
     from onward import Job
@@ -96,10 +97,10 @@ SANDBOX_WORKER = textwrap.dedent('''
     def handle(task, ctx):
         ctx.step("before", lambda: note(task, "before"))
         if task == "nap":
-            ctx.sleep(2)
+            ctx.sleep(5)
             return ["rested"]
         try:
-            return [ctx.wait("k", timeout=1 if task == "to" else None)]
+            return [ctx.wait("k", timeout=4 if task == "to" else None)]
         except WaitTimeout:
             note(task, "timeouts")
             return ["timed out"]
@@ -125,7 +126,7 @@ def test_a_sandbox_frozen_past_every_deadline_with_its_clock_set_forward(store_u
         with frozen_by_cgroup(worker.pid, worker.pid):
             sent = run_onward("send", "--db", store_url, "send", "k", '"during"')
             assert sent.returncode == 0 and b"runs again" in sent.stderr, sent.stderr
-            time.sleep(3)  # the pause itself: past the lease (2 s), the timeout (1 s) and the sleep (2 s)
+            time.sleep(6)  # the pause itself: past the lease (2 s), the timeout (4 s) and the sleep (5 s)
             offset.write_text("3600\n")  # then the sandbox's wall clock is set (an hour later)
         store = open_store(store_url, create=False)
         try:

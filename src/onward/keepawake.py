@@ -193,8 +193,11 @@ def keep_after_death(path: str, who: str) -> str | None:
 # watches, kept open (and referenced, so that neither is collected) for as long as the process lives.
 _keepers: dict[tuple[int, str], tuple[subprocess.Popen[bytes], int]] = {}
 
-_BOOT = ("import sys; sys.path.append(sys.argv[1].rpartition('/')[0]); import markerkeeper; "
-         "markerkeeper.keep(sys.argv[2], int(sys.argv[3]))")
+# What the keeper is told comes in its environment, not on its command line: the package's folder and the
+# marker's path would put "onward" there, and a ``pkill -9 -f onward`` meant for the worker would kill the
+# keeper with it, leaving the marker it was there to remove.
+_BOOT = ("import os, sys; sys.path.append(os.environ['KEEPER_MODULE_DIR']); import markerkeeper; "
+         "markerkeeper.keep(os.environ['KEEPER_MARKER'], int(os.environ['KEEPER_WATCHED_FD']))")
 
 
 def _start_keeper(path: str) -> tuple[subprocess.Popen[bytes], int]:
@@ -209,9 +212,11 @@ def _start_keeper(path: str) -> tuple[subprocess.Popen[bytes], int]:
     watched, held = os.pipe()
     try:
         keeper = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _BOOT, markerkeeper.__file__, path, str(watched)],
+            [sys.executable, "-I", "-S", "-c", _BOOT],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=[watched],
-            cwd="/", env={}, start_new_session=True)
+            cwd="/", env={"KEEPER_MODULE_DIR": os.path.dirname(os.path.abspath(markerkeeper.__file__)),
+                          "KEEPER_MARKER": path, "KEEPER_WATCHED_FD": str(watched)},
+            start_new_session=True)
     except BaseException:
         os.close(held)
         raise

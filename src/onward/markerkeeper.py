@@ -7,7 +7,8 @@ neither: its marker stayed until a worker ran the job again, and a sandbox that 
 awake, and paid for, with no worker left to do the work it was kept awake for.
 
 How. The worker that first holds a marker starts this file as ``python -I -S -c`` (standard library only,
-~10 ms once per worker and marker) in a session of its own, with the read end of a pipe whose write end
+~10 ms once per worker and marker; told the marker in its environment, so that its command line does not
+match a ``pkill -f onward``) in a session of its own, with the read end of a pipe whose write end
 only the worker holds (close-on-exec: its commands never get it). The keeper blocks reading it. End of
 file comes when the worker is gone, whatever killed it: the kernel closes a dead process's descriptors.
 The keeper then removes the marker if it is still a marker and no live worker holds it, by the same rule

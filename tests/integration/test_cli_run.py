@@ -411,15 +411,15 @@ def test_keep_awake_stays_while_another_worker_has_work(tmp_path: Path) -> None:
 
 def keepers_of(marker: Path, parent: int | None = None) -> list[int]:
     """The pids of the marker keepers (``onward.markerkeeper``) watching over ``marker``; only the children
-    of ``parent``, if given."""
+    of ``parent``, if given. A keeper is told its marker in its environment (not on its command line)."""
     pids = children(parent) if parent is not None else [int(e) for e in os.listdir("/proc") if e.isdigit()]
     found = []
     for pid in pids:
         try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue  # gone meanwhile
-        if any(a.endswith(b"markerkeeper.py") for a in args) and os.fsencode(str(marker)) in args:
+        if b"KEEPER_MARKER=" + os.fsencode(str(marker)) in environ:
             found.append(pid)
     return found
 
@@ -463,6 +463,25 @@ def test_a_lone_worker_killed_outright_leaves_no_keep_awake_marker(tmp_path: Pat
     r = run_onward("run", "--db", db, "--keep-awake", str(marker), "--", "true")
     assert r.returncode == 0, r.stderr
     assert status(db)["done"] == 1 and not marker.exists()
+
+
+def test_pkill_of_every_process_of_the_job_named_onward_leaves_no_keep_awake_marker(tmp_path: Path) -> None:
+    """``pkill -9 -f onward`` is how a user (or a sandbox's tooling) kills a worker outright; here with the
+    job's folder in the pattern, so that only this test's processes match. The keeper was started with the
+    package's path and the marker's on its command line, so the pattern matched it too: it died with the
+    worker, and the marker it was there to remove stayed. Its command line now holds neither."""
+    folder = tmp_path / f"job-{os.getpid()}-{time.monotonic_ns()}"
+    folder.mkdir()
+    db = str(folder / "s.db")
+    marker = folder / "awake" / "keep-awake"
+    run_onward("add", "--db", db, "a")
+    worker = lone_worker(db, marker, folder / "started")
+    keeper = keeper_of(worker, marker)
+    pkill = subprocess.run(["pkill", "-9", "-f", f"onward.*{folder.name}"], capture_output=True, text=True)
+    assert pkill.returncode == 0, pkill.stderr  # (0: it matched a process: the worker, at least)
+    assert worker.wait(timeout=20) == -signal.SIGKILL
+    wait_for(lambda: not marker.exists(), 20, "the killed worker's marker to be removed by its keeper")
+    wait_for(lambda: keeper not in keepers_of(marker), 20, "the keeper to exit")
 
 
 def test_a_killed_workers_keeper_leaves_a_marker_another_worker_holds(tmp_path: Path) -> None:

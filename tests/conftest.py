@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 BACKENDS = ["sqlite", "postgres"]
 
 
-# `make test` runs the suite in two processes (pytest-xdist, --dist loadgroup); what runs at once must not
+# `make test` runs the suite in three processes (pytest-xdist, --dist loadgroup); what runs at once must not
 # interfere. The tests of one file stay together, in file order, as with --dist loadfile. The files below
 # share one group, so they run one after another: some make mount namespaces (systemd-nspawn, ip netns,
 # unshare --mount), each holding a copy of every mount the host had when it started, and the power-cut

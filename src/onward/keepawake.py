@@ -92,6 +92,7 @@ class KeepAwake:
         shared lock on it tells every other worker sharing it that it is still wanted. A marker that cannot
         be written (a full disk) is a warning, never a reason to stop the work it is there for."""
         if self._fd is not None and same_file(self._fd, self.path):
+            self._watch_for_death()  # (its keeper may have been killed on its own: then another is started)
             return
         self.leave()
         why = not_a_marker(self.path)
@@ -172,21 +173,35 @@ def keep_after_death(path: str, who: str) -> str | None:
     gone, however it ends, unless another worker holds it then. Not where a supervisor restarts this process
     (``NOTIFY_SOCKET``: ``onward supervise``, systemd): the marker is meant to stay across a restart, and the
     supervisor lets it go when it gives up (``onward supervise`` has a keeper of its own for its own death).
-    One keeper a marker per process, for as long as the process lives. Returns why one could not be
-    started (a warning for ``who`` to give: the work goes on), or None."""
+    One keeper a marker per process, for as long as the process lives; called again, it starts another if
+    that one died first (killed on its own: by a ``pkill`` meant for something else, the OOM killer).
+    Returns a warning for ``who`` to give (the work goes on), or None."""
     if os.environ.get("NOTIFY_SOCKET"):  # (set empty, it is not: as sd_notify takes it)
         return None
     # By process too: a child forked from a process with a keeper (multiprocessing) holds the parent's pipe
     # as well, and a keeper of its own watches it alone.
     key = (os.getpid(), os.path.abspath(path))
+    replaced = ""
     if key in _keepers:
-        return None
+        keeper, held = _keepers[key]
+        if keeper.poll() is None:
+            return None
+        del _keepers[key]
+        os.close(held)
+        from .proc import describe_status  # here: rare, and ``onward status`` imports this module
+
+        replaced = (f"the process that removes the keep-awake marker {path} should this {who} be killed"
+                    f" (pid {keeper.pid}) ended first ({describe_status(keeper.returncode)})")
     try:
         _keepers[key] = _start_keeper(key[1])
     except (OSError, ValueError) as e:  # no descriptor, process or memory left
+        why = getattr(e, "strerror", None) or e
+        if replaced:
+            return f"{replaced}; cannot start another: {why}; the work goes on"
         return (f"cannot start the process that removes the keep-awake marker {path} should this {who} be"
-                f" killed: {getattr(e, 'strerror', None) or e}; the work goes on")
-    return None
+                f" killed: {why}; the work goes on")
+    return f"{replaced}; started another (pid {_keepers[key][0].pid})" if replaced else None
+
 
 
 # Per process and marker (absolute path), the keeper watching that process and the write end of the pipe it

@@ -225,6 +225,16 @@ def kill_orphans(keep: Container[int], timeout: float) -> int:
     return len(killed)
 
 
+def describe_status(returncode: int) -> str:
+    """``exit status N`` or ``signal SIGNAME``, as ``Popen.returncode`` (negative for a signal) says."""
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        return f"signal {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"signal {-returncode}"
+
+
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
     """Signal a whole process group. False if the group no longer exists."""
     try:

@@ -107,6 +107,7 @@ from onward.log import Log
 from onward.notify import PROGRESS_FIELD
 from onward.proc import (
     children,
+    describe_status,
     die_with_parent_preexec,
     kill_orphans,
     prepare_die_with_parent,
@@ -172,16 +173,6 @@ def backoff_delay(restart_delay: float, streak: int) -> float:
     """The wait before a restart: ``restart_delay * 2 ** (streak - 1)``, capped at ``MAX_BACKOFF``, where
     ``streak`` (1 or more) counts the consecutive runs that ended within ``FAST_CRASH`` seconds."""
     return doubling(restart_delay, streak - 1, max(restart_delay, MAX_BACKOFF))
-
-
-def describe_status(returncode: int) -> str:
-    """``exit status N`` or ``signal SIGNAME``, as ``Popen.returncode`` (negative for a signal) says."""
-    if returncode >= 0:
-        return f"exit status {returncode}"
-    try:
-        return f"signal {signal.Signals(-returncode).name}"
-    except ValueError:
-        return f"signal {-returncode}"
 
 
 def exit_code(returncode: int) -> int:

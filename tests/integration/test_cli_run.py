@@ -484,6 +484,36 @@ def test_pkill_of_every_process_of_the_job_named_onward_leaves_no_keep_awake_mar
     wait_for(lambda: keeper not in keepers_of(marker), 20, "the keeper to exit")
 
 
+def test_a_keeper_killed_on_its_own_is_replaced_and_the_new_one_removes_the_marker(tmp_path: Path) -> None:
+    """A keeper killed while its worker lives (a ``pkill`` meant for something else, the OOM killer) would
+    leave the marker after a later ``kill -9`` of the worker: the worker starts another at its next
+    heartbeat, says so, and that one removes the marker."""
+    db = str(tmp_path / "s.db")
+    marker = tmp_path / "awake" / "keep-awake"
+    run_onward("add", "--db", db, "a")
+    log = tmp_path / "worker.log"
+    lone = env()
+    lone.pop("NOTIFY_SOCKET", None)
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            onward_argv("run", "--db", db, "--heartbeat", "0.2", "--keep-awake", str(marker), "--", "sh", "-c",
+                        f"touch {tmp_path / 'started'}; sleep 60"),
+            env=lone, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True)
+    try:
+        first = keeper_of(worker, marker)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: [k for k in keepers_of(marker, worker.pid) if k != first], 20, "another keeper")
+        said = f"(pid {first}) ended first (signal SIGKILL); started another"
+        wait_for(lambda: said in log.read_text(), 20, "the worker's warning")
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=20)
+        wait_for(lambda: not marker.exists(), 20, "the killed worker's marker to be removed by the new keeper")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
 def test_a_killed_workers_keeper_leaves_a_marker_another_worker_holds(tmp_path: Path) -> None:
     """The keeper removes the marker by a leaving worker's rule: not while a worker of another job sharing
     it still works (it holds a lock on it)."""

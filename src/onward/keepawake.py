@@ -184,14 +184,19 @@ def keep_after_death(path: str, who: str) -> str | None:
     replaced = ""
     if key in _keepers:
         keeper, held = _keepers[key]
-        if keeper.poll() is None:
+        if keeper.returncode is not None:
+            return None  # it ended by itself, and that was told once (below)
+        ended = keeper.poll()
+        if ended is None:
             return None
-        del _keepers[key]
-        os.close(held)
         from .proc import describe_status  # here: rare, and ``onward status`` imports this module
 
         replaced = (f"the process that removes the keep-awake marker {path} should this {who} be killed"
-                    f" (pid {keeper.pid}) ended first ({describe_status(keeper.returncode)})")
+                    f" (pid {keeper.pid}) ended first ({describe_status(ended)})")
+        if ended >= 0:  # not killed: it could not do its work, and another would fail alike
+            return f"{replaced}; not started again"
+        del _keepers[key]
+        os.close(held)
     try:
         _keepers[key] = _start_keeper(key[1])
     except (OSError, ValueError) as e:  # no descriptor, process or memory left
@@ -201,7 +206,6 @@ def keep_after_death(path: str, who: str) -> str | None:
         return (f"cannot start the process that removes the keep-awake marker {path} should this {who} be"
                 f" killed: {why}; the work goes on")
     return f"{replaced}; started another (pid {_keepers[key][0].pid})" if replaced else None
-
 
 
 # Per process and marker (absolute path), the keeper watching that process and the write end of the pipe it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -65,6 +66,30 @@ def test_a_keeper_that_cannot_be_started_is_a_warning_and_the_marker_is_held(
         assert "cannot start the process that removes the keep-awake marker" in said.getvalue()
         assert said.getvalue().count("\n") == 1 and marker.exists()
         assert not remove_unheld(str(marker)), "held by this worker"
+    finally:
+        awake.release()
+    assert not marker.exists()
+
+
+def test_a_keeper_that_ends_by_itself_is_told_once_and_not_started_again(
+        marker: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keeper that ends without being killed (here: it cannot run its code) could not do its work, and
+    another would fail alike: the worker says so once, at its next heartbeat, and does not start a process
+    at every heartbeat after."""
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    monkeypatch.setattr(keepawake, "_BOOT", "raise SystemExit(3)")
+    monkeypatch.setattr(keepawake, "_keepers", {})
+    said = io.StringIO()
+    awake = KeepAwake(str(marker), Log(stream=said))
+    awake.hold("s.db")
+    try:
+        ((keeper, _),) = keepawake._keepers.values()
+        os.waitid(os.P_PID, keeper.pid, os.WEXITED | os.WNOWAIT)  # ended, left for the worker to reap
+        for _ in range(3):  # three heartbeats
+            awake.hold("s.db")
+        assert said.getvalue().count("\n") == 1, said.getvalue()
+        assert f"(pid {keeper.pid}) ended first (exit status 3); not started again" in said.getvalue()
+        assert [k for k, _ in keepawake._keepers.values()] == [keeper]
     finally:
         awake.release()
     assert not marker.exists()

@@ -191,8 +191,7 @@ def keep_after_death(path: str, who: str) -> str | None:
             return None
         from .proc import describe_status  # here: rare, and ``onward status`` imports this module
 
-        replaced = (f"the process that removes the keep-awake marker {path} should this {who} be killed"
-                    f" (pid {keeper.pid}) ended first ({describe_status(ended)})")
+        replaced = f"{_keeper_named(path, who)} (pid {keeper.pid}) ended first ({describe_status(ended)})"
         if ended >= 0:  # not killed: it could not do its work, and another would fail alike
             return f"{replaced}; not started again"
         del _keepers[key]
@@ -203,9 +202,13 @@ def keep_after_death(path: str, who: str) -> str | None:
         why = getattr(e, "strerror", None) or e
         if replaced:
             return f"{replaced}; cannot start another: {why}; the work goes on"
-        return (f"cannot start the process that removes the keep-awake marker {path} should this {who} be"
-                f" killed: {why}; the work goes on")
+        return f"cannot start {_keeper_named(path, who)}: {why}; the work goes on"
     return f"{replaced}; started another (pid {_keepers[key][0].pid})" if replaced else None
+
+
+def _keeper_named(path: str, who: str) -> str:
+    """The keeper, as the worker's warnings name it."""
+    return f"the process that removes the keep-awake marker {path} should this {who} be killed"
 
 
 # Per process and marker (absolute path), the keeper watching that process and the write end of the pipe it

@@ -424,15 +424,18 @@ def keepers_of(marker: Path, parent: int | None = None) -> list[int]:
     return found
 
 
-def lone_worker(db: str, marker: Path, started: Path, *args: str) -> subprocess.Popen[bytes]:
+def lone_worker(db: str, marker: Path, started: Path, *args: str,
+                log: Path | None = None) -> subprocess.Popen[bytes]:
     """``onward run --keep-awake marker`` with no supervisor (no ``NOTIFY_SOCKET``), in a session of its
-    own, its one task touching ``started`` and then sleeping; returned once that task runs."""
+    own, its one task touching ``started`` and then sleeping; returned once that task runs. Its stderr goes
+    to ``log``, if given."""
     lone = env()
     lone.pop("NOTIFY_SOCKET", None)
-    worker = subprocess.Popen(
-        onward_argv("run", "--db", db, *args, "--keep-awake", str(marker), "--", "sh", "-c",
-                    f"touch {started}; sleep 60"),
-        env=lone, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    with log.open("wb") if log is not None else contextlib.nullcontext(subprocess.DEVNULL) as stderr:
+        worker = subprocess.Popen(
+            onward_argv("run", "--db", db, *args, "--keep-awake", str(marker), "--", "sh", "-c",
+                        f"touch {started}; sleep 60"),
+            env=lone, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     wait_for(started.exists, 20, "the task to start")
     assert marker.exists()
     return worker
@@ -492,13 +495,7 @@ def test_a_keeper_killed_on_its_own_is_replaced_and_the_new_one_removes_the_mark
     marker = tmp_path / "awake" / "keep-awake"
     run_onward("add", "--db", db, "a")
     log = tmp_path / "worker.log"
-    lone = env()
-    lone.pop("NOTIFY_SOCKET", None)
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            onward_argv("run", "--db", db, "--heartbeat", "0.2", "--keep-awake", str(marker), "--", "sh", "-c",
-                        f"touch {tmp_path / 'started'}; sleep 60"),
-            env=lone, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True)
+    worker = lone_worker(db, marker, tmp_path / "started", "--heartbeat", "0.2", log=log)
     try:
         first = keeper_of(worker, marker)
         os.kill(first, signal.SIGKILL)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from onward.proc import stat_fields
+from onward.proc import children, stat_fields
 from tests import pgutil
 
 if TYPE_CHECKING:
@@ -224,6 +224,21 @@ def process_state(pid: int) -> str:
     if fields is None:
         raise ProcessLookupError(pid)
     return fields[0].decode()
+
+
+def keepers_of(marker: Path, parent: int | None = None) -> list[int]:
+    """The pids of the marker keepers (``onward.markerkeeper``) watching over ``marker``; only the children
+    of ``parent``, if given. A keeper is told its marker in its environment (not on its command line)."""
+    pids = children(parent) if parent is not None else [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    found = []
+    for pid in pids:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if b"KEEPER_MARKER=" + os.fsencode(str(marker)) in environ:
+            found.append(pid)
+    return found
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:

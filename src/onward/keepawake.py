@@ -206,6 +206,13 @@ def keep_after_death(path: str, who: str) -> str | None:
     return f"{replaced}; started another (pid {_keepers[key][0].pid})" if replaced else None
 
 
+def keeper_pids() -> set[int]:
+    """The pids of this process's marker keepers (``keep_after_death``): children of its own that a
+    subreaper must not take for a dead worker's leftovers."""
+    me = os.getpid()
+    return {keeper.pid for (pid, _), (keeper, _) in _keepers.items() if pid == me}
+
+
 def _keeper_named(path: str, who: str) -> str:
     """The keeper, as the worker's warnings name it."""
     return f"the process that removes the keep-awake marker {path} should this {who} be killed"

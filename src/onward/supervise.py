@@ -102,7 +102,7 @@ from onward.config import MIN_HEARTBEAT
 from onward.durations import doubling
 from onward.errors import RESOURCE_ERRNOS, StoreError, UsageError
 from onward.gate import START_GATE, Gate
-from onward.keepawake import KeepAwake, chosen_marker, keep_after_death
+from onward.keepawake import KeepAwake, chosen_marker, keep_after_death, keeper_pids
 from onward.log import Log
 from onward.notify import PROGRESS_FIELD
 from onward.proc import (
@@ -292,6 +292,7 @@ class Supervisor:
         self._wake_r: socket.socket | None = None
         self._not_orphans: frozenset[int] = frozenset()  # our children that are not the worker's leftovers
         self._standby: Standby | None = None  # the next worker, waiting at its start gate (see _watch)
+        self._kept_marker: str | None = None  # the worker's keep-awake marker, if any (see run)
 
     # --- the restart loop ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -299,14 +300,8 @@ class Supervisor:
         self._stop_signal = None
         # Leftovers of workers that died with an earlier supervisor (kill -9 of it) go first.
         sweep_dead_workers()
-        marker = self._marker()
-        if marker:
-            # A supervisor killed outright takes its worker with it (PDEATHSIG) and can let the marker go no
-            # more than the worker could: a marker keeper does it then. Started before the supervisor becomes
-            # a subreaper, so that it is not taken for a dead worker's leftover (_orphans_reparented).
-            failed = keep_after_death(marker, "supervisor")
-            if failed:
-                log(failed)
+        self._kept_marker = self._marker()
+        self._keep_marker_after_death()
         with tempfile.TemporaryDirectory(prefix="onward-supervise-") as private_dir, \
                 socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify, \
                 self._signals_forwarded(), self._orphans_reparented():
@@ -412,6 +407,16 @@ class Supervisor:
         path = self._marker()
         if path:
             KeepAwake(path, _log).release()
+
+    def _keep_marker_after_death(self) -> None:
+        """A supervisor killed outright takes its worker with it (PDEATHSIG) and can let the marker go no more
+        than the worker could: a marker keeper does it then. Called at every tick of ``_watch`` too, so that a
+        keeper killed on its own is replaced (``keep_after_death``); a keeper is never taken for a dead
+        worker's leftover (``_ours``)."""
+        if self._kept_marker:
+            failed = keep_after_death(self._kept_marker, "supervisor")
+            if failed:
+                log(failed)
 
     def _marker(self) -> str | None:
         """The keep-awake marker the worker keeps, if any. Only for ``onward run`` itself: the marker it uses is
@@ -543,6 +548,7 @@ class Supervisor:
                         and self._stop_signal is None:
                     standby_due = False  # once per worker: a standby that cannot be started is said once
                     self._standby = self._start_standby(notify_path)
+                self._keep_marker_after_death()
                 reap_orphans(keep=self._ours(child.pid))
                 if exited(child.pid):
                     # What it said between the look at the socket above and its exit is read now: a worker
@@ -626,9 +632,9 @@ class Supervisor:
 
     def _ours(self, worker: int) -> frozenset[int]:
         """Our children that are not a worker's leftovers: those from before ``run()``, the worker (or the
-        standby being dropped) and the standby."""
+        standby being dropped), the standby and the marker keepers."""
         standby = {self._standby.proc.pid} if self._standby is not None else set()
-        return self._not_orphans | {worker} | standby
+        return self._not_orphans | {worker} | standby | keeper_pids()
 
     def _last_words(self, now: float) -> str:
         """What the dead child last told about itself, dated: its STATUS= may be older than its progress."""

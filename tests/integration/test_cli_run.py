@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from onward.proc import children
-from tests.conftest import cgroup_v1, onward_argv, process_state, run_onward, wait_for
+from tests.conftest import cgroup_v1, keepers_of, onward_argv, process_state, run_onward, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -407,21 +406,6 @@ def test_keep_awake_stays_while_another_worker_has_work(tmp_path: Path) -> None:
     a.communicate(timeout=20)
     assert a.returncode == 0
     assert not marker.exists()
-
-
-def keepers_of(marker: Path, parent: int | None = None) -> list[int]:
-    """The pids of the marker keepers (``onward.markerkeeper``) watching over ``marker``; only the children
-    of ``parent``, if given. A keeper is told its marker in its environment (not on its command line)."""
-    pids = children(parent) if parent is not None else [int(e) for e in os.listdir("/proc") if e.isdigit()]
-    found = []
-    for pid in pids:
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue  # gone meanwhile
-        if b"KEEPER_MARKER=" + os.fsencode(str(marker)) in environ:
-            found.append(pid)
-    return found
 
 
 def lone_worker(db: str, marker: Path, started: Path, *args: str,

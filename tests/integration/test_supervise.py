@@ -38,7 +38,7 @@ from onward.supervise import (
     store_url_for,
 )
 from tests import pgutil
-from tests.conftest import cgroup_v1, onward_argv, run_onward, wait_for
+from tests.conftest import cgroup_v1, keepers_of, onward_argv, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -833,6 +833,33 @@ def test_a_supervisor_killed_outright_leaves_no_keep_awake_marker(supervised: Ca
     assert job.proc.wait(30) == -signal.SIGKILL
     wait_for(lambda: pid_start_time(worker) is None, 20, "the worker to die with its supervisor")
     wait_for(lambda: not marker.exists(), 20, "the marker to be removed")
+
+
+def test_a_supervisors_keeper_killed_on_its_own_is_replaced_and_outlives_the_workers_leftovers(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    """The supervisor's keeper killed while the supervisor lives (a ``pkill`` meant for something else, the
+    OOM killer) would leave the marker after a later ``kill -9`` of the supervisor: the supervisor starts
+    another within a tick and says so. The new keeper, started while the supervisor is a subreaper, is not
+    taken for a dead worker's leftover (which the supervisor kills when the worker dies)."""
+    (tmp_path / "t.txt").write_text("a\n")
+    marker = tmp_path / "awake" / "keep-awake"
+    job = supervised([], ["--tasks", "t.txt", "--keep-awake", str(marker), "--", "sleep", "60"],
+                     env={"NOTIFY_SOCKET": ""})  # (not itself supervised, whatever runs the tests)
+    worker = job.ready(1)
+    wait_for(marker.exists, 20, "the worker to hold the marker")
+    wait_for(lambda: keepers_of(marker, job.proc.pid), 20, "the supervisor's keeper")
+    (first,) = keepers_of(marker, job.proc.pid)
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: [k for k in keepers_of(marker, job.proc.pid) if k != first], 20, "another keeper")
+    (second,) = keepers_of(marker, job.proc.pid)
+    assert f"(pid {first}) ended first (signal SIGKILL); started another (pid {second})" in job.log
+    os.kill(worker, signal.SIGKILL)
+    job.ready(2)
+    assert keepers_of(marker, job.proc.pid) == [second], job.log
+    job.proc.kill()
+    assert job.proc.wait(30) == -signal.SIGKILL
+    wait_for(lambda: pid_start_time(job.workers()[1]) is None, 20, "the worker to die with its supervisor")
+    wait_for(lambda: not marker.exists(), 20, "the marker to be removed by the new keeper")
 
 
 # --- secrets ---------------------------------------------------------------------------------------------

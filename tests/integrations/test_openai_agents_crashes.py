@@ -6,6 +6,7 @@ survive the kills. The runs are forked from a process that imported the SDK once
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import shutil
@@ -682,3 +683,116 @@ def test_a_streamed_run_with_a_handoff_and_tools_is_paid_once_across_kills(strea
     assert repeats <= done.kills
     assert [r.name for r in records] == STREAMED_STEPS
     assert integrity(db) == "ok"
+
+
+# --- a session's writes across kills ------------------------------------------------------------------------
+# The agent: two runs on one SQLiteSession (the conversation's file), each a tool call then an answer, by the
+# SDK's testing model; the task returns both final outputs. The session, the model and the tool log each
+# call to a file, so the counts survive the kills.
+SESSION_AGENT = '''
+import asyncio, json, sys
+from agents import Agent, SQLiteSession, function_tool, set_tracing_disabled
+from agents.testing import ModelStep, ScriptedModel
+from agents.testing.model import assistant_message, function_call
+from onward import Job
+from onward.integrations.openai_agents import OnwardRunner
+
+db, conversation, model_log, tool_log, write_log = sys.argv[1:6]
+set_tracing_disabled(True)
+
+
+def logged(path, entry):
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\\n")
+
+
+class LoggedSession(SQLiteSession):
+    async def add_items(self, items):
+        await super().add_items(items)
+        logged(write_log, [i.get("role") or i.get("type") for i in items])
+
+
+async def model(call):
+    outputs = [i["output"] for i in call.input if isinstance(i, dict) and i.get("type") == "function_call_output"]
+    asked = [i["content"] for i in call.input if isinstance(i, dict) and i.get("role") == "user"]
+    logged(model_log, {"asked": len(asked), "outputs": len(outputs)})
+    await asyncio.sleep(0.02)  # a model call takes its time: some kills land inside it
+    if len(outputs) < len(asked):
+        return [function_call("square", {"n": len(asked) + 1}, call_id=f"c{len(asked)}")]
+    return [assistant_message(f"{asked[-1]}: {outputs[-1]} (history of {len(call.input)} items)")]
+
+
+@function_tool
+async def square(n: int) -> int:
+    """n * n."""
+    await asyncio.sleep(0.02)
+    logged(tool_log, {"n": n})
+    return n * n
+
+
+agent = Agent(name="squarer", model=ScriptedModel([ModelStep.respond(model)] * 16), tools=[square])
+job = Job(db, max_attempts=1000, retry_delay=0, heartbeat=1.0)
+
+
+@job.task
+async def converse(name, ctx):
+    session = LoggedSession("conversation", conversation)
+    outputs = [(await OnwardRunner.run(agent, text, session=session)).final_output for text in ("hello", "again")]
+    return " | ".join(outputs)
+
+
+job.add(["talk"])
+sys.exit(job.run().exit_code)
+'''
+
+
+@pytest.fixture
+def testing_model_server(tmp_path: Path) -> Iterator[ForkServer]:
+    s = ForkServer(tmp_path, ["onward", "onward.integrations.openai_agents", "agents.testing"])
+    yield s
+    s.close()
+
+
+def test_a_sessions_conversation_is_written_once_across_kills(testing_model_server: ForkServer, tmp_path: Path,
+                                                              seed: int) -> None:
+    """Each read and write of the session is a step: a resumed task replays the reads and does not make a
+    write whose record was committed again, so the conversation in the session is the uninterrupted run's.
+    Only a write cut by a kill after the session took it and before its record was committed is made
+    again (a step's rule: the step in flight at a kill runs again): at most one per kill, right after
+    itself. Before, a session was refused inside a task."""
+    rng = random.Random(seed)
+    agent = tmp_path / "agent.py"
+    agent.write_text(textwrap.dedent(SESSION_AGENT))
+
+    def argv(name: str) -> list[str]:
+        return [str(agent), str(tmp_path / f"{name}.db"), str(tmp_path / f"{name}-conversation.db"),
+                *(str(tmp_path / f"{name}-{log}") for log in ("models", "tools", "writes"))]
+
+    assert testing_model_server.start(argv("reference")).wait(60) == 0, \
+        testing_model_server.stderr.read_text()[-3000:]
+    expected, _ = result_and_steps(tmp_path / "reference.db", "talk")
+    assert expected is not None and expected.data == b"hello: 4 (history of 3 items) | again: 9 (history of 7 items)"
+    reference_writes = json_lines(tmp_path / "reference-writes")
+    assert reference_writes == [["user"], ["function_call", "function_call_output"], ["assistant"],
+                                ["user"], ["function_call", "function_call_output"], ["assistant"]]
+
+    def progress() -> int:  # the distinct calls made so far: a call made again is no progress
+        return (len({(c["asked"], c["outputs"]) for c in json_lines(tmp_path / "agent-models")})
+                + len({c["n"] for c in json_lines(tmp_path / "agent-tools")}))
+    done = kill_until_done(testing_model_server, argv("agent"), progress, tmp_path / "agent.db", PLAN, rng)
+    writes = json_lines(tmp_path / "agent-writes")
+    print(f"kills {done.kills} ({done.in_commit} inside a commit); session writes {len(writes)}")
+
+    result, records = result_and_steps(tmp_path / "agent.db", "talk")
+    assert result == expected  # the model saw the same history as uninterrupted: 3 items, then 7
+    # The session holds what the writes logged (a write is logged once the session took it) ...
+    from agents import SQLiteSession
+    conversation = SQLiteSession("conversation", str(tmp_path / "agent-conversation.db"))
+    assert [i.get("role") or i.get("type") for i in asyncio.run(conversation.get_items())] == \
+        [kind for write in writes for kind in write]
+    # ... which are the uninterrupted run's, but for a write made again right after itself, one per kill at most.
+    again = [n for n in range(1, len(writes)) if writes[n] == writes[n - 1]]
+    assert [w for n, w in enumerate(writes) if n not in again] == reference_writes, writes
+    assert len(again) <= done.kills
+    assert [r.name for r in records].count("openai_agents.session.add_items") == 6
+    assert integrity(tmp_path / "agent.db") == "ok"

@@ -397,16 +397,171 @@ def test_a_tools_output_reaches_the_model_as_under_runner(tmp_path: Path, return
     assert calls == ["m", "tool", "m"] * 2  # the tool ran once in the task
 
 
-# --- a session is refused inside a task --------------------------------------------------------------
-def test_a_session_is_refused_inside_a_task_and_left_untouched(tmp_path: Path) -> None:
+# --- a session's reads and writes are steps ------------------------------------------------------------
+def two_runs_with_a_session(agent: Agent, session: Any, sync: bool = False) -> Any:
+    """Two runs of ``agent`` on ``session`` (a conversation of two messages); the final outputs. ``sync``:
+    by ``run_sync``, in a sync task."""
+    if sync:
+        return lambda: [OnwardRunner.run_sync(agent, text, session=session).final_output for text in ("hello", "again")]
+
+    async def run() -> list[Any]:
+        return [(await OnwardRunner.run(agent, text, session=session)).final_output for text in ("hello", "again")]
+    return run
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["run", "run_sync"])
+def test_a_sessions_reads_and_writes_are_steps_so_a_retried_task_writes_nothing_twice(tmp_path: Path,
+                                                                                      sync: bool) -> None:
+    """Before, a session was refused inside a task: the SDK writes each turn to it, so an attempt after a crash
+    would have found the first attempt's turns there and added them again. Its reads and writes are now
+    steps: the second attempt replays them (and the model and tool calls) and writes nothing."""
     from agents import SQLiteSession
 
-    from onward import Job
-    from onward.errors import UsageError
-    from onward.log import QUIET
+    calls: list[str] = []
+    tool_runs: list[int] = []
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        tool_runs.append(a + b)
+        return a + b
+
+    agent = Agent(name="m", model=ScriptedModel("m", calls, "add", {"a": 1, "b": 2}), tools=[add])
+    session = SQLiteSession("conversation", str(tmp_path / "session.db"))
+    first, replayed = run_twice(tmp_path, two_runs_with_a_session(agent, session, sync), is_async=not sync)
+    assert first == replayed == ["m: 3", "m: 3"]
+    assert calls == ["m", "m", "m"] and tool_runs == [3]  # paid once, in the first attempt
+    # The session holds the conversation once, as a plain run on a fresh session leaves it.
+    plain_session = SQLiteSession("conversation", str(tmp_path / "plain.db"))
+    plain_agent = Agent(name="m", model=ScriptedModel("m", [], "add", {"a": 1, "b": 2}), tools=[add])
+    assert asyncio.run(two_runs_with_a_session(plain_agent, plain_session)()) == first
+    items = asyncio.run(session.get_items())
+    assert items == asyncio.run(plain_session.get_items())
+    assert [i.get("role") or i.get("type") for i in items] == [
+        "user", "function_call", "function_call_output", "assistant", "user", "assistant"]
+    names = step_names(tmp_path / "job.db")
+    assert names.count("openai_agents.session.get_items") == 2
+    assert names.count("openai_agents.session.add_items") == 5, names
+
+
+def test_a_streamed_run_with_a_session_writes_nothing_twice(tmp_path: Path) -> None:
+    """``run_streamed`` reads and writes the session from the runner's own task: the same steps."""
+    from agents import SQLiteSession
+    from agents.testing import ModelStep
+    from agents.testing import ScriptedModel as TestingModel
+    from agents.testing.model import assistant_message, function_call
+
+    calls: list[int] = []
+
+    async def model(call: Any) -> list[Any]:
+        calls.append(len(call.input))
+        asked = [i for i in call.input if isinstance(i, dict) and i.get("role") == "user"]
+        if len(outputs(call.input, "c")) < len(asked):
+            return [function_call("square", {"n": 3}, call_id=f"c{len(asked)}")]
+        return [assistant_message(f"done after {len(call.input)} items")]
+
+    @function_tool
+    def square(n: int) -> int:
+        return n * n
+
+    agent = Agent(name="a", model=TestingModel([ModelStep.respond(model)] * 16), tools=[square])
+    session = SQLiteSession("conversation", str(tmp_path / "session.db"))
+
+    async def run() -> list[Any]:
+        finals = []
+        for text in ("hello", "again"):
+            result = OnwardRunner.run_streamed(agent, text, session=session)
+            async for _ in result.stream_events():
+                pass
+            finals.append(result.final_output)
+        return finals
+    assert run_twice(tmp_path, run, is_async=True) == [["done after 3 items", "done after 7 items"]] * 2
+    assert calls == [1, 3, 5, 7]  # the second attempt replayed them, with the session's reads
+    assert [i.get("role") or i.get("type") for i in asyncio.run(session.get_items())] == [
+        "user", "function_call", "function_call_output", "assistant"] * 2
+
+
+def test_a_session_that_takes_the_runs_context_still_gets_it(tmp_path: Path) -> None:
+    """The SDK hands a session whose every method takes ``wrapper`` the run's context: so does onward's."""
+    seen: list[Any] = []
+
+    class Remembering:
+        session_id = "remembering"
+        session_settings = None
+
+        def __init__(self) -> None:
+            self.items: list[Any] = []
+
+        async def get_items(self, limit: int | None = None, *, wrapper: Any = None) -> list[Any]:
+            seen.append(wrapper.context if wrapper is not None else None)
+            return list(self.items)
+
+        async def add_items(self, items: list[Any], *, wrapper: Any = None) -> None:
+            self.items += items
+
+        async def pop_item(self, *, wrapper: Any = None) -> Any:
+            return self.items.pop() if self.items else None
+
+        async def clear_session(self, *, wrapper: Any = None) -> None:
+            self.items.clear()
+
+    agent = Agent(name="m", model=ScriptedModel("m", [], "", {}))
+    session = Remembering()
+
+    async def run() -> Any:
+        return (await OnwardRunner.run(agent, "hello", session=session, context="the context")).final_output
+    assert run_twice(tmp_path, run, is_async=True) == ["m: nothing", "m: nothing"]
+    assert seen == ["the context"]  # read once, with the context: the second attempt replayed it
+    assert [i.get("role") for i in session.items] == ["user", "assistant"]
+
+
+def test_a_session_error_is_not_recorded_so_the_next_attempt_writes_for_real(tmp_path: Path) -> None:
+    """A session is storage: its errors pass (a server restarting). As for any step, an error that ended the
+    attempt is not kept: replayed, it would fail every attempt the same way."""
+    from agents import SQLiteSession
+
+    class Flaky(SQLiteSession):
+        writes = 0
+
+        async def add_items(self, items: list[Any]) -> None:
+            self.writes += 1
+            if self.writes == 1:
+                raise ConnectionError("the session's server is restarting")
+            await super().add_items(items)
 
     calls: list[str] = []
-    session = SQLiteSession("conversation", str(tmp_path / "session.db"))
+    agent = Agent(name="m", model=ScriptedModel("m", calls, "", {}))
+    session = Flaky("conversation", str(tmp_path / "session.db"))
+    job = Job(str(tmp_path / "job.db"), retry_delay=0, max_attempts=2, log_level=QUIET)
+
+    @job.task
+    async def t(name: str, ctx: object) -> str:
+        return str((await OnwardRunner.run(agent, "hello", session=session)).final_output)
+
+    job.add(["t"])
+    summary = job.run()
+    job.close()
+    assert summary.exit_code == 0 and summary.done == 1
+    assert session.writes == 3  # the failed write, then the question and the answer in the second attempt
+    assert [i.get("role") for i in asyncio.run(session.get_items())] == ["user", "assistant"]
+    assert step_names(tmp_path / "job.db").count("openai_agents.session.add_items") == 2
+
+
+def test_a_session_the_sdk_treats_apart_is_refused_inside_a_task_and_left_untouched(tmp_path: Path) -> None:
+    """A compacting session calls the model itself (outside the task's record), and the SDK handles an
+    ``OpenAIConversationsSession`` (a conversation the server keeps) by its class: a durable wrapper would
+    hide both from it. Refused inside a task, before any call; outside one, the SDK's as under Runner."""
+    from agents import SQLiteSession
+
+    from onward.errors import UsageError
+
+    class Compacting(SQLiteSession):
+        compactions = 0
+
+        async def run_compaction(self, args: Any = None) -> None:
+            self.compactions += 1
+
+    calls: list[str] = []
+    session = Compacting("conversation", str(tmp_path / "session.db"))
     agent = Agent(name="m", model=ScriptedModel("m", calls, "", {}))
     refused: list[str] = []
     job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
@@ -424,7 +579,27 @@ def test_a_session_is_refused_inside_a_task_and_left_untouched(tmp_path: Path) -
     job.add(["t"])
     assert job.run().exit_code == 0
     job.close()
-    assert len(refused) == 2 and all("session=" in r for r in refused)
+    assert len(refused) == 2 and all("Compacting as session=" in r for r in refused), refused
+    # A conversation kept by the server: refused before anything is sent (the client's address takes nothing).
+    from agents import OpenAIConversationsSession
+    from openai import AsyncOpenAI
+
+    kept = OpenAIConversationsSession(conversation_id="conv_1",
+                                      openai_client=AsyncOpenAI(api_key="none", base_url="http://127.0.0.1:9"))
+    job = Job(str(tmp_path / "job2.db"), max_attempts=1, log_level=QUIET)
+
+    @job.task
+    async def t2(name: str, ctx: object) -> str:
+        try:
+            await OnwardRunner.run(agent, "hello", session=kept)
+        except UsageError as e:
+            refused.append(str(e))
+        return "done"
+
+    job.add(["t"])
+    assert job.run().exit_code == 0
+    job.close()
+    assert len(refused) == 3 and "OpenAIConversationsSession as session=" in refused[-1], refused
     assert calls == [] and asyncio.run(session.get_items()) == []
     # Outside a task the session is the SDK's, as under Runner.
     assert asyncio.run(OnwardRunner.run(agent, "hello", session=session)).final_output == "m: nothing"

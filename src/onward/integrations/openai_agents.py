@@ -1,6 +1,7 @@
 """The OpenAI Agents SDK made durable: ``OnwardRunner.run(agent, input)`` (and ``run_sync``) is
 ``agents.Runner``'s, except that inside an onward task every model call (``Model.get_response``) and every
 function-tool call is a durable step: recorded when it returns, replayed on resume, never paid for twice.
+So are a session's reads and writes (``session=``).
 
     from agents import Agent
     from onward.integrations.openai_agents import OnwardRunner
@@ -18,8 +19,9 @@ one step); a model named by a string is wrapped through the run's model provider
 are not changed. The tools the SDK runs in this process without their being function tools (a custom
 tool, a local shell, a shell's local executor, an apply_patch editor) are steps too, named the same way.
 ``OnwardRunner.run_streamed`` is durable the same way, each streamed model call a step of its events
-(``openai_agents.model.stream``). Outside a task the run is ``agents.Runner``'s own. Inside one, a run given a
-``session=`` (the session is written outside the task's record), whose agents have a ``ComputerTool`` (a
+(``openai_agents.model.stream``). A session is wrapped (``DurableSession``), each of its reads and writes a
+step. Outside a task the run is ``agents.Runner``'s own. Inside one, a run given a session the SDK treats
+apart (``OpenAIConversationsSession``, a compacting session), whose agents have a ``ComputerTool`` (a
 replay cannot rebuild the computer's state) or are a ``SandboxAgent`` (its capabilities' tools are added
 by the runner, not as steps, and its workspace is outside the record) raises ``UsageError``.
 
@@ -59,11 +61,13 @@ from agents import (
     ModelRetryAdviceRequest,
     ModelRetryNormalizedError,
     ModelSettings,
+    OpenAIConversationsSession,
     RunConfig,
     Runner,
     RunState,
     ShellResult,
     ShellTool,
+    is_openai_responses_compaction_aware_session,
 )
 from agents.editor import ApplyPatchResult
 from agents.sandbox import SandboxAgent
@@ -641,14 +645,73 @@ def _refuse_foreign_state(input: Any) -> None:
                          " run after a crash")
 
 
-def _refuse_session(kwargs: dict[str, Any]) -> None:
-    """A session (``session=``) is state outside the task's record: the SDK writes each turn to it as the run
-    goes, so a run resumed after a crash would find the first attempt's turns there, add them again and
-    send the model the duplicated conversation. Refused inside a task rather than silently duplicated."""
-    if kwargs.get("session") is not None:
-        raise UsageError("OnwardRunner.run does not take session= inside a task: a resumed run would add the"
-                         " conversation to the session again. Keep the conversation in the task: pass the"
-                         " previous result's to_input_list() plus the new message as the input")
+SESSION_STEP = "openai_agents.session"
+
+
+class DurableSession:
+    """A session (``session=``) whose reads and writes, inside an onward task, are durable steps
+    (``openai_agents.session.get_items``, ``.add_items``, ``.pop_item``, ``.clear_session``): the items
+    read are recorded and replayed, and a write whose record was committed is not made again. Without it, a
+    run resumed after a crash would find the first attempt's turns in the session, add them again and send
+    the model the duplicated conversation. The SDK reads and writes a session in a fixed order between
+    turns, so the steps replay in order with the model and tool calls. ``session_id`` and
+    ``session_settings`` are the wrapped session's; a session whose methods take the run's ``wrapper``
+    still gets it."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self.wrapped = wrapped
+        self.session_id = wrapped.session_id
+        self.session_settings = getattr(wrapped, "session_settings", None)
+
+    async def get_items(self, limit: int | None = None, *, wrapper: Any = None) -> list[Any]:
+        items: list[Any] = await self._step("get_items", self.wrapped.get_items, wrapper, limit)
+        return items
+
+    async def add_items(self, items: list[Any], *, wrapper: Any = None) -> None:
+        await self._step("add_items", self.wrapped.add_items, wrapper, items)
+
+    async def pop_item(self, *, wrapper: Any = None) -> Any:
+        return await self._step("pop_item", self.wrapped.pop_item, wrapper)
+
+    async def clear_session(self, *, wrapper: Any = None) -> None:
+        await self._step("clear_session", self.wrapped.clear_session, wrapper)
+
+    async def _step(self, name: str, method: Any, wrapper: Any, *args: Any) -> Any:
+        kwargs = {"wrapper": wrapper} if wrapper is not None and _takes_wrapper(method) else {}
+
+        async def call(key: str | None) -> Any:
+            value = method(*args, **kwargs)
+            return await value if inspect.isawaitable(value) else value
+        return await durable_call_async(f"{SESSION_STEP}.{name}", call, to_jsonable_python, lambda data: data)
+
+
+def _takes_wrapper(method: Any) -> bool:
+    """Whether a session's method takes the run's context (``wrapper=``), as the SDK asks of a session."""
+    try:
+        parameter = inspect.signature(method).parameters.get("wrapper")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                        inspect.Parameter.KEYWORD_ONLY)
+
+
+def _durable_session(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with its session (``session=``) made a ``DurableSession``. Refused (``UsageError``): a
+    session the SDK treats apart, by its class or by what it offers beyond reads and writes, which a wrapper
+    would hide from it: an ``OpenAIConversationsSession`` (the conversation is kept by the server, which the
+    SDK tells apart from local items) and a session that compacts its history (``run_compaction``: it calls
+    the model itself, outside the task's record)."""
+    session = kwargs.get("session")
+    if session is None or isinstance(session, DurableSession):
+        return kwargs
+    if isinstance(session, OpenAIConversationsSession) or is_openai_responses_compaction_aware_session(session):
+        kind = type(session).__name__
+        raise UsageError(f"OnwardRunner.run does not take a {kind} as session= inside a task: the SDK treats it"
+                         " apart (a conversation kept by the server, or compacted by a model call), which a"
+                         " durable session would hide. Use a session that only stores items (SQLiteSession),"
+                         " or keep the conversation in the task: pass the previous result's to_input_list()"
+                         " plus the new message as the input")
+    return {**kwargs, "session": DurableSession(session)}
 
 
 class OnwardRunner:
@@ -659,7 +722,7 @@ class OnwardRunner:
                   **kwargs: Any) -> Any:
         if active_context() is None:
             return await Runner.run(starting_agent, input, run_config=run_config, **kwargs)
-        _refuse_session(kwargs)
+        kwargs = _durable_session(kwargs)
         _refuse_foreign_state(input)
         run = DurableRun()
         token = _RUN.set(run)
@@ -675,7 +738,7 @@ class OnwardRunner:
                  **kwargs: Any) -> Any:
         if active_context() is None:
             return Runner.run_sync(starting_agent, input, run_config=run_config, **kwargs)
-        _refuse_session(kwargs)
+        kwargs = _durable_session(kwargs)
         _refuse_foreign_state(input)
         run = DurableRun()
         token = _RUN.set(run)
@@ -694,7 +757,7 @@ class OnwardRunner:
         every try failed are recorded when the result's ``stream_events()`` ends (consume it to its end)."""
         if active_context() is None:
             return Runner.run_streamed(starting_agent, input, run_config=run_config, **kwargs)
-        _refuse_session(kwargs)
+        kwargs = _durable_session(kwargs)
         _refuse_foreign_state(input)
         run = DurableRun()
         token = _RUN.set(run)  # the runner's task, created here, inherits it

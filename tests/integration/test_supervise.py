@@ -818,21 +818,33 @@ def test_giving_up_on_a_crash_loop_lets_the_keep_awake_marker_go(supervised: Cal
     assert not marker.exists()
 
 
-def test_a_supervisor_killed_outright_leaves_no_keep_awake_marker(supervised: Callable[..., Supervised],
-                                                                   tmp_path: Path) -> None:
-    """``kill -9`` of the supervisor (or the OOM killer taking it) takes its worker with it (PDEATHSIG), and
-    neither can let the marker go: the supervisor's marker keeper does, so that the sandbox is not kept
-    awake with nobody left to work. (Before, the marker stayed until a worker ran the job again.)"""
+def supervised_worker_keeping_a_marker(supervised: Callable[..., Supervised],
+                                       tmp_path: Path) -> tuple[Supervised, int, Path]:
+    """``onward supervise`` (not itself supervised) of a worker keeping a marker, its one task sleeping;
+    returned once the worker holds the marker, with the worker's pid and the marker."""
     (tmp_path / "t.txt").write_text("a\n")
     marker = tmp_path / "awake" / "keep-awake"
     job = supervised([], ["--tasks", "t.txt", "--keep-awake", str(marker), "--", "sleep", "60"],
                      env={"NOTIFY_SOCKET": ""})  # (not itself supervised, whatever runs the tests)
     worker = job.ready(1)
     wait_for(marker.exists, 20, "the worker to hold the marker")
+    return job, worker, marker
+
+
+def kill_the_supervisor_and_see_the_marker_go(job: Supervised, worker: int, marker: Path) -> None:
     job.proc.kill()
     assert job.proc.wait(30) == -signal.SIGKILL
     wait_for(lambda: pid_start_time(worker) is None, 20, "the worker to die with its supervisor")
-    wait_for(lambda: not marker.exists(), 20, "the marker to be removed")
+    wait_for(lambda: not marker.exists(), 20, "the marker to be removed by the supervisor's keeper")
+
+
+def test_a_supervisor_killed_outright_leaves_no_keep_awake_marker(supervised: Callable[..., Supervised],
+                                                                   tmp_path: Path) -> None:
+    """``kill -9`` of the supervisor (or the OOM killer taking it) takes its worker with it (PDEATHSIG), and
+    neither can let the marker go: the supervisor's marker keeper does, so that the sandbox is not kept
+    awake with nobody left to work. (Before, the marker stayed until a worker ran the job again.)"""
+    job, worker, marker = supervised_worker_keeping_a_marker(supervised, tmp_path)
+    kill_the_supervisor_and_see_the_marker_go(job, worker, marker)
 
 
 def test_a_supervisors_keeper_killed_on_its_own_is_replaced_and_outlives_the_workers_leftovers(
@@ -841,12 +853,7 @@ def test_a_supervisors_keeper_killed_on_its_own_is_replaced_and_outlives_the_wor
     OOM killer) would leave the marker after a later ``kill -9`` of the supervisor: the supervisor starts
     another within a tick and says so. The new keeper, started while the supervisor is a subreaper, is not
     taken for a dead worker's leftover (which the supervisor kills when the worker dies)."""
-    (tmp_path / "t.txt").write_text("a\n")
-    marker = tmp_path / "awake" / "keep-awake"
-    job = supervised([], ["--tasks", "t.txt", "--keep-awake", str(marker), "--", "sleep", "60"],
-                     env={"NOTIFY_SOCKET": ""})  # (not itself supervised, whatever runs the tests)
-    worker = job.ready(1)
-    wait_for(marker.exists, 20, "the worker to hold the marker")
+    job, worker, marker = supervised_worker_keeping_a_marker(supervised, tmp_path)
     wait_for(lambda: keepers_of(marker, job.proc.pid), 20, "the supervisor's keeper")
     (first,) = keepers_of(marker, job.proc.pid)
     os.kill(first, signal.SIGKILL)
@@ -856,10 +863,7 @@ def test_a_supervisors_keeper_killed_on_its_own_is_replaced_and_outlives_the_wor
     os.kill(worker, signal.SIGKILL)
     job.ready(2)
     assert keepers_of(marker, job.proc.pid) == [second], job.log
-    job.proc.kill()
-    assert job.proc.wait(30) == -signal.SIGKILL
-    wait_for(lambda: pid_start_time(job.workers()[1]) is None, 20, "the worker to die with its supervisor")
-    wait_for(lambda: not marker.exists(), 20, "the marker to be removed by the new keeper")
+    kill_the_supervisor_and_see_the_marker_go(job, job.workers()[1], marker)
 
 
 # --- secrets ---------------------------------------------------------------------------------------------

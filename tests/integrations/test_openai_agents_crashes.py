@@ -637,13 +637,14 @@ STREAMED_STEPS = ["openai_agents.model.stream", "openai_agents.tool.calculator",
 
 
 @pytest.fixture
-def streaming_server(tmp_path: Path) -> Iterator[ForkServer]:
+def testing_model_server(tmp_path: Path) -> Iterator[ForkServer]:
+    """Runs forked from a process that imported the SDK's testing model (agents.testing)."""
     s = ForkServer(tmp_path, ["onward", "onward.integrations.openai_agents", "agents.testing"])
     yield s
     s.close()
 
 
-def test_a_streamed_run_with_a_handoff_and_tools_is_paid_once_across_kills(streaming_server: ForkServer,
+def test_a_streamed_run_with_a_handoff_and_tools_is_paid_once_across_kills(testing_model_server: ForkServer,
                                                                           tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     agent = tmp_path / "agent.py"
@@ -653,9 +654,9 @@ def test_a_streamed_run_with_a_handoff_and_tools_is_paid_once_across_kills(strea
         return [str(agent), str(db), str(models), str(tools), "stream it"]
 
     reference_db = tmp_path / "reference.db"
-    code = streaming_server.start(argv(reference_db, tmp_path / "reference-models", tmp_path / "reference-tools")
+    code = testing_model_server.start(argv(reference_db, tmp_path / "reference-models", tmp_path / "reference-tools")
                                   ).wait(60)
-    assert code == 0, streaming_server.stderr.read_text()[-3000:]
+    assert code == 0, testing_model_server.stderr.read_text()[-3000:]
     reference = open_store(str(reference_db), create=False)
     expected = reference.result("stream it")
     reference.close()
@@ -667,7 +668,7 @@ def test_a_streamed_run_with_a_handoff_and_tools_is_paid_once_across_kills(strea
     def progress() -> int:  # the distinct calls made so far: a call made again is no progress
         return (len({(c["agent"], c["turn"]) for c in json_lines(models)})
                 + len({c["expression"] for c in json_lines(tools)}))
-    done = kill_until_done(streaming_server, argv(db, models, tools), progress, db, PLAN, rng)
+    done = kill_until_done(testing_model_server, argv(db, models, tools), progress, db, PLAN, rng)
     model_calls, tool_calls = json_lines(models), json_lines(tools)
     print(f"kills {done.kills} ({done.in_commit} inside a commit); model calls {len(model_calls)};"
           f" tool runs {len(tool_calls)}")
@@ -744,13 +745,6 @@ async def converse(name, ctx):
 job.add(["talk"])
 sys.exit(job.run().exit_code)
 '''
-
-
-@pytest.fixture
-def testing_model_server(tmp_path: Path) -> Iterator[ForkServer]:
-    s = ForkServer(tmp_path, ["onward", "onward.integrations.openai_agents", "agents.testing"])
-    yield s
-    s.close()
 
 
 def test_a_sessions_conversation_is_written_once_across_kills(testing_model_server: ForkServer, tmp_path: Path,

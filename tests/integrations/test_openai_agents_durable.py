@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,29 @@ def final_outputs_of_two_attempts(tmp_path: Path, agent: Agent) -> list[Any]:
     async def run() -> Any:
         return (await OnwardRunner.run(agent, "hello")).final_output
     return run_twice(tmp_path, run, is_async=True)
+
+
+def refused_in_a_task(tmp_path: Path, *runs: Callable[[], Awaitable[Any]]) -> list[str]:
+    """Await each of ``runs`` in one task of a fresh job (one attempt); the ``UsageError`` messages raised."""
+    from onward.errors import UsageError
+
+    refused: list[str] = []
+    job = Job(str(tmp_path / f"refusals{len(list(tmp_path.glob('refusals*.db')))}.db"), max_attempts=1,
+              log_level=QUIET)
+
+    @job.task
+    async def t(name: str, ctx: object) -> str:
+        for run in runs:
+            try:
+                await run()
+            except UsageError as e:
+                refused.append(str(e))
+        return "done"
+
+    job.add(["t"])
+    assert job.run().exit_code == 0
+    job.close()
+    return refused
 
 
 # --- every agent the run reaches is durable ----------------------------------------------------------
@@ -550,9 +574,8 @@ def test_a_session_the_sdk_treats_apart_is_refused_inside_a_task_and_left_untouc
     """A compacting session calls the model itself (outside the task's record), and the SDK handles an
     ``OpenAIConversationsSession`` (a conversation the server keeps) by its class: a durable wrapper would
     hide both from it. Refused inside a task, before any call; outside one, the SDK's as under Runner."""
-    from agents import SQLiteSession
-
-    from onward.errors import UsageError
+    from agents import OpenAIConversationsSession, SQLiteSession
+    from openai import AsyncOpenAI
 
     class Compacting(SQLiteSession):
         compactions = 0
@@ -563,43 +586,14 @@ def test_a_session_the_sdk_treats_apart_is_refused_inside_a_task_and_left_untouc
     calls: list[str] = []
     session = Compacting("conversation", str(tmp_path / "session.db"))
     agent = Agent(name="m", model=ScriptedModel("m", calls, "", {}))
-    refused: list[str] = []
-    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
-
-    @job.task
-    async def t(name: str, ctx: object) -> str:
-        for run in (lambda: OnwardRunner.run(agent, "hello", session=session),
-                    lambda: asyncio.to_thread(OnwardRunner.run_sync, agent, "hello", session=session)):
-            try:
-                await run()
-            except UsageError as e:
-                refused.append(str(e))
-        return "done"
-
-    job.add(["t"])
-    assert job.run().exit_code == 0
-    job.close()
-    assert len(refused) == 2 and all("Compacting as session=" in r for r in refused), refused
     # A conversation kept by the server: refused before anything is sent (the client's address takes nothing).
-    from agents import OpenAIConversationsSession
-    from openai import AsyncOpenAI
-
     kept = OpenAIConversationsSession(conversation_id="conv_1",
                                       openai_client=AsyncOpenAI(api_key="none", base_url="http://127.0.0.1:9"))
-    job = Job(str(tmp_path / "job2.db"), max_attempts=1, log_level=QUIET)
-
-    @job.task
-    async def t2(name: str, ctx: object) -> str:
-        try:
-            await OnwardRunner.run(agent, "hello", session=kept)
-        except UsageError as e:
-            refused.append(str(e))
-        return "done"
-
-    job.add(["t"])
-    assert job.run().exit_code == 0
-    job.close()
-    assert len(refused) == 3 and "OpenAIConversationsSession as session=" in refused[-1], refused
+    refused = refused_in_a_task(tmp_path, lambda: OnwardRunner.run(agent, "hello", session=session),
+                                lambda: asyncio.to_thread(OnwardRunner.run_sync, agent, "hello", session=session),
+                                lambda: OnwardRunner.run(agent, "hello", session=kept))
+    assert len(refused) == 3 and all("Compacting as session=" in r for r in refused[:2]), refused
+    assert "OpenAIConversationsSession as session=" in refused[2], refused
     assert calls == [] and asyncio.run(session.get_items()) == []
     # Outside a task the session is the SDK's, as under Runner.
     assert asyncio.run(OnwardRunner.run(agent, "hello", session=session)).final_output == "m: nothing"
@@ -610,9 +604,6 @@ def test_a_session_the_sdk_treats_apart_is_refused_inside_a_task_and_left_untouc
 def test_a_computer_tool_is_refused_inside_a_task(tmp_path: Path) -> None:
     from agents import ComputerTool
 
-    from onward import Job
-    from onward.errors import UsageError
-    from onward.log import QUIET
 
     calls: list[str] = []
 
@@ -621,20 +612,7 @@ def test_a_computer_tool_is_refused_inside_a_task(tmp_path: Path) -> None:
         raise AssertionError("not reached: the run is refused before it starts")
 
     agent = Agent(name="m", model=ScriptedModel("m", calls, "", {}), tools=[ComputerTool(computer=make_computer)])
-    refused: list[str] = []
-    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
-
-    @job.task
-    async def t(name: str, ctx: object) -> str:
-        try:
-            await OnwardRunner.run(agent, "click")
-        except UsageError as e:
-            refused.append(str(e))
-        return "done"
-
-    job.add(["t"])
-    assert job.run().exit_code == 0
-    job.close()
+    refused = refused_in_a_task(tmp_path, lambda: OnwardRunner.run(agent, "click"))
     assert len(refused) == 1 and "ComputerTool" in refused[0]
     assert calls == []  # no model call, no computer
 
@@ -647,28 +625,15 @@ def test_a_sandbox_agent_is_refused_inside_a_task(tmp_path: Path) -> None:
     from agents.sandbox.capabilities import Shell
     from agents.sandbox.sandboxes.unix_local import UnixLocalSandboxClient
 
-    from onward.errors import UsageError
 
     calls: list[str] = []
     sandboxed = SandboxAgent(name="s", model=ScriptedModel("s", calls, "exec_command", {"cmd": "true"}),
                              capabilities=[Shell()])
     plain = Agent(name="m", model=ScriptedModel("m", calls, "", {}), handoffs=[sandboxed])
-    refused: list[str] = []
-    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
-
-    @job.task
-    async def t(name: str, ctx: object) -> str:
-        for agent in (sandboxed, plain):  # as the starting agent, and as a handoff's target
-            try:
-                await OnwardRunner.run(agent, "run it",
-                                       run_config=RunConfig(sandbox=SandboxRunConfig(client=UnixLocalSandboxClient())))
-            except UsageError as e:
-                refused.append(str(e))
-        return "done"
-
-    job.add(["t"])
-    assert job.run().exit_code == 0
-    job.close()
+    config = RunConfig(sandbox=SandboxRunConfig(client=UnixLocalSandboxClient()))
+    # As the starting agent, and as a handoff's target.
+    refused = refused_in_a_task(tmp_path, *(lambda agent=agent: OnwardRunner.run(agent, "run it", run_config=config)
+                                            for agent in (sandboxed, plain)))
     assert len(refused) == 2 and all("SandboxAgent ('s')" in r for r in refused)
     assert calls == []  # no model call, no command
 
@@ -739,30 +704,17 @@ def test_an_approved_tool_call_resumes_from_the_run_state_and_replays(tmp_path: 
 def test_a_run_state_rebuilt_from_json_is_refused_inside_a_task(tmp_path: Path) -> None:
     from agents import RunState
 
-    from onward import Job
-    from onward.errors import UsageError
-    from onward.log import QUIET
 
     calls: list[str] = []
     agent, _ = approval_agent(calls)
-    refused: list[str] = []
-    job = Job(str(tmp_path / "job.db"), max_attempts=1, log_level=QUIET)
 
-    @job.task
-    async def t(name: str, ctx: object) -> str:
+    async def resume_a_rebuilt_state() -> None:
         result = await OnwardRunner.run(agent, "pay 5")
         # Its agent is the one passed to from_string, not a durable clone: its calls would not be steps.
         state = await RunState.from_string(agent, result.to_state().to_string())
         state.approve(state.get_interruptions()[0])
-        try:
-            await OnwardRunner.run(agent, state)
-        except UsageError as e:
-            refused.append(str(e))
-        return "done"
-
-    job.add(["t"])
-    assert job.run().exit_code == 0
-    job.close()
+        await OnwardRunner.run(agent, state)
+    refused = refused_in_a_task(tmp_path, resume_a_rebuilt_state)
     assert len(refused) == 1 and "RunState" in refused[0]
     assert calls == ["m"]  # the approved tool did not run outside the task's record, nor the model after it
 

@@ -691,7 +691,7 @@ def test_a_streamed_run_with_a_handoff_and_tools_is_paid_once_across_kills(testi
 # SDK's testing model; the task returns both final outputs. The session, the model and the tool log each
 # call to a file, so the counts survive the kills.
 SESSION_AGENT = '''
-import asyncio, json, sys
+import asyncio, json, os, signal, sys
 from agents import Agent, SQLiteSession, function_tool, set_tracing_disabled
 from agents.testing import ModelStep, ScriptedModel
 from agents.testing.model import assistant_message, function_call
@@ -699,6 +699,7 @@ from onward import Job
 from onward.integrations.openai_agents import OnwardRunner
 
 db, conversation, model_log, tool_log, write_log = sys.argv[1:6]
+kill_after_write = int(sys.argv[6])  # the worker SIGKILLs itself once the session took that write (0: never)
 set_tracing_disabled(True)
 
 
@@ -711,6 +712,9 @@ class LoggedSession(SQLiteSession):
     async def add_items(self, items):
         await super().add_items(items)
         logged(write_log, [i.get("role") or i.get("type") for i in items])
+        with open(write_log) as f:
+            if sum(1 for _ in f) == kill_after_write:  # before its step's record: the write is not recorded
+                os.kill(os.getpid(), signal.SIGKILL)
 
 
 async def model(call):
@@ -750,17 +754,16 @@ sys.exit(job.run().exit_code)
 def test_a_sessions_conversation_is_written_once_across_kills(testing_model_server: ForkServer, tmp_path: Path,
                                                               seed: int) -> None:
     """Each read and write of the session is a step: a resumed task replays the reads and does not make a
-    write whose record was committed again, so the conversation in the session is the uninterrupted run's.
-    Only a write cut by a kill after the session took it and before its record was committed is made
-    again (a step's rule: the step in flight at a kill runs again): at most one per kill, right after
-    itself. Before, a session was refused inside a task."""
+    write again, whether its record was committed or the kill came after the session took it and before
+    its record (the step then reads the session's tail and finds the write there). So the conversation in
+    the session is the uninterrupted run's. Before, a session was refused inside a task."""
     rng = random.Random(seed)
     agent = tmp_path / "agent.py"
     agent.write_text(textwrap.dedent(SESSION_AGENT))
 
-    def argv(name: str) -> list[str]:
+    def argv(name: str, kill_after_write: int = 0) -> list[str]:
         return [str(agent), str(tmp_path / f"{name}.db"), str(tmp_path / f"{name}-conversation.db"),
-                *(str(tmp_path / f"{name}-{log}") for log in ("models", "tools", "writes"))]
+                *(str(tmp_path / f"{name}-{log}") for log in ("models", "tools", "writes")), str(kill_after_write)]
 
     assert testing_model_server.start(argv("reference")).wait(60) == 0, \
         testing_model_server.stderr.read_text()[-3000:]
@@ -770,23 +773,33 @@ def test_a_sessions_conversation_is_written_once_across_kills(testing_model_serv
     assert reference_writes == [["user"], ["function_call", "function_call_output"], ["assistant"],
                                 ["user"], ["function_call", "function_call_output"], ["assistant"]]
 
+    def conversation(name: str) -> list[Any]:
+        from agents import SQLiteSession
+        items = asyncio.run(SQLiteSession("conversation", str(tmp_path / f"{name}-conversation.db")).get_items())
+        return [i.get("role") or i.get("type") for i in items]
+
+    # A kill right after the session took each write, before the write's record.
+    for n in range(1, len(reference_writes) + 1):
+        name = f"killed-after-write{n}"
+        assert testing_model_server.start(argv(name, n)).wait(60) == -signal.SIGKILL
+        assert len(json_lines(tmp_path / f"{name}-writes")) == n
+        assert testing_model_server.start(argv(name)).wait(60) == 0, testing_model_server.stderr.read_text()[-3000:]
+        result, _ = result_and_steps(tmp_path / f"{name}.db", "talk")
+        assert result == expected, name
+        assert json_lines(tmp_path / f"{name}-writes") == reference_writes, name  # none made twice
+        assert conversation(name) == [kind for write in reference_writes for kind in write]
+
+    # Random kills and kills inside commits (the steps', and the session's own).
     def progress() -> int:  # the distinct calls made so far: a call made again is no progress
         return (len({(c["asked"], c["outputs"]) for c in json_lines(tmp_path / "agent-models")})
                 + len({c["n"] for c in json_lines(tmp_path / "agent-tools")}))
     done = kill_until_done(testing_model_server, argv("agent"), progress, tmp_path / "agent.db", PLAN, rng)
     writes = json_lines(tmp_path / "agent-writes")
     print(f"kills {done.kills} ({done.in_commit} inside a commit); session writes {len(writes)}")
-
     result, records = result_and_steps(tmp_path / "agent.db", "talk")
     assert result == expected  # the model saw the same history as uninterrupted: 3 items, then 7
-    # The session holds what the writes logged (a write is logged once the session took it) ...
-    from agents import SQLiteSession
-    conversation = SQLiteSession("conversation", str(tmp_path / "agent-conversation.db"))
-    assert [i.get("role") or i.get("type") for i in asyncio.run(conversation.get_items())] == \
-        [kind for write in writes for kind in write]
-    # ... which are the uninterrupted run's, but for a write made again right after itself, one per kill at most.
-    again = [n for n in range(1, len(writes)) if writes[n] == writes[n - 1]]
-    assert [w for n, w in enumerate(writes) if n not in again] == reference_writes, writes
-    assert len(again) <= done.kills
-    assert [r.name for r in records].count("openai_agents.session.add_items") == 6
+    assert writes == reference_writes
+    assert conversation("agent") == [kind for write in reference_writes for kind in write]
+    names = [r.name for r in records]
+    assert names.count("openai_agents.session.add_items") == names.count("openai_agents.session.tail") == 6
     assert integrity(tmp_path / "agent.db") == "ok"

@@ -650,8 +650,9 @@ SESSION_STEP = "openai_agents.session"
 
 class DurableSession:
     """A session (``session=``) whose reads and writes, inside an onward task, are durable steps
-    (``openai_agents.session.get_items``, ``.add_items``, ``.pop_item``, ``.clear_session``): the items
-    read are recorded and replayed, and a write whose record was committed is not made again. Without it, a
+    (``openai_agents.session.get_items``, ``.tail`` and ``.add_items``, ``.pop_item``, ``.clear_session``):
+    the items read are recorded and replayed, and a write is not made again, whether its record was
+    committed or a kill came before that (see ``add_items``). Without it, a
     run resumed after a crash would find the first attempt's turns in the session, add them again and send
     the model the duplicated conversation. The SDK reads and writes a session in a fixed order between
     turns, so the steps replay in order with the model and tool calls. ``session_id`` and
@@ -668,7 +669,30 @@ class DurableSession:
         return items
 
     async def add_items(self, items: list[Any], *, wrapper: Any = None) -> None:
-        await self._step("add_items", self.wrapped.add_items, wrapper, items)
+        """Two steps: the session's last ``len(items)`` items before the write (``.tail``), then the write
+        (``.add_items``). A kill after the session took the write and before its record was committed
+        leaves the first recorded and not the second: the next attempt reads the tail again, and finds the
+        write there (the tail is the items written, and was not before) rather than make it twice."""
+        if active_context() is None or not items:
+            await self._step("add_items", self.wrapped.add_items, wrapper, items)
+            return
+        written = to_jsonable_python(items)
+        read_here = False
+
+        async def tail() -> Any:
+            nonlocal read_here
+            read_here = True  # not replayed: no write of these items was made before, by any attempt
+            return await self._call(self.wrapped.get_items, wrapper, len(items))
+        before = await self._step("tail", tail, None)
+
+        async def write() -> str:
+            if not read_here and before != written:
+                now = await self._call(self.wrapped.get_items, wrapper, len(items))
+                if to_jsonable_python(now) == written:
+                    return "found made"  # by the attempt a kill ended, before it could record it
+            await self._call(self.wrapped.add_items, wrapper, items)
+            return "made"
+        await self._step("add_items", write, None)
 
     async def pop_item(self, *, wrapper: Any = None) -> Any:
         return await self._step("pop_item", self.wrapped.pop_item, wrapper)
@@ -677,12 +701,14 @@ class DurableSession:
         await self._step("clear_session", self.wrapped.clear_session, wrapper)
 
     async def _step(self, name: str, method: Any, wrapper: Any, *args: Any) -> Any:
-        kwargs = {"wrapper": wrapper} if wrapper is not None and _takes_wrapper(method) else {}
-
         async def call(key: str | None) -> Any:
-            value = method(*args, **kwargs)
-            return await value if inspect.isawaitable(value) else value
+            return await self._call(method, wrapper, *args)
         return await durable_call_async(f"{SESSION_STEP}.{name}", call, to_jsonable_python, lambda data: data)
+
+    @staticmethod
+    async def _call(method: Any, wrapper: Any, *args: Any) -> Any:
+        value = method(*args, **({"wrapper": wrapper} if wrapper is not None and _takes_wrapper(method) else {}))
+        return await value if inspect.isawaitable(value) else value
 
 
 def _takes_wrapper(method: Any) -> bool:

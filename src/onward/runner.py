@@ -127,6 +127,7 @@ class Runner:
         self.config = config
         self.log = log
         self.store_errors = Throttled(log)  # a failing store is reported once, then counted
+        self._out_of_memory_since: float | None = None  # since when heartbeats have found no memory (see _tick)
         self.notifier = notifier or Notifier(None)
         self.keep_awake = keep_awake
         self.out = out
@@ -901,6 +902,26 @@ class Runner:
 
     # --- leases and other workers' tasks -------------------------------------------------------------
     def _tick(self) -> None:
+        try:
+            self._heartbeat()
+        except MemoryError:
+            # Most likely a Python task of this worker holds all there is, in the moment before its own
+            # MemoryError ends its attempt and frees it: skip this heartbeat rather than end the worker (the
+            # Python API raised it; `onward run` exited 75). Said once memory is back (saying it now would
+            # need memory too). Memory that stays gone for a whole lease is the machine's, not a moment's,
+            # and the leases lapse: then it ends the worker as before.
+            now = time.monotonic()
+            if self._out_of_memory_since is None:
+                self._out_of_memory_since = now
+            if now - self._out_of_memory_since > self.config.lease_seconds:
+                raise
+            return
+        if self._out_of_memory_since is not None:
+            self.log.warning(f"the worker's heartbeat found no memory for {time.monotonic() - self._out_of_memory_since:.1f}"
+                             " s (a task holding it all?); those heartbeats were skipped")
+            self._out_of_memory_since = None
+
+    def _heartbeat(self) -> None:
         # A store deleted or replaced under us raises StoreGone: stop rather than commit where nobody looks.
         self.store.check_still_there()
         self.leases.renew(self.worker_id, self.attempts, self.summary.done)

@@ -13,6 +13,8 @@ task named ``hog`` is where memory runs out, as MODE says:
 - ``touch``: it allocates and touches 600 MiB, for the kernel's OOM killer to end the whole worker (a
   cgroup's memory limit set by the test);
 - ``async-fill``: ``fill`` in an ``async def`` task;
+- ``fill-hold``: ``fill``, then it holds everything for 0.8 s (longer than the worker's heartbeat, 0.5 s)
+  before it lets the MemoryError go: the worker's own heartbeat finds no memory meanwhile;
 - ``big-result``: it returns 1,000,000,001 bytes, more than SQLite holds in a row;
 - ``big-step``: it records a durable step whose value is one byte more than a store takes;
 - ``random``: there is no ``hog``; the tasks are ``t0`` to ``t<N-1>`` (N in $MEMORY_TASKS), four run at
@@ -35,6 +37,8 @@ from typing import Any
 from onward import Job
 from onward.config import MAX_STORED_BYTES
 
+HOLD = 0.8  # seconds the task ``hog`` holds all memory in the mode ``fill-hold``
+
 
 def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> int:
     log_fd = os.open(exec_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -45,7 +49,7 @@ def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> i
 
     job = Job(store, max_attempts=max_attempts, retry_delay=0, heartbeat=0.5, out=out, log_level=1)
 
-    def fill() -> None:
+    def fill(hold: float = 0.0) -> None:
         keep: list[bytearray] = []
         size = 1 << 20
         while True:
@@ -53,6 +57,7 @@ def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> i
                 keep.append(bytearray(size))
             except MemoryError:
                 if size <= 64:
+                    time.sleep(hold)
                     raise
                 size //= 2
 
@@ -77,6 +82,8 @@ def main(store: str, out: str, mode: str, exec_log: str, max_attempts: int) -> i
             ctx.step("big", lambda: "x" * (MAX_STORED_BYTES + 1))
         if task == "hog" and mode in ("fill", "async-fill"):
             fill()
+        if task == "hog" and mode == "fill-hold":
+            fill(hold=HOLD)
         if task == "hog" and mode == "touch":
             touch()
         if mode == "random":

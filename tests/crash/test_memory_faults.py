@@ -81,6 +81,23 @@ def test_a_python_task_out_of_memory_fails_its_attempts_and_the_worker_goes_on(s
     assert_the_others_done_once(store_url, tmp_path)
 
 
+def test_a_worker_whose_heartbeat_finds_no_memory_while_its_task_holds_it_all_goes_on(store_url: str,
+                                                                                     tmp_path: Path) -> None:
+    """The task ``hog`` holds all the memory there is for 0.8 s before its MemoryError ends its attempt: the
+    worker's heartbeats meanwhile (every 0.5 s: the store's checks, the lease renewal) find none either.
+    Before, such a heartbeat's MemoryError ended the worker (the Python API raised it, exit 1 here; seen in
+    the test above when a heartbeat fell in the moment the task held it all). Now the heartbeat is skipped
+    with a warning, the task's attempts fail with their MemoryError, and the worker goes on."""
+    worker = subprocess.run(memory_worker(store_url, tmp_path, "fill-hold", 1), env=ENV, capture_output=True,
+                            timeout=120, preexec_fn=address_space(700 * 2**20))
+    err = worker.stderr.decode(errors="replace")
+    assert worker.returncode == 3, err[-3000:]
+    assert "\nTraceback" not in err and "Exception in thread" not in err, err[-3000:]
+    state, attempts, error = hog(store_url)
+    assert (state, attempts) == ("failed", 1), (state, attempts, error)
+    assert_the_others_done_once(store_url, tmp_path)
+
+
 def test_a_worker_out_of_memory_in_its_own_code_says_one_line_and_exits_75(store_url: str,
                                                                            tmp_path: Path) -> None:
     """`onward run --concurrency 4` of commands that each print 16 MB, under a 100 MiB RLIMIT_AS: the worker

@@ -805,6 +805,7 @@ class SqliteStore(SqlStore):
             self._db.execute("PRAGMA synchronous = FULL" if durable else "PRAGMA synchronous = NORMAL")
             self._durable = durable
         changes_before = self._db.total_changes
+        self._end_leftover_transaction()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -824,6 +825,13 @@ class SqliteStore(SqlStore):
         self._last_commit_wrote = self._db.total_changes != changes_before
         if durable and self._last_commit_wrote:
             self._vouch()  # SQLite's own sync of the log at COMMIT (synchronous=FULL)
+
+    def _end_leftover_transaction(self) -> None:
+        """Roll back a transaction an earlier one left open: its COMMIT or ROLLBACK raised something other than
+        SQLite's errors (a MemoryError, out of memory while a task held it all), and its caller was told it
+        failed. Left open, it failed every later BEGIN ("cannot start a transaction within a transaction")."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
 
     def _on_its_own(self, name: str, params: dict[str, Any]) -> list[Any]:
         with self._write():
@@ -923,6 +931,7 @@ class SqliteStore(SqlStore):
 
     def stats(self) -> Stats:
         # One read transaction, so the numbers agree with each other.
+        self._end_leftover_transaction()
         self._db.execute("BEGIN")
         try:
             now = self.now()

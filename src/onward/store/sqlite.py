@@ -797,6 +797,7 @@ class SqliteStore(SqlStore):
 
     @contextmanager
     def _transaction(self, durable: bool) -> Iterator[None]:
+        self._end_leftover_transaction()  # before the pragma and the BEGIN below would run inside it
         if durable and self._log_suspect:
             # Before the commit, not at its vouch: a rewrite that fails then leaves nothing committed, and
             # the caller's retry finds its tasks as it left them (not done by a commit it was told failed).
@@ -805,7 +806,6 @@ class SqliteStore(SqlStore):
             self._db.execute("PRAGMA synchronous = FULL" if durable else "PRAGMA synchronous = NORMAL")
             self._durable = durable
         changes_before = self._db.total_changes
-        self._end_leftover_transaction()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield

@@ -241,6 +241,13 @@ def keepers_of(marker: Path, parent: int | None = None) -> list[int]:
     return found
 
 
+def keeper_of(marker: Path, parent: int) -> int:
+    """The pid of the one marker keeper of ``parent`` (a worker or a supervisor) for ``marker``, once it runs."""
+    wait_for(lambda: keepers_of(marker, parent), 20, f"the marker keeper of {parent}")
+    (keeper,) = keepers_of(marker, parent)
+    return keeper
+
+
 def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.02) -> object:
     """Poll ``condition`` until it is truthy; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

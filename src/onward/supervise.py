@@ -404,9 +404,8 @@ class Supervisor:
         """No worker of ours runs again, and the last one died without a word (else it let the keep-awake marker
         go itself): remove its marker unless another worker holds it, so that a job nobody works on no longer
         keeps the sandbox awake."""
-        path = self._marker()
-        if path:
-            KeepAwake(path, _log).release()
+        if self._kept_marker:
+            KeepAwake(self._kept_marker, _log).release()
 
     def _keep_marker_after_death(self) -> None:
         """A supervisor killed outright takes its worker with it (PDEATHSIG) and can let the marker go no more

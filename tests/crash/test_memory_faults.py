@@ -59,6 +59,22 @@ def hog(store: str) -> tuple[str, int, str]:
 
 
 # --- MemoryError (RLIMIT_AS) --------------------------------------------------------------------------------
+def hog_failed_and_the_worker_went_on(store: str, tmp_path: Path, mode: str, max_attempts: int) -> str:
+    """Run memory_worker in ``mode`` under a 700 MiB RLIMIT_AS and check that the worker went on: exit 3, no
+    traceback of a thread of its own, ``hog`` failed after ``max_attempts``, every other task done once.
+    Returns ``hog``'s error."""
+    worker = subprocess.run(memory_worker(store, tmp_path, mode, max_attempts), env=ENV, capture_output=True,
+                            timeout=120, preexec_fn=address_space(700 * 2**20))
+    err = worker.stderr.decode(errors="replace")
+    assert worker.returncode == 3, err[-3000:]
+    # The log's lines only: no thread died with a traceback of its own.
+    assert "Exception in thread" not in err and "\nTraceback" not in err, err[-3000:]
+    state, attempts, error = hog(store)
+    assert (state, attempts) == ("failed", max_attempts), (state, attempts, error)
+    assert_the_others_done_once(store, tmp_path)
+    return error
+
+
 # The async path fails the same way on both backends: SQLite's case is enough.
 @pytest.mark.parametrize(("store_url", "mode"), [("sqlite", "fill"), ("postgres", "fill"), ("sqlite", "async-fill")],
                          indirect=["store_url"])
@@ -69,16 +85,8 @@ def test_a_python_task_out_of_memory_fails_its_attempts_and_the_worker_goes_on(s
     other task is done once, and the worker exits 3 on its own. Formatting the traceback of a MemoryError
     needs memory too: where that failed, the task's thread died without reporting its attempt, and the
     worker renewed its lease for ever (here the 4th or 5th attempt, in 4 runs of 4)."""
-    worker = subprocess.run(memory_worker(store_url, tmp_path, mode, 6), env=ENV, capture_output=True,
-                            timeout=120, preexec_fn=address_space(700 * 2**20))
-    err = worker.stderr.decode(errors="replace")
-    assert worker.returncode == 3, err[-3000:]
-    # The log's lines only: no thread died with a traceback of its own.
-    assert "Exception in thread" not in err and "\nTraceback" not in err, err[-3000:]
-    state, attempts, error = hog(store_url)
-    assert (state, attempts) == ("failed", 6), (state, attempts, error)
+    error = hog_failed_and_the_worker_went_on(store_url, tmp_path, mode, 6)
     assert "MemoryError" in error or "out of memory" in error, error
-    assert_the_others_done_once(store_url, tmp_path)
 
 
 def test_a_worker_whose_heartbeat_finds_no_memory_while_its_task_holds_it_all_goes_on(store_url: str,
@@ -88,14 +96,7 @@ def test_a_worker_whose_heartbeat_finds_no_memory_while_its_task_holds_it_all_go
     Before, such a heartbeat's MemoryError ended the worker (the Python API raised it, exit 1 here; seen in
     the test above when a heartbeat fell in the moment the task held it all). Now the heartbeat is skipped
     with a warning, the task's attempts fail with their MemoryError, and the worker goes on."""
-    worker = subprocess.run(memory_worker(store_url, tmp_path, "fill-hold", 1), env=ENV, capture_output=True,
-                            timeout=120, preexec_fn=address_space(700 * 2**20))
-    err = worker.stderr.decode(errors="replace")
-    assert worker.returncode == 3, err[-3000:]
-    assert "\nTraceback" not in err and "Exception in thread" not in err, err[-3000:]
-    state, attempts, error = hog(store_url)
-    assert (state, attempts) == ("failed", 1), (state, attempts, error)
-    assert_the_others_done_once(store_url, tmp_path)
+    hog_failed_and_the_worker_went_on(store_url, tmp_path, "fill-hold", 1)
 
 
 def test_a_worker_out_of_memory_in_its_own_code_says_one_line_and_exits_75(store_url: str,

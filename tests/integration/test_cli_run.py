@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import cgroup_v1, keepers_of, onward_argv, process_state, run_onward, wait_for
+from tests.conftest import cgroup_v1, keeper_of, keepers_of, onward_argv, process_state, run_onward, wait_for
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -425,13 +425,6 @@ def lone_worker(db: str, marker: Path, started: Path, *args: str,
     return worker
 
 
-def keeper_of(worker: subprocess.Popen[bytes], marker: Path) -> int:
-    """The pid of ``worker``'s marker keeper."""
-    wait_for(lambda: keepers_of(marker, worker.pid), 20, "the worker's marker keeper")
-    (keeper,) = keepers_of(marker, worker.pid)
-    return keeper
-
-
 @pytest.mark.parametrize("target", ["worker", "process group"])
 def test_a_lone_worker_killed_outright_leaves_no_keep_awake_marker(tmp_path: Path, target: str) -> None:
     """No supervisor is there to let a killed worker's marker go (``onward supervise`` does when it gives
@@ -463,7 +456,7 @@ def test_pkill_of_every_process_of_the_job_named_onward_leaves_no_keep_awake_mar
     marker = folder / "awake" / "keep-awake"
     run_onward("add", "--db", db, "a")
     worker = lone_worker(db, marker, folder / "started")
-    keeper = keeper_of(worker, marker)
+    keeper = keeper_of(marker, worker.pid)
     pkill = subprocess.run(["pkill", "-9", "-f", f"onward.*{folder.name}"], capture_output=True, text=True)
     assert pkill.returncode == 0, pkill.stderr  # (0: it matched a process: the worker, at least)
     assert worker.wait(timeout=20) == -signal.SIGKILL
@@ -481,7 +474,7 @@ def test_a_keeper_killed_on_its_own_is_replaced_and_the_new_one_removes_the_mark
     log = tmp_path / "worker.log"
     worker = lone_worker(db, marker, tmp_path / "started", "--heartbeat", "0.2", log=log)
     try:
-        first = keeper_of(worker, marker)
+        first = keeper_of(marker, worker.pid)
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: [k for k in keepers_of(marker, worker.pid) if k != first], 20, "another keeper")
         said = f"(pid {first}) ended first (signal SIGKILL); started another"
@@ -505,7 +498,7 @@ def test_a_killed_workers_keeper_leaves_a_marker_another_worker_holds(tmp_path: 
     a = lone_worker(db, marker, tmp_path / "a-started", "--job", "a")
     b = lone_worker(db, marker, tmp_path / "b-started", "--job", "b")
     try:
-        a_keeper = keeper_of(a, marker)
+        a_keeper = keeper_of(marker, a.pid)
         os.kill(a.pid, signal.SIGKILL)
         a.wait(timeout=20)
         wait_for(lambda: a_keeper not in keepers_of(marker), 20, "worker a's keeper to exit")
@@ -527,7 +520,7 @@ def test_a_killed_workers_keeper_leaves_a_file_that_is_not_a_marker(tmp_path: Pa
     marker = tmp_path / "keep-awake"
     run_onward("add", "--db", db, "a")
     worker = lone_worker(db, marker, tmp_path / "started")
-    keeper = keeper_of(worker, marker)
+    keeper = keeper_of(marker, worker.pid)
     mine = tmp_path / "mine"
     mine.write_text("my notes\n")
     os.replace(mine, marker)

@@ -38,7 +38,7 @@ from onward.supervise import (
     store_url_for,
 )
 from tests import pgutil
-from tests.conftest import cgroup_v1, keepers_of, onward_argv, run_onward, wait_for
+from tests.conftest import cgroup_v1, keeper_of, keepers_of, onward_argv, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -854,8 +854,7 @@ def test_a_supervisors_keeper_killed_on_its_own_is_replaced_and_outlives_the_wor
     another within a tick and says so. The new keeper, started while the supervisor is a subreaper, is not
     taken for a dead worker's leftover (which the supervisor kills when the worker dies)."""
     job, worker, marker = supervised_worker_keeping_a_marker(supervised, tmp_path)
-    wait_for(lambda: keepers_of(marker, job.proc.pid), 20, "the supervisor's keeper")
-    (first,) = keepers_of(marker, job.proc.pid)
+    first = keeper_of(marker, job.proc.pid)
     os.kill(first, signal.SIGKILL)
     wait_for(lambda: [k for k in keepers_of(marker, job.proc.pid) if k != first], 20, "another keeper")
     (second,) = keepers_of(marker, job.proc.pid)

@@ -281,8 +281,8 @@ def test_a_completion_is_told_while_the_next_task_still_runs(tmp_path: Path) -> 
     left_running = []  # the syncs left running beside a task (the loop's first turn settles x0 in place)
     real_sync_ahead = job.store.sync_ahead
 
-    def sync_ahead() -> Any:
-        wait = real_sync_ahead()
+    def sync_ahead(gather: float = 0.0) -> Any:
+        wait = real_sync_ahead(gather)
         left_running.append(wait is not None)
         return wait
     job.store.sync_ahead = sync_ahead  # type: ignore[method-assign]

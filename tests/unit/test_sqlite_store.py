@@ -7,9 +7,11 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -272,6 +274,57 @@ def test_sync_ahead_makes_the_commit_durable_on_a_thread_and_wakes_its_owner_onl
     assert not _readable(fd)
     store.close()
     store.close()
+
+
+def _sync_thread_class() -> Any:
+    import onward.store.sqlite as sqlite_backend
+    if sqlite_backend.SyncThread is None:
+        pytest.skip("onward.store._syncthread was not built (no C compiler): every sync is made in place")
+    return sqlite_backend.SyncThread
+
+
+def test_a_gathering_sync_waits_for_its_window_covers_the_requests_made_meanwhile_and_a_wait_starts_it(
+        tmp_path: Path) -> None:
+    from tests.conftest import wait_for
+    sync_thread = _sync_thread_class()(60.0)  # (a linger longer than the test: no wake-up in the way)
+    fd = os.open(tmp_path / "log", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"a commit")
+        first = sync_thread.request(fd, -1, 60.0)
+        os.write(fd, b"another")
+        second = sync_thread.request(fd, -1, 60.0)
+        # Its window (60 s) holds it: not started in the next 0.3 s, where an fdatasync takes milliseconds.
+        held_until = time.monotonic() + 0.3
+        while time.monotonic() < held_until:
+            assert not sync_thread.finished(first) and not sync_thread.finished(second)
+            time.sleep(0.01)
+        waited_at = time.monotonic()
+        sync_thread.wait(first)  # starts it now, not when the window ends...
+        assert time.monotonic() - waited_at < 30
+        assert sync_thread.finished(second)  # ...and the one sync covered both requests
+        # A request with no gather starts a gathering sync at once, as a wait does.
+        third = sync_thread.request(fd, -1, 60.0)
+        fourth = sync_thread.request(fd)
+        wait_for(lambda: sync_thread.finished(third) and sync_thread.finished(fourth), 30,
+                 "a request with no gather to start the sync of the window at once")
+        sync_thread.request(fd, -1, 60.0)
+        closed_at = time.monotonic()
+        sync_thread.close()  # does not wait out the window either
+        assert time.monotonic() - closed_at < 30
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("gather", [-0.001, float("nan"), float("inf"), 3600.5])
+def test_a_gather_that_is_not_a_number_of_seconds_up_to_an_hour_is_refused(tmp_path: Path, gather: float) -> None:
+    sync_thread = _sync_thread_class()()
+    fd = os.open(tmp_path / "log", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(ValueError, match="gather must be between 0 and 3600 seconds"):
+            sync_thread.request(fd, -1, gather)
+    finally:
+        os.close(fd)
+        sync_thread.close()
 
 
 def test_without_the_sync_thread_sync_ahead_syncs_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,12 @@
  *
  * `request(fd, probe_fd)` also has each fdatasync of fd that returned 0 followed by a probe of the journal
  * of probe_fd's filesystem (`journal_probe`, below); a refusal counts as a failed sync.
+ *
+ * `request(fd, probe_fd, gather)` with gather > 0: nobody waits for this sync yet, so it may start up to
+ * `gather` seconds after the request, covering the requests made meanwhile with the same fdatasync (the
+ * worker's loop at concurrency above 1 commits every moment, and an fdatasync costs the machine's CPUs
+ * about as much as a short command). A `wait` for any ticket, or a request with no gather, starts it at
+ * once.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -46,7 +52,11 @@ typedef struct {
     uint64_t requested, done, waited;
     struct timespec done_at;
     int woke;           /* wake_fd was written for the sync that finished last */
+    int gather;         /* the next sync waits until gather_until (a request asked for it, none since said no) */
+    struct timespec gather_until;
     int idle;           /* the thread waits on cv for a request (or lingers): a request must wake it */
+    int gathering;      /* the thread waits on cv until gather_until: a request with no gather, or a wait,
+                         * must wake it */
     int waiters;        /* callers of wait() waiting on cv: a finished sync must wake them */
     int error;          /* errno of the first failed fdatasync; 0 while none failed */
     int probing;        /* 1 until the file's filesystem turned out to take no journal probe */
@@ -93,6 +103,16 @@ static void *run(void *arg) {
     pthread_mutex_lock(&self->mu);
     while (!self->stopping) {
         if (self->requested > self->done) {
+            if (self->gather && !self->waiters) {
+                /* Woken early by a request with no gather, a wait, or close. */
+                self->gathering = 1;
+                int rc = pthread_cond_timedwait(&self->cv, &self->mu, &self->gather_until);
+                self->gathering = 0;
+                if (rc == ETIMEDOUT)
+                    self->gather = 0;
+                continue;
+            }
+            self->gather = 0;  /* a request made from here on opens a window of its own */
             uint64_t target = self->requested;
             int fd = self->fd, probe_fd = self->probe_fd;
             pthread_mutex_unlock(&self->mu);
@@ -175,10 +195,15 @@ static PyObject *closed_error(void) {
 
 static PyObject *SyncThread_request(SyncThread *self, PyObject *args) {
     long fd, probe_fd = -1;
-    if (!PyArg_ParseTuple(args, "l|l", &fd, &probe_fd))
+    double gather = 0.0;
+    if (!PyArg_ParseTuple(args, "l|ld", &fd, &probe_fd, &gather))
         return NULL;
     if (fd < 0 || fd > INT32_MAX || probe_fd < -1 || probe_fd > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "not a file descriptor");
+        return NULL;
+    }
+    if (!(gather >= 0.0 && gather <= 3600.0)) {
+        PyErr_SetString(PyExc_ValueError, "gather must be between 0 and 3600 seconds");
         return NULL;
     }
     if (self->closed)
@@ -205,7 +230,18 @@ static PyObject *SyncThread_request(SyncThread *self, PyObject *args) {
     self->fd = (int)fd;
     self->probe_fd = (int)probe_fd;
     uint64_t ticket = ++self->requested;
-    if (self->idle)  /* otherwise it is syncing, and looks at `requested` again once that returns */
+    if (gather <= 0.0) {
+        self->gather = 0;
+    } else if (!self->gather) {
+        /* The first request since the last sync started: the window opens now (a request made while
+         * gathering keeps the window it found). */
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        deadline_after(&self->gather_until, &now, gather);
+        self->gather = 1;
+    }
+    if (self->idle || (self->gathering && gather <= 0.0))
+        /* otherwise it is syncing, and looks at `requested` again once that returns, or gathering */
         pthread_cond_broadcast(&self->cv);
     pthread_mutex_unlock(&self->mu);
     return PyLong_FromUnsignedLongLong(ticket);
@@ -236,6 +272,8 @@ static PyObject *SyncThread_wait(SyncThread *self, PyObject *arg) {
     if (self->done < ticket) {
         Py_BEGIN_ALLOW_THREADS
         self->waiters++;
+        if (self->gathering)  /* start the sync now */
+            pthread_cond_broadcast(&self->cv);
         while (self->done < ticket && !self->stopping)
             pthread_cond_wait(&self->cv, &self->mu);
         self->waiters--;
@@ -301,8 +339,9 @@ static void SyncThread_dealloc(SyncThread *self) {
 
 static PyMethodDef SyncThread_methods[] = {
     {"request", (PyCFunction)SyncThread_request, METH_VARARGS,
-     "request(fd, probe_fd=-1) -> ticket: sync fd on the thread (everything written to it before this call is "
-     "covered), then probe the journal through probe_fd (see journal_probe)."},
+     "request(fd, probe_fd=-1, gather=0) -> ticket: sync fd on the thread (everything written to it before this "
+     "call is covered), then probe the journal through probe_fd (see journal_probe); with gather > 0, start that "
+     "sync up to gather seconds later, unless a wait or a request with no gather comes first."},
     {"wait", (PyCFunction)SyncThread_wait, METH_O,
      "wait(ticket): return once the sync of that request has returned; OSError if any sync failed."},
     {"finished", (PyCFunction)SyncThread_finished, METH_O,

@@ -259,12 +259,16 @@ class Connection(Protocol):
         ``StoreUnavailable`` when the storage fails to sync: what was committed since the last sync may not
         be on disk, and must never be reported."""
 
-    def sync_ahead(self) -> PendingSync | None:
+    def sync_ahead(self, gather: float = 0.0) -> PendingSync | None:
         """Start ``sync`` and return without waiting for it: calling what it returns waits for it (and raises
         as ``sync`` would); its ``finished()`` says whether that would wait. None when every commit so far is
         durable on return already: nothing was owed, or the backend cannot sync in the background and synced
         here. Meanwhile this handle may go on
-        committing; a commit made after this call is not covered by it."""
+        committing; a commit made after this call is not covered by it.
+
+        ``gather`` > 0: nothing waits for this sync yet, and it may start up to that many seconds later, so
+        that one sync covers the commits made meanwhile (their own ``sync_ahead`` calls); a wait for it, or
+        a ``sync_ahead`` with no ``gather``, starts it at once."""
 
     def sync_ahead_fd(self) -> int | None:
         """A file descriptor readable while a sync started by ``sync_ahead`` has finished and gone a moment

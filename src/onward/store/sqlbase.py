@@ -307,7 +307,7 @@ class SqlStore:
         """Bring every commit so far to stable storage (``sync``, when a crash-safe batch is not yet)."""
         raise NotImplementedError
 
-    def sync_ahead(self) -> PendingSync | None:
+    def sync_ahead(self, gather: float = 0.0) -> PendingSync | None:
         self.sync()  # no background sync here: in place (a backend that has one overrides both)
         return None
 

@@ -682,7 +682,7 @@ class SqliteStore(SqlStore):
         self._suspect_log()
         return StoreUnavailable(f"store {self.path}: cannot make the last commit durable: {e.strerror}")
 
-    def sync_ahead(self) -> PendingSync | None:
+    def sync_ahead(self, gather: float = 0.0) -> PendingSync | None:
         if not self._sync_owed:
             return None
         if self._sync_thread is None:
@@ -690,7 +690,7 @@ class SqliteStore(SqlStore):
             return None
         wal, probe = self._wal(), self._probe_target()
         try:
-            ticket = self._sync_thread.request(wal, probe)
+            ticket = self._sync_thread.request(wal, probe, gather)
         except OSError as e:
             # Only the thread's start fails so (pthread_create: a pids cgroup or RLIMIT_NPROC used up, no
             # memory): nothing was asked of it. The sync is made here instead, as without the module; the

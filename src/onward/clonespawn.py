@@ -39,6 +39,10 @@ try:
 except ImportError:  # built without a C compiler: the spawner serves instead
     _kernel_allows = _clone = None
 
+# The most programs whose search order (``CloneSpawner._search_order``) a spawner keeps.
+CANDIDATES_KEPT = 256
+
+
 @cache  # the kernel's answer does not change: asked once per process (at the start gate, then by the handler)
 def available() -> bool:
     """Whether commands can be started this way here: the module was built, the architecture is one it is
@@ -96,9 +100,9 @@ class CloneSpawner:
         program = argv[0]
         paths = self._candidates.get(program)
         if paths is None:
-            name = os.fsencode(program)
-            paths = [name] if b"/" in name else [os.path.join(d, name) for d in self._path]
-            self._candidates[program] = paths
+            if len(self._candidates) >= CANDIDATES_KEPT:
+                self._candidates.clear()  # a program per task (`-- {task}`): a million would be kept for good
+            paths = self._candidates[program] = self._search_order(os.fsencode(program))
         own = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
         names = frozenset(own)
         base = self._base_envp.get(names)
@@ -120,6 +124,19 @@ class CloneSpawner:
             if started is not None:
                 return started
         raise OSError(errno.EAGAIN, "the command's process died three times before it could start")
+
+    def _search_order(self, name: bytes) -> list[bytes]:
+        """Where a child looks for the program ``name``, in order: a path as it is; a name on the PATH where it
+        is found now first, then the whole PATH as ``subprocess`` searches it. Found once per program, as a
+        shell's command hash does: each command would otherwise try every directory before it with a failed
+        ``execve`` (8 on this project's test machines, 30 us a command). The first entry found runs even if
+        an earlier directory gains a program of that name later; one that vanishes has the next command
+        search the whole PATH."""
+        if b"/" in name:
+            return [name]
+        paths = [os.path.join(d, name) for d in self._path]
+        found = next((p for p in paths if os.path.isfile(p) and os.access(p, os.X_OK)), None)
+        return paths if found is None else [found] + [p for p in paths if p != found]
 
     def _make(self, paths: list[bytes] | None, args: list[bytes] | None, envp: list[bytes] | None,
               cgroup_dir: int | None) -> Cloned:

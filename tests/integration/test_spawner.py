@@ -20,7 +20,15 @@ import pytest
 from onward import cgroups
 from onward.cgroups import own_cgroup
 from onward.proc import children, pid_exists, pid_start_time, stat_fields
-from tests.conftest import CGROUP_WRITABLE, needs_cgroup2, onward_argv, process_state, run_onward, wait_for
+from tests.conftest import (
+    CGROUP_WRITABLE,
+    needs_cgroup2,
+    onward_argv,
+    process_state,
+    require_tool,
+    run_onward,
+    wait_for,
+)
 
 own = own_cgroup()
 CLONE: dict[str, str] = {}  # the default, where onward._clonespawn is built (test_the_clone_path_is_built_here)
@@ -192,6 +200,52 @@ def test_a_program_is_searched_on_the_path_as_subprocess_searches_it_either_way(
     assert run_onward("result", "--db", db, "prog").stdout == b"runnable\n"
     assert "cannot run lost: Permission denied" in err, err
     assert "cannot run nowhere-to-be-found: No such file or directory" in err, err
+
+
+def test_the_clone_path_finds_a_program_on_the_path_once_and_searches_again_where_it_vanished(
+        tmp_path: Path) -> None:
+    """As a shell's command hash: the directories before the program's are not tried again at every command
+    (each a failed ``execve``); where it vanished, the next command searches the whole PATH again."""
+    strace = require_tool("strace")
+    before, home, later = (tmp_path / name for name in ("before", "home", "later"))
+    for folder in (before, home, later):
+        folder.mkdir()
+    # On the task "move", the program moves itself to a directory after its own on PATH.
+    (home / "prog").write_text(f'#!/bin/sh\necho "$0"\n[ "$1" = move ] && mv "$0" {later}/prog\nexit 0\n')
+    (home / "prog").chmod(0o755)
+    path = os.pathsep.join([str(before), str(home), str(later), "/usr/bin:/bin"])
+    db = str(tmp_path / "s.db")
+    tasks = write_tasks(tmp_path / "t.txt", ["a", "b", "move", "c", "d"])
+    trace = tmp_path / "execve.trace"
+    r = subprocess.run([strace, "-f", "-qq", "-e", "trace=execve", "-o", str(trace),
+                        *onward_argv("run", "--db", db, "--tasks", str(tasks), "--", "prog", "{task}")],
+                       env=dict(os.environ, PATH=path), capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    for task, folder in (("a", home), ("b", home), ("move", home), ("c", later), ("d", later)):
+        assert run_onward("result", "--db", db, task).stdout.decode() == f"{folder}/prog\n"
+    tried = trace.read_text()
+    # Only the two commands after the move looked in the directory before the program's.
+    assert tried.count(f'execve("{before}/prog"') == 2, tried
+
+
+def test_the_clone_path_keeps_a_bounded_number_of_programs_looked_up(tmp_path: Path) -> None:
+    """A program per task (`-- {task}`): a million tasks kept a million search orders for good."""
+    from onward import clonespawn
+    from onward.spawn import CommandProcess
+
+    if not clonespawn.available():
+        pytest.skip("the clone path is not available here (test_the_clone_path_is_built_here says why)")
+    spawner = clonespawn.CloneSpawner(dict(os.environ))
+    try:
+        for i in range(clonespawn.CANDIDATES_KEPT + 50):
+            pid, stdout, stderr, report, memory = spawner.spawn([f"no-such-program-{i}"], {}, None, None)
+            started = CommandProcess(pid, stdout, stderr, report, memory=memory)
+            assert started.wait() == 127
+            assert isinstance(started.exec_error(), FileNotFoundError)
+            started.close_pipes()
+            assert len(spawner._candidates) <= clonespawn.CANDIDATES_KEPT
+    finally:
+        spawner.close()
 
 
 @needs_cgroup2

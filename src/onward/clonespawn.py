@@ -129,9 +129,9 @@ class CloneSpawner:
         """Where a child looks for the program ``name``, in order: a path as it is; a name on the PATH where it
         is found now first, then the whole PATH as ``subprocess`` searches it. Found once per program, as a
         shell's command hash does: each command would otherwise try every directory before it with a failed
-        ``execve`` (8 on this project's test machines, 30 us a command). The first entry found runs even if
-        an earlier directory gains a program of that name later; one that vanishes has the next command
-        search the whole PATH."""
+        ``execve`` (8 of them for ``true`` on a PATH that pyenv and cargo lead). The first entry found runs
+        even if an earlier directory gains a program of that name later; one that vanishes has the next
+        command search the whole PATH."""
         if b"/" in name:
             return [name]
         paths = [os.path.join(d, name) for d in self._path]

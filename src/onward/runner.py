@@ -105,8 +105,8 @@ RENEWALS_PER_LEASE = 3
 CLOCK_BACK_SECONDS = 1.0
 # How long a sync the loop leaves running beside its turns (pipelined, see _report_settled) may wait before it
 # starts, so that it covers the commits of the turns meanwhile (Store.sync_ahead's gather). Reports of a task
-# wait that much longer. 10,000 x `true` at --concurrency 4: fdatasync calls 0.89 -> 0.35 a task, and the run
-# 5-10 % faster (an fdatasync costs the 2 cores about as much CPU as a short command; BENCHMARKS.md).
+# wait that much longer. 10,000 x `true` at --concurrency 4: fdatasync calls 0.88 -> 0.33 a task, the run 3-5 %
+# faster (an fdatasync costs the CPUs, here 2, about as much as a short command; BENCHMARKS.md).
 PIPELINED_SYNC_GATHER = 0.005
 # The most syncs the loop leaves running beside its turns (pipelined, see _report_settled) before it waits for
 # the oldest in place: one runs at a time, so these pile up only while an fsync is slow (a gathering sync

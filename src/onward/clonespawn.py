@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
@@ -127,7 +128,8 @@ class CloneSpawner:
 
     def _search_order(self, name: bytes) -> list[bytes]:
         """Where a child looks for the program ``name``, in order: a path as it is; a name on the PATH where it
-        is found now first, then the whole PATH as ``subprocess`` searches it. Found once per program, as a
+        is found now (by ``shutil.which``, as ``check_command`` finds it before the run) first, then the whole
+        PATH as ``subprocess`` searches it. Found once per program, as a
         shell's command hash does: each command would otherwise try every directory before it with a failed
         ``execve`` (8 of them for ``true`` on a PATH that pyenv and cargo lead). The first entry found runs
         even if an earlier directory gains a program of that name later; one that vanishes has the next
@@ -135,8 +137,11 @@ class CloneSpawner:
         if b"/" in name:
             return [name]
         paths = [os.path.join(d, name) for d in self._path]
-        found = next((p for p in paths if os.path.isfile(p) and os.access(p, os.X_OK)), None)
-        return paths if found is None else [found] + [p for p in paths if p != found]
+        found = shutil.which(os.fsdecode(name), path=os.fsdecode(os.pathsep.encode().join(self._path)))
+        if found is None:
+            return paths
+        first = os.fsencode(found)
+        return [first] + [p for p in paths if p != first]
 
     def _make(self, paths: list[bytes] | None, args: list[bytes] | None, envp: list[bytes] | None,
               cgroup_dir: int | None) -> Cloned:

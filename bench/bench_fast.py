@@ -272,9 +272,11 @@ def part_api(quick: bool, root: Path) -> list[str]:
               f" {floor_wal['syncs_per_task']:.2f} |", "",
               "The sync calls are the worker process's own system calls, on every thread and file, counted by"
               " `strace -f -e trace=fsync,fdatasync,getppid` between two `getppid` calls the worker makes around"
-              " its run. onward commits each task's completion (with the next claim) in a transaction of its own,"
-              " crash-safe, starts the next task, and has one fdatasync of the log made on a thread of its own"
-              " while that task runs; the completion is reported once that fdatasync returned.",
+              " its run (strace slows each turn, so a sync covers fewer of them than in the timed runs above)."
+              " onward commits each task's completion (with the next claim) in a transaction of its own,"
+              " crash-safe, starts the next task, and leaves the log's fdatasync to a thread of its own while the"
+              " next tasks run: a sync starts 5 ms after the first commit it covers, so the commits of that"
+              " moment share it; a completion is reported once a sync that started after its commit returned.",
               ""]
     return lines
 

@@ -22,11 +22,13 @@ next task back to a task thread would cost two thread hand-overs per task. Its t
 (commit with the next claim, start it, sync, report) and runs the next task itself; measured against the
 loop's turn, same code, concurrency 1: no-op tasks 1.2-1.8x the throughput at 100,000 tasks, tasks
 computing 0.1 ms 1.5x (medians). On SQLite its sync is left running beside the next task, on a thread that
-never takes the GIL (``Store.sync_ahead``), and what the commit settled is told by the next turn: no-op
-tasks 1.37x the throughput of syncing in place before the next task (20,000, medians of three). The next
-turn still waits for that sync before it tells: leaving it running there too, as the loop's pipelined turns
-do, measured no gain (188.5 against 183.5 us a task, medians of 4 pairs; the syncs stayed one per task, the
-turn's own work as long as an fsync). One lock (``_turn``) makes every turn, on either thread, the only
+never takes the GIL (``Store.sync_ahead``), as the loop's pipelined turns leave theirs: no turn waits for an
+earlier one's sync that has not returned, and a sync starts PIPELINED_SYNC_GATHER after the first commit it
+covers, so the turns of that moment share it; what a commit settled is told by the first turn after its sync
+returned, on whichever thread. No-op tasks, 20,000: 1.37x the throughput of syncing in place when each turn
+still waited for the sync before it; without that wait, and with the window, 20,258 -> 895 fdatasync calls,
+78,700 -> 4,600 context switches, 3.3-3.7 -> 1.9-2.5 s (BENCHMARKS.md). (Without the window the wait cost
+nothing: 188.5 against 183.5 us a task, as the syncs stayed one per task.) One lock (``_turn``) makes every turn, on either thread, the only
 one: the loop holds it except while it waits, so the runner's state and the store connection are only ever
 touched by one turn at a time. The loop keeps what must not depend on tasks' threads: ticks (leases,
 reclaims, cancels), deadlines, signals and the watchdog; a task's thread gives way to it (hands its outcome
@@ -103,10 +105,11 @@ WAKE_DUE_EVERY = 1.0
 RENEWALS_PER_LEASE = 3
 # A step back of the wall clock larger than this between two turns of the loop is taken as the clock set back.
 CLOCK_BACK_SECONDS = 1.0
-# How long a sync the loop leaves running beside its turns (pipelined, see _report_settled) may wait before it
+# How long a sync a turn leaves running beside the tasks (pipelined, see _report_settled) may wait before it
 # starts, so that it covers the commits of the turns meanwhile (Store.sync_ahead's gather). Reports of a task
 # wait that much longer. 10,000 x `true` at --concurrency 4: fdatasync calls 0.88 -> 0.33 a task, the run 3-5 %
-# faster (an fdatasync costs the CPUs, here 2, about as much as a short command; BENCHMARKS.md).
+# faster (an fdatasync costs the CPUs, here 2, about as much as a short command); no-op Python tasks at
+# concurrency 1, 20,000: 1.01 -> 0.045 a task, the run 1.4-1.8x as fast (BENCHMARKS.md).
 PIPELINED_SYNC_GATHER = 0.005
 # The most syncs the loop leaves running beside its turns (pipelined, see _report_settled) before it waits for
 # the oldest in place: one runs at a time, so these pile up only while an fsync is slow (a gathering sync
@@ -238,7 +241,7 @@ class Runner:
                 # due (--timeout) before the loop planned to wake: the loop looks again.
                 loop_looks = not claims or self.stopping or self._store_retry_at > time.monotonic() \
                     or self._next_deadline(self._waiting_until, time.monotonic()) < self._waiting_until
-                self._report_settled(beside_next=not loop_looks)
+                self._report_settled(pipelined=not loop_looks)
             except BaseException as e:  # the loop's own turn would have ended the worker: let it do so
                 self._lane_error = e
                 self.wake()
@@ -468,7 +471,10 @@ class Runner:
             for claim in claims:
                 self._start(claim)
             # With tasks running at --concurrency above 1, the fsync is left to the sync thread (pipelined).
-            self._report_settled(pipelined=bool(self.attempts) and self.concurrency > 1)
+            # At concurrency 1, pipelined too while tasks' own turns left syncs running (Python tasks, see
+            # settle_here): waiting for them here would start a gathering sync at once, and hold the turn
+            # while it runs. Commands at concurrency 1 sync in place (no gain measured from the window).
+            self._report_settled(pipelined=bool(self.attempts) and (self.concurrency > 1 or bool(self._syncing)))
             self._sweep_exports(EXPORT_SWEEP_SLICE if self.attempts else EXPORT_SWEEP_IDLE_SLICE)
             if self.stopping and not self.attempts:
                 return
@@ -671,21 +677,20 @@ class Runner:
         self._store_retry_at = time.monotonic() + self._store_backoff
         self.store_errors.warning("store error, will retry", str(e))
 
-    def _report_settled(self, beside_next: bool = False, pipelined: bool = False) -> None:
+    def _report_settled(self, pipelined: bool = False) -> None:
         """Make the last settling commit durable, then tell what it settled (log lines, output files, the
         tally, steps' values to their tasks). Called once the tasks it claimed have started, so that the
         fsync overlaps their run.
 
-        ``beside_next`` (settle_here, whose thread runs the next task itself): the sync is started and left
-        running beside that task (``Store.sync_ahead``), and what the commit settled is told by the next
-        turn, on whichever thread, once it waited for that sync; the store wakes the loop if none comes
-        within a moment. A sync made in place would delay the next task by the whole fsync.
-
-        ``pipelined`` (the loop's turn while tasks run): the same, except that no earlier sync is waited for:
-        what a finished one made durable is told, the others are left running, and the next turn looks
-        again. The loop then never stands in an fsync while commands exit around it; the store's sync thread
-        starts a sync up to PIPELINED_SYNC_GATHER after the first request it covers (or once the one under
-        way returns), syncing the latest commit then, so one fsync covers the turns of that moment.
+        ``pipelined`` (the loop's turn while tasks run at concurrency above 1, and settle_here's, whose
+        thread runs the next task itself): the sync is started and left running beside the tasks
+        (``Store.sync_ahead``), and no earlier sync is waited for: what a finished one made durable is told,
+        the others are left running, and the next turn, on whichever thread, looks again; the store wakes the
+        loop when a sync returned and no turn came to tell it within a moment (SYNC_AHEAD_LINGER). So no turn stands in an fsync while tasks end
+        around it; the store's sync thread starts a sync up to PIPELINED_SYNC_GATHER after the first request
+        it covers (or once the one under way returns), syncing the latest commit then, so one fsync covers
+        the turns of that moment. Otherwise the sync is made in place (commands at concurrency 1, the last
+        turn), after every earlier one was waited for.
 
         Whatever the order of turns, the reports of one commit are told before those of the next, and never
         before their commit is durable."""
@@ -706,9 +711,8 @@ class Runner:
         if self._unreported:
             reports, self._unreported = self._unreported, []
             try:
-                ahead = beside_next or pipelined
-                wait_for_sync = self.store.sync_ahead(PIPELINED_SYNC_GATHER if pipelined else 0.0) if ahead else None
-                if not ahead:
+                wait_for_sync = self.store.sync_ahead(PIPELINED_SYNC_GATHER) if pipelined else None
+                if not pipelined:
                     self.store.sync()
             except StoreError as e:
                 self._sync_failed(e)

@@ -22,9 +22,9 @@
  *
  * `request(fd, probe_fd, gather)` with gather > 0: nobody waits for this sync yet, so it may start up to
  * `gather` seconds after the request, covering the requests made meanwhile with the same fdatasync (the
- * worker's loop at concurrency above 1 commits every moment, and an fdatasync costs the machine's CPUs
- * about as much as a short command). A `wait` for any ticket, or a request with no gather, starts it at
- * once.
+ * worker commits every moment: its loop at concurrency above 1, a Python task's own thread at concurrency 1;
+ * and an fdatasync costs the machine's CPUs about as much as a short command). A `wait` for any ticket, or a
+ * request with no gather, starts it at once.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

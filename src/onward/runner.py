@@ -27,7 +27,7 @@ earlier one's sync that has not returned, and a sync starts PIPELINED_SYNC_GATHE
 covers, so the turns of that moment share it; what a commit settled is told by the first turn after its sync
 returned, on whichever thread. No-op tasks, 20,000: 1.37x the throughput of syncing in place when each turn
 still waited for the sync before it; without that wait, and with the window, 20,258 -> 895 fdatasync calls,
-78,700 -> 4,600 context switches, 3.3-3.7 -> 1.9-2.5 s (BENCHMARKS.md). (Without the window the wait cost
+78,700 -> 4,600 context switches, 3.77 -> 2.20 s (medians of five pairs; BENCHMARKS.md). (Without the window the wait cost
 nothing: 188.5 against 183.5 us a task, as the syncs stayed one per task.) One lock (``_turn``) makes every turn, on either thread, the only
 one: the loop holds it except while it waits, so the runner's state and the store connection are only ever
 touched by one turn at a time. The loop keeps what must not depend on tasks' threads: ticks (leases,
@@ -109,7 +109,7 @@ CLOCK_BACK_SECONDS = 1.0
 # starts, so that it covers the commits of the turns meanwhile (Store.sync_ahead's gather). Reports of a task
 # wait that much longer. 10,000 x `true` at --concurrency 4: fdatasync calls 0.88 -> 0.33 a task, the run 3-5 %
 # faster (an fdatasync costs the CPUs, here 2, about as much as a short command); no-op Python tasks at
-# concurrency 1, 20,000: 1.01 -> 0.045 a task, the run 1.4-1.8x as fast (BENCHMARKS.md).
+# concurrency 1, 20,000: 1.01 -> 0.045 a task, the run 1.75x as fast (BENCHMARKS.md).
 PIPELINED_SYNC_GATHER = 0.005
 # The most syncs the loop leaves running beside its turns (pipelined, see _report_settled) before it waits for
 # the oldest in place: one runs at a time, so these pile up only while an fsync is slow (a gathering sync

@@ -27,12 +27,12 @@ earlier one's sync that has not returned, and a sync starts PIPELINED_SYNC_GATHE
 covers, so the turns of that moment share it; what a commit settled is told by the first turn after its sync
 returned, on whichever thread. No-op tasks, 20,000: 1.37x the throughput of syncing in place when each turn
 still waited for the sync before it; without that wait, and with the window, 20,258 -> 895 fdatasync calls,
-78,700 -> 4,600 context switches, 3.77 -> 2.20 s (medians of five pairs; BENCHMARKS.md). (Without the window the wait cost
-nothing: 188.5 against 183.5 us a task, as the syncs stayed one per task.) One lock (``_turn``) makes every turn, on either thread, the only
-one: the loop holds it except while it waits, so the runner's state and the store connection are only ever
-touched by one turn at a time. The loop keeps what must not depend on tasks' threads: ticks (leases,
-reclaims, cancels), deadlines, signals and the watchdog; a task's thread gives way to it (hands its outcome
-over the usual way) once a tick is due.
+78,700 -> 4,600 context switches, 3.77 -> 2.20 s (medians of five pairs; BENCHMARKS.md). (Without the window,
+leaving it so had gained nothing: 188.5 against 183.5 us a task, the syncs one per task.) One lock
+(``_turn``) makes every turn, on either thread, the only one: the loop holds it except while it waits, so
+the runner's state and the store connection are only ever touched by one turn at a time. The loop keeps
+what must not depend on tasks' threads: ticks (leases, reclaims, cancels), deadlines, signals and the
+watchdog; a task's thread gives way to it (hands its outcome over the usual way) once a tick is due.
 """
 
 from __future__ import annotations
@@ -686,11 +686,11 @@ class Runner:
         thread runs the next task itself): the sync is started and left running beside the tasks
         (``Store.sync_ahead``), and no earlier sync is waited for: what a finished one made durable is told,
         the others are left running, and the next turn, on whichever thread, looks again; the store wakes the
-        loop when a sync returned and no turn came to tell it within a moment (SYNC_AHEAD_LINGER). So no turn stands in an fsync while tasks end
-        around it; the store's sync thread starts a sync up to PIPELINED_SYNC_GATHER after the first request
-        it covers (or once the one under way returns), syncing the latest commit then, so one fsync covers
-        the turns of that moment. Otherwise the sync is made in place (commands at concurrency 1, the last
-        turn), after every earlier one was waited for.
+        loop when a sync returned and no turn came to tell it within a moment (SYNC_AHEAD_LINGER). So no turn
+        stands in an fsync while tasks end around it; the store's sync thread starts a sync up to
+        PIPELINED_SYNC_GATHER after the first request it covers (or once the one under way returns), syncing
+        the latest commit then, so one fsync covers the turns of that moment. Otherwise the sync is made in
+        place (commands at concurrency 1, the last turn), after every earlier one was waited for.
 
         Whatever the order of turns, the reports of one commit are told before those of the next, and never
         before their commit is durable."""

@@ -200,9 +200,10 @@ def test_no_completion_is_reported_before_a_sync_begun_after_its_commit(tmp_path
     """At concurrency 1 a task's thread commits its outcome crash-safe with the next claim, starts that task,
     and has the log synced beside it (a thread of the store's own, one fdatasync for the turns of a few
     milliseconds; the loop syncs while the next task runs, when a tick is due). Each `done` line is written
-    after an fdatasync of the log that began after that task's commit returned, and had returned itself: the rule that makes a reported completion survive a
-    power cut (tests/crash/test_power_cut.py checks the same from the outside). The syncs are the process's
-    real system calls on the `-wal` file, whichever thread made them, as strace saw them."""
+    after an fdatasync of the log that began after that task's commit returned, and had returned itself: the
+    rule that makes a reported completion survive a power cut (tests/crash/test_power_cut.py checks the same
+    from the outside). The syncs are the process's real system calls on the `-wal` file, whichever thread
+    made them, as strace saw them."""
     strace = require_tool("strace")
     db = tmp_path / "s.db"
     trace = tmp_path / "trace.txt"

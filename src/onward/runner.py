@@ -117,6 +117,9 @@ PIPELINED_SYNC_GATHER = 0.005
 # then stalls the loop within a few dozen turns, as an fsync in place would, instead of letting it run task
 # after task whose completion it can never report (and whose reports it would keep in memory).
 PIPELINED_SYNCS_MAX = 32
+# How soon the loop tries again to tell reports that a MemoryError left untold (see _tell): a task that holds
+# all memory usually lets it go within milliseconds.
+UNTOLD_RETRY = 0.01
 # An idle worker's polls double from 10 ms to a second; past this, each also asks the store when the next
 # retry is due, so that it wakes then (``_idle_timeout``). The wake comes this much after the due time: a
 # claim takes only tasks whose time has come (``ready_at <= now``), and the store's clock is not this one.
@@ -172,6 +175,10 @@ class Runner:
         self._stop_deadline: float | None = None
         self._unsettled: list[tuple[Attempt, Outcome]] = []  # outcomes whose commit failed, to retry
         self._unreported: list[Callable[[], None]] = []  # what the last commit settled, told once it is durable
+        # A MemoryError stopped the telling of durable reports (see _tell): how many of the first list in line
+        # were told, and whether any wait (the loop then looks again soon, UNTOLD_RETRY).
+        self._told_already = 0
+        self._untold = False
         # Syncs left running beside the tasks (see _report_settled), oldest first: each with what the commits
         # it makes durable settled.
         self._syncing: list[tuple[PendingSync, list[Callable[[], None]]]] = []
@@ -246,7 +253,7 @@ class Runner:
                 self._lane_error = e
                 self.wake()
                 return True
-            if loop_looks or self._store_retry_at > time.monotonic():  # (or the sync just failed)
+            if loop_looks or self._untold or self._store_retry_at > time.monotonic():  # (or the sync just failed)
                 self.wake()
             return True
 
@@ -476,13 +483,13 @@ class Runner:
             # while it runs. Commands at concurrency 1 sync in place (no gain measured from the window).
             self._report_settled(pipelined=bool(self.attempts) and (self.concurrency > 1 or bool(self._syncing)))
             self._sweep_exports(EXPORT_SWEEP_SLICE if self.attempts else EXPORT_SWEEP_IDLE_SLICE)
-            if self.stopping and not self.attempts:
+            if self.stopping and not self.attempts and not self._untold:
                 return
             if claims:
                 idle_wait = 0.01
             else:
                 if not self.attempts and now >= self._store_retry_at and not self.settler.export_sweep_left \
-                        and self._nothing_left():
+                        and not self._untold and self._nothing_left():
                     # The job is over, and every result file written: a sweep still going on keeps the worker
                     # turning (a slice a turn, the watchdog fed between them) until it is over.
                     return
@@ -500,6 +507,8 @@ class Runner:
             if self.notifier.watchdog_every is not None:
                 # A watchdog shorter than the heartbeat must still be fed, from this loop turning.
                 timeout = min(timeout, self.notifier.watchdog_every)
+            if self._untold:
+                timeout = min(timeout, UNTOLD_RETRY)  # reports a MemoryError left untold (see _tell)
             if self.inbox.has_finished() and time.monotonic() >= self._store_retry_at:
                 # Posted from this thread (a command that exited, a start that failed): no wake-up came.
                 timeout = 0.0
@@ -695,21 +704,21 @@ class Runner:
         Whatever the order of turns, the reports of one commit are told before those of the next, and never
         before their commit is durable."""
         told = False
+        self._untold = False
         while self._syncing:
             wait, earlier = self._syncing[0]
             if pipelined and len(self._syncing) < PIPELINED_SYNCS_MAX and not wait.finished():
                 break
-            del self._syncing[0]
             try:
-                wait()
+                wait()  # (again, after a MemoryError below: it returns at once)
             except StoreError as e:
                 self._sync_failed(e)
                 return
-            for report in earlier:
-                report()
+            if not self._tell(earlier):
+                return
+            del self._syncing[0]
             told = told or bool(earlier)
         if self._unreported:
-            reports, self._unreported = self._unreported, []
             try:
                 wait_for_sync = self.store.sync_ahead(PIPELINED_SYNC_GATHER) if pipelined else None
                 if not pipelined:
@@ -717,6 +726,7 @@ class Runner:
             except StoreError as e:
                 self._sync_failed(e)
                 return
+            reports, self._unreported = self._unreported, []
             if wait_for_sync is not None:
                 self._syncing.append((wait_for_sync, reports))
                 reports = []
@@ -725,14 +735,40 @@ class Runner:
                 # syncs still run: told after what they settled.
                 self._syncing[-1][1].extend(reports)
                 reports = []
-            for report in reports:
-                report()
+            if not self._tell(reports):
+                self._unreported = reports  # first in line: nothing was synced nor told after them
+                return
             told = told or bool(reports)
         if not told:
             return  # nothing told
         if self._exports_owed and not self._store_backoff:
             self._exports_owed = False
             self.settler.start_export_sweep()
+
+    def _tell(self, reports: list[Callable[[], None]]) -> bool:
+        """Tell ``reports``, durable, in order; True once all are told. A MemoryError while telling one (most
+        likely a Python task of this worker holds all there is, in the moment before its own MemoryError ends
+        its attempt and frees it) leaves that report and those after it to the next turn, which the loop takes
+        soon (``_untold``), with the tally as it was before that report: a report writes its log line last, so
+        nothing of one is said twice. Those told already are counted in ``_told_already`` (the list stays
+        first in line), as a MemoryError may leave no memory for anything else here. Before, it ended the
+        worker with a traceback: tests/crash/test_memory_faults.py, a task filling memory, in about half the
+        runs once the loop told a report while the task's next attempt filled it."""
+        i = self._told_already
+        while i < len(reports):
+            tally = None
+            try:
+                tally = self.summary.__dict__.copy()
+                reports[i]()
+            except MemoryError:
+                if tally is not None:
+                    self.summary.__dict__.update(tally)  # same keys: no memory needed
+                self._told_already = i
+                self._untold = True
+                return False
+            i += 1
+        self._told_already = 0
+        return True
 
     def _sync_failed(self, e: StoreError) -> None:
         """After a failed sync: the commit it was to vouch for, and every one after it, is visible but not
@@ -742,6 +778,7 @@ class Runner:
         the loop for it at every turn. The worker stays up like after a failed commit, backs off, and commits
         durably at once from now on, as SQLite does on its own."""
         syncing, self._syncing, self._unreported = self._syncing, [], []
+        self._told_already = 0
         if syncing:
             try:
                 syncing[-1][0]()

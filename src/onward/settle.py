@@ -231,9 +231,11 @@ class Settler:
             self.out.write(name, data)
             if crashpoints.ARMED:  # the result file is in --out, renamed and its folder fsynced
                 crashpoints.hit("export_written")
-        except OSError as e:
-            # The store holds the result; the next start exports what is missing.
-            self.log.warning(f"could not write output for task={quote(name)}: {e}")
+        except (OSError, MemoryError) as e:
+            # The store holds the result; the next start exports what is missing. (A MemoryError: a Python task
+            # holds all memory in this moment; not raised, since the report's log line is written already and
+            # a report raising it is told again, see Runner._tell.)
+            self.log.warning(f"could not write output for task={quote(name)}: {e or type(e).__name__}")
 
     def start_export_sweep(self) -> None:
         """Look for done tasks whose result file is missing from --out (a write failed, or the folder is new),

@@ -179,6 +179,7 @@ class Runner:
         # were told, and whether any wait (the loop then looks again soon, UNTOLD_RETRY).
         self._told_already = 0
         self._untold = False
+        self._untold_since: float | None = None  # monotonic time the loop first found reports untold
         # Syncs left running beside the tasks (see _report_settled), oldest first: each with what the commits
         # it makes durable settled.
         self._syncing: list[tuple[PendingSync, list[Callable[[], None]]]] = []
@@ -508,7 +509,15 @@ class Runner:
                 # A watchdog shorter than the heartbeat must still be fed, from this loop turning.
                 timeout = min(timeout, self.notifier.watchdog_every)
             if self._untold:
-                timeout = min(timeout, UNTOLD_RETRY)  # reports a MemoryError left untold (see _tell)
+                # Reports a MemoryError left untold (see _tell): looked at again soon. Memory that stays gone for a
+                # whole lease is the machine's, not a task's moment: then the worker ends, as for its heartbeat.
+                if self._untold_since is None:
+                    self._untold_since = now
+                elif now - self._untold_since > cfg.lease_seconds:
+                    raise MemoryError("no memory to tell what was settled, for a whole lease")
+                timeout = min(timeout, UNTOLD_RETRY)
+            else:
+                self._untold_since = None
             if self.inbox.has_finished() and time.monotonic() >= self._store_retry_at:
                 # Posted from this thread (a command that exited, a start that failed): no wake-up came.
                 timeout = 0.0

@@ -406,3 +406,37 @@ def test_a_report_that_meets_a_memory_error_is_told_again_later_once_and_the_wor
     if concurrency == 1:
         assert told == names  # in commit order
     job.close()
+
+
+def test_reports_that_find_no_memory_for_a_whole_lease_end_the_worker(tmp_path: Path) -> None:
+    """Memory that stays gone is the machine's, not a task's moment: the loop looks again every 10 ms while a
+    report cannot be told, and once that has lasted a whole lease it ends the worker with a MemoryError (what
+    `onward run` says in one line, exit 75), rather than turning for ever. Here every `done` line of t3 is
+    refused."""
+    class AlwaysRefusing(io.StringIO):
+        def write(self, text: str) -> int:
+            if ' done task="t3"' in text:
+                raise MemoryError
+            return super().write(text)
+
+    job = Job(str(tmp_path / "s.db"), log_level=NORMAL, heartbeat=0.2, max_attempts=1)  # a lease of 0.6 s
+    job.log = Log(NORMAL, AlwaysRefusing())
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        return task
+
+    job.add(f"t{i}" for i in range(6))
+    ended: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            job.run()
+            ended.append(None)
+        except BaseException as e:  # the outcome under test
+            ended.append(e)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert ended, "the worker was still turning 60 s later"
+    assert isinstance(ended[0], MemoryError) and "for a whole lease" in str(ended[0]), ended

@@ -758,7 +758,8 @@ class Runner:
         """Tell ``reports``, durable, in order; True once all are told. A MemoryError while telling one (most
         likely a Python task of this worker holds all there is, in the moment before its own MemoryError ends
         its attempt and frees it) leaves that report and those after it to the next turn, which the loop takes
-        soon (``_untold``), with the tally as it was before that report: a report writes its log line last, so
+        soon (``_untold``), with the tally as it was before that report: a report writes its log line last (a
+        done one its --out file after it, which takes a MemoryError as an I/O error: Settler._export), so
         nothing of one is said twice. Those told already are counted in ``_told_already`` (the list stays
         first in line), as a MemoryError may leave no memory for anything else here. Before, it ended the
         worker with a traceback: tests/crash/test_memory_faults.py, a task filling memory, in about half the

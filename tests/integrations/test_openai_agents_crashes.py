@@ -751,6 +751,19 @@ sys.exit(job.run().exit_code)
 '''
 
 
+def is_subsequence(items: list[Any], of: list[Any]) -> bool:
+    """Whether ``items`` are some of ``of``, in its order, none more often than there."""
+    rest = iter(of)
+    return all(any(item == candidate for candidate in rest) for item in items)
+
+
+def test_is_subsequence() -> None:
+    assert is_subsequence([["a"], ["c"]], [["a"], ["b"], ["c"]])
+    assert is_subsequence([], [["a"]])
+    assert not is_subsequence([["a"], ["a"]], [["a"], ["b"]])
+    assert not is_subsequence([["b"], ["a"]], [["a"], ["b"]])
+
+
 def test_a_sessions_conversation_is_written_once_across_kills(testing_model_server: ForkServer, tmp_path: Path,
                                                               seed: int) -> None:
     """Each read and write of the session is a step: a resumed task replays the reads and does not make a
@@ -798,8 +811,11 @@ def test_a_sessions_conversation_is_written_once_across_kills(testing_model_serv
     print(f"kills {done.kills} ({done.in_commit} inside a commit); session writes {len(writes)}")
     result, records = result_and_steps(tmp_path / "agent.db", "talk")
     assert result == expected  # the model saw the same history as uninterrupted: 3 items, then 7
-    assert writes == reference_writes
+    # The session's own rows are the record of what it took: each write once, in order. The log is written
+    # just after the session committed a write, so a random kill between the two leaves a write out of the
+    # log (seen in CI with seed 570654124); the log may miss writes but never hold one twice.
     assert conversation("agent") == [kind for write in reference_writes for kind in write]
+    assert is_subsequence(writes, reference_writes), writes
     names = [r.name for r in records]
     assert names.count("openai_agents.session.add_items") == names.count("openai_agents.session.tail") == 6
     assert integrity(tmp_path / "agent.db") == "ok"

@@ -758,6 +758,45 @@ def test_a_process_killed_before_it_set_itself_up_is_killed_by_its_pid_and_runs_
     assert not ran.exists()
 
 
+def test_a_signal_the_worker_handles_never_runs_its_handler_in_a_commands_process(tmp_path: Path) -> None:
+    """A command's process shares the worker's memory until its execve. A signal the worker has a handler for
+    (here SIGUSR1, a Python handler of this process), sent to a process made ahead while it waits for its
+    go, must not run that handler there: it would trip the worker's own flags in the shared memory, and the
+    worker would act on a signal it never got (a SIGTERM: stop the run). The process has none of the
+    worker's handlers from its birth, so the signal, held blocked until just before the execve, takes its
+    default action there: the process dies of it, and nothing of the command runs."""
+    from onward import clonespawn
+    from onward.spawn import CommandProcess
+
+    if not clonespawn.available():
+        pytest.skip("the clone path is not available here (test_the_clone_path_is_built_here says why)")
+    ran = tmp_path / "ran"
+    handled: list[int] = []
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.append(signum))
+    spawner = clonespawn.CloneSpawner(dict(os.environ))
+    try:
+        ready = spawner.prepare(None)
+
+        def pending() -> bool:  # the signal sent to the process, held there (all signals are blocked)
+            with open(f"/proc/{ready.pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f)
+            return bool(int(fields["ShdPnd"], 16) & (1 << (signal.SIGUSR1 - 1)))
+
+        os.kill(ready.pid, signal.SIGUSR1)
+        wait_for(pending, 10, "SIGUSR1 to be pending in the process made ahead")
+        pid, out, err, report, memory = spawner.spawn(["touch", str(ran)], {}, None, None, ready=ready)
+        process = CommandProcess(pid, out, err, report, memory=memory)
+        status = process.wait()
+        process.close_pipes()
+        signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a call into the interpreter: a handler tripped runs by now
+        assert handled == []
+        assert status == -signal.SIGUSR1
+        assert not ran.exists()
+    finally:
+        spawner.close()
+        signal.signal(signal.SIGUSR1, before)
+
+
 @needs_cgroup2
 def test_a_command_process_killed_from_outside_before_it_set_itself_up_is_given_back_uncounted(
         tmp_path: Path) -> None:

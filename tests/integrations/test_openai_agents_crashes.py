@@ -819,3 +819,94 @@ def test_a_sessions_conversation_is_written_once_across_kills(testing_model_serv
     names = [r.name for r in records]
     assert names.count("openai_agents.session.add_items") == names.count("openai_agents.session.tail") == 6
     assert integrity(tmp_path / "agent.db") == "ok"
+
+
+# A task that changes a session through DurableSession (as OnwardRunner does) in the ways a window of the
+# session's last items cannot tell apart by itself: the same items written twice in a row and a pop from a
+# run of equal items. The session kills its worker (SIGKILL) once it took the change the last argument
+# names, after its own commit and before the step's record.
+SESSION_CHANGES = '''
+import json, os, signal, sys
+from agents import SQLiteSession
+from onward import Job
+from onward.integrations.openai_agents import DurableSession
+
+db, conversation, change_log = sys.argv[1:4]
+kill_after_change = int(sys.argv[4])  # 0: never
+
+
+class KillingSession(SQLiteSession):
+    def changed(self, what):
+        with open(change_log, "a") as f:
+            f.write(json.dumps(what) + "\\n")
+        with open(change_log) as f:
+            if sum(1 for _ in f) == kill_after_change:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    async def add_items(self, items):
+        await super().add_items(items)
+        self.changed(["add", len(items)])
+
+    async def pop_item(self):
+        item = await super().pop_item()
+        self.changed(["pop", item])
+        return item
+
+
+job = Job(db, max_attempts=20, retry_delay=0)
+X, Y = {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}
+
+
+@job.task
+async def converse(name, ctx):
+    session = DurableSession(KillingSession("conversation", conversation))
+    await session.add_items([X])
+    await session.add_items([X])  # what the session ends with already
+    await session.add_items([X, X])  # and again, two at once
+    first = await session.pop_item()  # from four equal items
+    await session.add_items([Y])
+    second = await session.pop_item()  # the one item unlike those before it
+    return json.dumps([first, second])
+
+
+job.add(["talk"])
+sys.exit(job.run().exit_code)
+'''
+
+
+def test_a_session_change_a_kill_cut_is_made_once_even_where_the_session_looks_the_same(
+        testing_model_server: ForkServer, tmp_path: Path) -> None:
+    """Killed after the session took each change and before its record: the next attempt finds the change
+    made and does not make it again, also where the session's last items alone look the same either way
+    (the same items written twice in a row; a pop from four equal items): the window read before a change
+    is widened until the change shows in it. A pop found made returns the item it removed. Before, such a
+    write was made again (a fifth item) and each pop cut so removed one item more."""
+    script = tmp_path / "changes.py"
+    script.write_text(textwrap.dedent(SESSION_CHANGES))
+
+    def argv(name: str, kill_after_change: int = 0) -> list[str]:
+        return [str(script), str(tmp_path / f"{name}.db"), str(tmp_path / f"{name}-conversation.db"),
+                str(tmp_path / f"{name}-changes"), str(kill_after_change)]
+
+    def conversation(name: str) -> list[Any]:
+        from agents import SQLiteSession
+        return list(asyncio.run(SQLiteSession("conversation", str(tmp_path / f"{name}-conversation.db")).get_items()))
+
+    x, y = {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}
+    assert testing_model_server.start(argv("reference")).wait(60) == 0, testing_model_server.stderr.read_text()[-3000:]
+    expected, _ = result_and_steps(tmp_path / "reference.db", "talk")
+    assert expected is not None and json.loads(expected.data) == [x, y]
+    reference_changes = json_lines(tmp_path / "reference-changes")
+    assert reference_changes == [["add", 1], ["add", 1], ["add", 2], ["pop", x], ["add", 1], ["pop", y]]
+    assert conversation("reference") == [x, x, x]
+
+    for n in range(1, len(reference_changes) + 1):
+        name = f"killed-after-change{n}"
+        assert testing_model_server.start(argv(name, n)).wait(60) == -signal.SIGKILL
+        assert len(json_lines(tmp_path / f"{name}-changes")) == n
+        assert testing_model_server.start(argv(name)).wait(60) == 0, testing_model_server.stderr.read_text()[-3000:]
+        result, records = result_and_steps(tmp_path / f"{name}.db", "talk")
+        assert result == expected, name  # a pop found made returned what it removed
+        assert json_lines(tmp_path / f"{name}-changes") == reference_changes, name  # none made twice
+        assert conversation(name) == [x, x, x], name
+        assert integrity(tmp_path / f"{name}.db") == "ok"

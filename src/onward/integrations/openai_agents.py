@@ -650,7 +650,8 @@ SESSION_STEP = "openai_agents.session"
 
 class DurableSession:
     """A session (``session=``) whose reads and writes, inside an onward task, are durable steps
-    (``openai_agents.session.get_items``, ``.tail`` and ``.add_items``, ``.pop_item``, ``.clear_session``):
+    (``openai_agents.session.get_items``, ``.tail`` and ``.add_items``, ``.pop_tail`` and ``.pop_item``,
+    ``.clear_session``):
     the items read are recorded and replayed, and a write is not made again, whether its record was
     committed or a kill came before that (see ``add_items``). Without it, a
     run resumed after a crash would find the first attempt's turns in the session, add them again and send
@@ -669,33 +670,78 @@ class DurableSession:
         return items
 
     async def add_items(self, items: list[Any], *, wrapper: Any = None) -> None:
-        """Two steps: the session's last ``len(items)`` items before the write (``.tail``), then the write
+        """Two steps: what the session ends with before the write (``.tail``), then the write
         (``.add_items``). A kill after the session took the write and before its record was committed
-        leaves the first recorded and not the second: the next attempt reads the tail again, and finds the
-        write there (the tail is the items written, and was not before) rather than make it twice."""
+        leaves the first recorded and not the second: the next attempt reads the same last items again and
+        finds the write there rather than make it twice. The items read are the last ``len(items)``, or
+        more where those are the very items written (see ``_window``): the write must change what is read."""
         if active_context() is None or not items:
             await self._step("add_items", self.wrapped.add_items, wrapper, items)
             return
         written = to_jsonable_python(items)
         read_here = False
 
+        def unchanged_by_it(window: list[Any], size: int) -> bool:
+            return (window + written)[-size:] == window
+
         async def tail() -> Any:
             nonlocal read_here
             read_here = True  # not replayed: no write of these items was made before, by any attempt
-            return await self._call(self.wrapped.get_items, wrapper, len(items))
+            return await self._window(wrapper, len(items), unchanged_by_it)
         before = await self._step("tail", tail, None)
 
         async def write() -> str:
-            if not read_here and before != written:
-                now = await self._call(self.wrapped.get_items, wrapper, len(items))
-                if to_jsonable_python(now) == written:
+            if not read_here:
+                seen, size = _window_read(before, len(items))
+                now = to_jsonable_python(await self._call(self.wrapped.get_items, wrapper, size))
+                if now != seen and now == (seen + written)[-size:]:
                     return "found made"  # by the attempt a kill ended, before it could record it
             await self._call(self.wrapped.add_items, wrapper, items)
             return "made"
         await self._step("add_items", write, None)
 
     async def pop_item(self, *, wrapper: Any = None) -> Any:
-        return await self._step("pop_item", self.wrapped.pop_item, wrapper)
+        """Two steps as a write's: the session's last items before the pop (``.pop_tail``: two, or more
+        while they are all the same item), then the pop (``.pop_item``). A kill after the session took the
+        pop and before its record leaves the next attempt to find the last item gone, and to return it as
+        the pop did, rather than remove one more."""
+        if active_context() is None:
+            return await self._step("pop_item", self.wrapped.pop_item, wrapper)
+        read_here = False
+
+        def unchanged_by_it(window: list[Any], size: int) -> bool:
+            # One item less at the end and the one before the window come in: the same window only where
+            # every item is the same (the one before the window is not read, so it may be that one too).
+            return all(item == window[0] for item in window)
+
+        async def tail() -> Any:
+            nonlocal read_here
+            read_here = True
+            return await self._window(wrapper, 2, unchanged_by_it)
+        before = await self._step("pop_tail", tail, None)
+
+        async def pop() -> Any:
+            if not read_here:
+                seen, size = _window_read(before, 2)
+                if seen:
+                    now = to_jsonable_python(await self._call(self.wrapped.get_items, wrapper, size))
+                    if now == seen[:-1] or (len(now) == size and now != seen and now[1:] == seen[:-1]):
+                        return seen[-1]  # popped by the attempt a kill ended, before it could record it
+            return await self._call(self.wrapped.pop_item, wrapper)
+        popped: Any = await self._step("pop_item", pop, None)
+        return popped
+
+    async def _window(self, wrapper: Any, size: int, unchanged_by_it: Any) -> Any:
+        """The session's last ``size`` items, as a ``.tail`` or ``.pop_tail`` step records them; twice as many, and so on,
+        while ``unchanged_by_it(items, size)`` says the change to come would leave them as they are (the
+        same items written again, say), until the session holds fewer (the whole session is read then, and
+        any change shows). A window wider than ``size`` is recorded with its width."""
+        first = size
+        while True:
+            window = to_jsonable_python(await self._call(self.wrapped.get_items, wrapper, size))
+            if len(window) < size or not unchanged_by_it(window, size):
+                return window if size == first else {"window": window, "size": size}
+            size *= 2
 
     async def clear_session(self, *, wrapper: Any = None) -> None:
         await self._step("clear_session", self.wrapped.clear_session, wrapper)
@@ -709,6 +755,14 @@ class DurableSession:
     async def _call(method: Any, wrapper: Any, *args: Any) -> Any:
         value = method(*args, **({"wrapper": wrapper} if wrapper is not None and _takes_wrapper(method) else {}))
         return await value if inspect.isawaitable(value) else value
+
+
+def _window_read(recorded: Any, size: int) -> tuple[list[Any], int]:
+    """The items a ``.tail`` or ``.pop_tail`` step recorded and how many it asked for: ``size``, or the width recorded with
+    a wider window (``DurableSession._window``)."""
+    if isinstance(recorded, dict):
+        return list(recorded["window"]), int(recorded["size"])
+    return list(recorded), size
 
 
 def _takes_wrapper(method: Any) -> bool:

@@ -36,7 +36,7 @@ import dataclasses
 import inspect
 import json
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -731,11 +731,11 @@ class DurableSession:
         popped: Any = await self._step("pop_item", pop, None)
         return popped
 
-    async def _window(self, wrapper: Any, size: int, unchanged_by_it: Any) -> Any:
-        """The session's last ``size`` items, as a ``.tail`` or ``.pop_tail`` step records them; twice as many, and so on,
-        while ``unchanged_by_it(items, size)`` says the change to come would leave them as they are (the
-        same items written again, say), until the session holds fewer (the whole session is read then, and
-        any change shows). A window wider than ``size`` is recorded with its width."""
+    async def _window(self, wrapper: Any, size: int, unchanged_by_it: Callable[[list[Any], int], bool]) -> Any:
+        """The session's last ``size`` items, as a ``.tail`` or ``.pop_tail`` step records them; twice as
+        many, and so on, while ``unchanged_by_it(items, size)`` says the change to come would leave them as
+        they are (the same items written again, say), until the session holds fewer (the whole session is
+        read then, and any change shows). A window wider than ``size`` is recorded with its width."""
         first = size
         while True:
             window = to_jsonable_python(await self._call(self.wrapped.get_items, wrapper, size))
@@ -758,8 +758,8 @@ class DurableSession:
 
 
 def _window_read(recorded: Any, size: int) -> tuple[list[Any], int]:
-    """The items a ``.tail`` or ``.pop_tail`` step recorded and how many it asked for: ``size``, or the width recorded with
-    a wider window (``DurableSession._window``)."""
+    """The items a ``.tail`` or ``.pop_tail`` step recorded and how many it asked for: ``size``, or the
+    width recorded with a wider window (``DurableSession._window``)."""
     if isinstance(recorded, dict):
         return list(recorded["window"]), int(recorded["size"])
     return list(recorded), size

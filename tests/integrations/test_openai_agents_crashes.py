@@ -13,7 +13,7 @@ import shutil
 import signal
 import textwrap
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -751,6 +751,22 @@ sys.exit(job.run().exit_code)
 '''
 
 
+def killed_after_each_change(server: ForkServer, argv: Callable[[str, int], list[str]], tmp_path: Path, log: str,
+                             reference: list[Any], expected: Any) -> Iterator[str]:
+    """For each change of the reference run's log ``NAME-<log>``: a run killed right after the session took
+    it (before its step's record), then a run to the end, which must end with the reference result and
+    make no change twice (its log as the reference's). Yields each pair's name, for checks of its own."""
+    for n in range(1, len(reference) + 1):
+        name = f"killed-after-change{n}"
+        assert server.start(argv(name, n)).wait(60) == -signal.SIGKILL
+        assert len(json_lines(tmp_path / f"{name}-{log}")) == n
+        assert server.start(argv(name, 0)).wait(60) == 0, server.stderr.read_text()[-3000:]
+        result, _ = result_and_steps(tmp_path / f"{name}.db", "talk")
+        assert result == expected, name
+        assert json_lines(tmp_path / f"{name}-{log}") == reference, name  # none made twice
+        yield name
+
+
 def is_subsequence(items: list[Any], of: list[Any]) -> bool:
     """Whether ``items`` are some of ``of``, in its order, none more often than there."""
     rest = iter(of)
@@ -792,14 +808,7 @@ def test_a_sessions_conversation_is_written_once_across_kills(testing_model_serv
         return [i.get("role") or i.get("type") for i in items]
 
     # A kill right after the session took each write, before the write's record.
-    for n in range(1, len(reference_writes) + 1):
-        name = f"killed-after-write{n}"
-        assert testing_model_server.start(argv(name, n)).wait(60) == -signal.SIGKILL
-        assert len(json_lines(tmp_path / f"{name}-writes")) == n
-        assert testing_model_server.start(argv(name)).wait(60) == 0, testing_model_server.stderr.read_text()[-3000:]
-        result, _ = result_and_steps(tmp_path / f"{name}.db", "talk")
-        assert result == expected, name
-        assert json_lines(tmp_path / f"{name}-writes") == reference_writes, name  # none made twice
+    for name in killed_after_each_change(testing_model_server, argv, tmp_path, "writes", reference_writes, expected):
         assert conversation(name) == [kind for write in reference_writes for kind in write]
 
     # Random kills and kills inside commits (the steps', and the session's own).
@@ -900,13 +909,7 @@ def test_a_session_change_a_kill_cut_is_made_once_even_where_the_session_looks_t
     assert reference_changes == [["add", 1], ["add", 1], ["add", 2], ["pop", x], ["add", 1], ["pop", y]]
     assert conversation("reference") == [x, x, x]
 
-    for n in range(1, len(reference_changes) + 1):
-        name = f"killed-after-change{n}"
-        assert testing_model_server.start(argv(name, n)).wait(60) == -signal.SIGKILL
-        assert len(json_lines(tmp_path / f"{name}-changes")) == n
-        assert testing_model_server.start(argv(name)).wait(60) == 0, testing_model_server.stderr.read_text()[-3000:]
-        result, records = result_and_steps(tmp_path / f"{name}.db", "talk")
-        assert result == expected, name  # a pop found made returned what it removed
-        assert json_lines(tmp_path / f"{name}-changes") == reference_changes, name  # none made twice
+    # (the result the same: a pop found made returned what it removed)
+    for name in killed_after_each_change(testing_model_server, argv, tmp_path, "changes", reference_changes, expected):
         assert conversation(name) == [x, x, x], name
         assert integrity(tmp_path / f"{name}.db") == "ok"

@@ -271,8 +271,11 @@ def test_a_journal_that_refuses_the_probe_after_a_sync_never_has_that_sync_vouch
         argv = onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--heartbeat", "0.5", "--", "true",
                            "{task}")
     else:
+        # 1,000 tasks: strace counts `when` per thread, and the sync thread shares one probe among the tasks
+        # of a 5 ms window; with 100 it made about 5 probes in all, none refused, and the 6th probe of the
+        # loop's thread was the one after the stop's record, when everything had been told (a run in 6 here).
         argv = [sys.executable, "-c", _API_WORKER.replace("max_attempts=10", "max_attempts=10, heartbeat=0.5"),
-                str(db), "100"]
+                str(db), "1000"]
     faulty = subprocess.run([*inject, *argv], env=dict(os.environ, PYTHONPATH=SRC), capture_output=True,
                             timeout=180)
     err = faulty.stderr.decode()

@@ -858,7 +858,9 @@ def test_a_supervisors_keeper_killed_on_its_own_is_replaced_and_outlives_the_wor
     os.kill(first, signal.SIGKILL)
     wait_for(lambda: [k for k in keepers_of(marker, job.proc.pid) if k != first], 20, "another keeper")
     (second,) = keepers_of(marker, job.proc.pid)
-    assert f"(pid {first}) ended first (signal SIGKILL); started another (pid {second})" in job.log
+    # The new keeper shows in /proc as soon as it is started, a moment before the supervisor says so.
+    said = f"(pid {first}) ended first (signal SIGKILL); started another (pid {second})"
+    wait_for(lambda: said in job.log, 10, "the supervisor to say it replaced its keeper")
     os.kill(worker, signal.SIGKILL)
     job.ready(2)
     assert keepers_of(marker, job.proc.pid) == [second], job.log

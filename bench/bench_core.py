@@ -21,6 +21,7 @@ through onward's public Python API and CLI:
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -151,6 +152,13 @@ WORKERS: dict[str, Callable[..., None]] = {
 
 
 # --- running processes ---------------------------------------------------------------------------------
+def compile_onward(package: Path = SRC / "onward") -> bool:
+    """Compile onward's modules to bytecode, as pip does when it installs onward (nothing to do when they are up
+    to date; ``PYTHONDONTWRITEBYTECODE`` stops only the interpreter's own writing, not this). False if they
+    could not all be written (a read-only install without them)."""
+    return bool(compileall.compile_dir(str(package), quiet=1))
+
+
 def child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("ONWARD_DB", "ONWARD_KEEP_AWAKE")}
     paths = env.get("PYTHONPATH", "").split(os.pathsep) if env.get("PYTHONPATH") else []

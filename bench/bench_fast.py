@@ -31,7 +31,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench_core import REPO, SRC, child_env, med, run_process, size_label, spread, task_name, write_tasks
+from bench_core import (
+    REPO,
+    SRC,
+    child_env,
+    compile_onward,
+    med,
+    run_process,
+    size_label,
+    spread,
+    task_name,
+    write_tasks,
+)
 
 THIS = Path(__file__).resolve()
 # N -> rounds; at 20k one round of the five systems takes about four minutes here, and the one round at 1M
@@ -283,11 +294,6 @@ def part_api(quick: bool, root: Path) -> list[str]:
 
 
 # --- start-up -------------------------------------------------------------------------------------------
-def compile_bytecode() -> None:
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(SRC / "onward")], check=True,
-                   env={k: v for k, v in child_env().items() if k != "PYTHONDONTWRITEBYTECODE"})
-
-
 def part_startup(quick: bool, root: Path) -> list[str]:
     db = root / "fresh.db"
     subprocess.run(onward_argv("add", "--db", str(db), "one"), check=True, env=child_env(), capture_output=True)
@@ -349,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     # bytecode, not compiled again by every run of `onward` (PYTHONDONTWRITEBYTECODE, where the environment
     # sets it, stops only the writing). Until 2026-12-07 only the start-up part did this, after the others:
     # in a fresh clone each `onward run` of the commands part compiled some 40 modules first, about 50 ms.
-    compile_bytecode()
+    if not compile_onward():
+        raise SystemExit(f"cannot compile onward's modules in {SRC / 'onward'} to bytecode")
     try:
         for name in args.parts.split(","):
             log(f"part {name}")

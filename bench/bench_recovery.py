@@ -19,7 +19,6 @@ imports onward from a copy of its sources that has no bytecode and cannot get an
 from __future__ import annotations
 
 import argparse
-import compileall
 import contextlib
 import os
 import re
@@ -35,6 +34,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
+
+from bench_core import compile_onward
 
 REPO = Path(__file__).resolve().parent.parent
 ONWARD = [sys.executable, "-m", "onward"]
@@ -101,12 +102,6 @@ def onward_package() -> Path:
     import onward
 
     return Path(onward.__file__).resolve().parent
-
-
-def compile_onward() -> bool:
-    """Compile onward's modules to bytecode, as pip does when it installs onward (nothing to do when they
-    are up to date). False if they could not all be written (a read-only install without them)."""
-    return bool(compileall.compile_dir(str(onward_package()), quiet=1))
 
 
 @contextlib.contextmanager
@@ -252,7 +247,7 @@ def main() -> None:
                         help="PostgreSQL server (a database there to connect to) where fresh stores are made")
     args = parser.parse_args()
     kills, supervisors = (2, 2) if args.quick else (4, 5)
-    compiled = compile_onward()
+    compiled = compile_onward(onward_package())
     postgres: Postgres | None = None
     postgres_missing = ""
     try:

@@ -1,0 +1,79 @@
+"""The least a durable command runner in Python does, as a floor for ``onward run`` at concurrency above 1.
+
+    python bench/floor_commands.py TASKS_FILE CONCURRENCY DB -- COMMAND [ARG...]
+
+Each line of TASKS_FILE is a task; the task is appended to COMMAND's arguments. The runner keeps its tasks in
+a SQLite table (WAL, synchronous=NORMAL) and per turn commits, in one transaction, the completion it saw and
+the claims of the free slots: it reads the first pending tasks (a partial index), starts each one's command
+with ``os.posix_spawn`` in a session of its own (no shell) and marks it running with its pid. It waits with
+``waitpid``. The log is synced (fdatasync) after every 8th completion, about as often as onward's sync
+thread syncs at concurrency 4 on 2 cores (0.3-0.4 syncs a task). This is the cheapest of the forms tried:
+a claim as one ``UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING``, and the pid in an UPDATE of its
+own, made it about 10 % slower here (5,000 x `true` at concurrency 4: 3.3 s against 3.0 s).
+
+What it leaves out, all of which onward does: a command's output read through pipes into its result, its
+exit status and error in the store, a journal, leases and their renewal, heartbeats, the watchdog, process
+groups killed with the worker (PDEATHSIG), a process's pid noted *before* it runs, retries and timeouts, the
+completion told only once synced, logs. So it is not a rival: it bounds from above what a runner of this
+design (a Python process, one commit a task, a shared sync) gets on the machine, beside ``xargs -P``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import sys
+
+SYNC_EVERY = 8
+
+
+def main(argv: list[str]) -> int:
+    tasks_file, concurrency, db = argv[0], int(argv[1]), argv[2]
+    command = argv[argv.index("--") + 1:]
+    program = shutil.which(command[0])
+    if program is None:
+        raise SystemExit(f"{command[0]}: not found")
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("PRAGMA journal_mode = WAL")
+    con.execute("PRAGMA synchronous = NORMAL")
+    con.execute("CREATE TABLE tasks (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, state TEXT NOT NULL,"
+                " pid INTEGER, exit_code INTEGER)")
+    con.execute("CREATE INDEX pending ON tasks (id) WHERE state = 'pending'")  # the claim's, not a scan a claim
+    with open(tasks_file, encoding="utf-8") as lines:
+        con.execute("BEGIN")
+        con.executemany("INSERT INTO tasks (name, state) VALUES (?, 'pending')",
+                        ((line.rstrip("\n"),) for line in lines if line.strip()))
+        con.execute("COMMIT")
+    wal = os.open(db + "-wal", os.O_RDONLY)
+    env = dict(os.environ)
+    running: dict[int, int] = {}  # pid -> task id
+    finished: tuple[int, int] | None = None  # (task id, exit code) not yet committed
+    completions = 0
+    while True:
+        con.execute("BEGIN IMMEDIATE")
+        if finished is not None:
+            con.execute("UPDATE tasks SET state = 'done', exit_code = ? WHERE id = ?", (finished[1], finished[0]))
+            finished = None
+        free = concurrency - len(running)
+        claimed = con.execute("SELECT id, name FROM tasks WHERE state = 'pending' ORDER BY id LIMIT ?",
+                              (free,)).fetchall() if free else []
+        for task_id, name in claimed:
+            pid = os.posix_spawn(program, [*command, name], env, setsid=True)
+            running[pid] = task_id
+            con.execute("UPDATE tasks SET state = 'running', pid = ? WHERE id = ?", (pid, task_id))
+        con.execute("COMMIT")
+        if not running:
+            break
+        pid, status = os.waitpid(-1, 0)
+        finished = (running.pop(pid), os.waitstatus_to_exitcode(status))
+        completions += 1
+        if completions % SYNC_EVERY == 0:
+            os.fdatasync(wal)
+    os.fdatasync(wal)
+    con.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

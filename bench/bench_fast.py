@@ -5,7 +5,7 @@ Prints a Markdown section.
 
 - ``onward run --tasks FILE -- true {task}`` (the whole process: import of the file, runs, exit) beside
   ``xargs -P1 -n1 true`` and GNU parallel ``-j1 --joblog J --resume true`` on the same file, at concurrency 1,
-  and ``onward run --concurrency 4`` beside ``xargs -P4`` and a durable floor (floor_commands.py);
+  and ``onward run --concurrency 4`` beside ``xargs -P4``; at both, a durable floor (floor_commands.py);
 - no-op tasks through the Python API at concurrency 1 beside the raw sqlite3 floor (bench_core's two
   workers), and the WAL bytes each task writes, for onward and for the floor;
 - start-up: ``onward status`` on a fresh store beside ``python -c 'import sqlite3'``, and whether
@@ -89,9 +89,10 @@ def cli_systems(tasks: Path) -> dict[str, Any]:
     systems: dict[str, Any] = {
         "xargs -P1": lambda scratch: timed_shell_free(["xargs", "-P1", "-n1", "true"], tasks, scratch),
         "onward c1": lambda scratch: onward_run(tasks, scratch, 1),
+        "durable floor c1": lambda scratch: durable_floor(tasks, scratch, 1, sync_every=1),
         "xargs -P4": lambda scratch: timed_shell_free(["xargs", "-P4", "-n1", "true"], tasks, scratch),
         "onward c4": lambda scratch: onward_run(tasks, scratch, 4),
-        "durable floor c4": lambda scratch: durable_floor(tasks, scratch, 4),
+        "durable floor c4": lambda scratch: durable_floor(tasks, scratch, 4, sync_every=8),
     }
     if parallel:
         systems["parallel -j1"] = lambda scratch: timed_shell_free(
@@ -108,11 +109,11 @@ def onward_run(tasks: Path, scratch: Path, concurrency: int) -> tuple[float, flo
     return proc.seconds, proc.cpu
 
 
-def durable_floor(tasks: Path, scratch: Path, concurrency: int) -> tuple[float, float]:
+def durable_floor(tasks: Path, scratch: Path, concurrency: int, sync_every: int) -> tuple[float, float]:
     """floor_commands.py: the least a durable command runner in Python does (its docstring says what it
-    leaves out), the whole process."""
+    leaves out), the whole process; its log synced after every ``sync_every``-th completion."""
     proc = run_process([sys.executable, str(THIS.parent / "floor_commands.py"), str(tasks), str(concurrency),
-                        str(scratch / "floor.db"), "--", "true"], scratch)
+                        str(scratch / "floor.db"), str(sync_every), "--", "true"], scratch)
     if proc.code != 0:
         raise SystemExit(f"floor_commands.py exited {proc.code}: {proc.stderr[-500:]}")
     return proc.seconds, proc.cpu
@@ -146,6 +147,9 @@ def part_cli(quick: bool, root: Path) -> list[str]:
         c1 = med(rates["onward c1"])
         lines.append(f"- concurrency 1: onward / xargs -P1 = **{c1 / med(rates['xargs -P1']):.2f}×**"
                      f" (target ≥ {TARGET_XARGS_C1}×)")
+        floor_c1 = med(rates["durable floor c1"])
+        lines.append(f"- concurrency 1: the durable floor / xargs -P1 = {floor_c1 / med(rates['xargs -P1']):.2f}×;"
+                     f" onward / the durable floor = {c1 / floor_c1:.2f}×")
         if "parallel -j1" in rates:
             lines.append(f"- concurrency 1: onward / parallel -j1 --joblog --resume = "
                          f"**{c1 / med(rates['parallel -j1']):.2f}×** (target ≥ {TARGET_PARALLEL_C1:g}×)")
@@ -161,14 +165,17 @@ def part_cli(quick: bool, root: Path) -> list[str]:
               "parallel -j1 --joblog joblog --resume true < tasks.txt                       # fresh joblog each run",
               "xargs -P4 -n1 true < tasks.txt",
               "onward run --db run.db --tasks tasks.txt --concurrency 4 -q -- true {task}",
-              "python bench/floor_commands.py tasks.txt 4 floor.db -- true                   # fresh store each run",
+              "python bench/floor_commands.py tasks.txt 1 floor.db 1 -- true                 # fresh store each run",
+              "python bench/floor_commands.py tasks.txt 4 floor.db 8 -- true",
               "```", "",
               "The durable floor (`bench/floor_commands.py`, some 40 lines) is the least a durable command runner"
               " in Python does: per turn one SQLite transaction (WAL) of the completion it saw and the claims of"
               " the free slots, each command spawned with `os.posix_spawn` in its own session, the log synced"
-              " after every 8th completion. It reads no output, keeps no journal, leases, heartbeats or process"
-              " groups, and notes a pid only after its command started: it is not a rival, but what a runner of"
-              " onward's design could reach on this machine beside `xargs -P4`.", "",
+              " while the commands just started run: after every completion at concurrency 1 (as onward syncs"
+              " each commit there), after every 8th at concurrency 4 (about as often as onward's sync thread)."
+              " It reads no output, keeps no journal, leases, heartbeats or process groups, and notes a pid only"
+              " after its command started: it is not a rival, but what a runner of onward's design could reach"
+              " on this machine beside xargs.", "",
               "Throughput is the cores busy over the CPU time per task. At concurrency 4 on this 2-core machine"
               " both runs keep most of the cores busy, so onward can match `xargs -P4` only by spending no more CPU"
               " per task than xargs does, `true` included (the bound on the concurrency-4 line). The difference of"

@@ -100,23 +100,27 @@ def cli_systems(tasks: Path) -> dict[str, Any]:
     return systems
 
 
-def onward_run(tasks: Path, scratch: Path, concurrency: int) -> tuple[float, float]:
-    db = scratch / "run.db"
-    proc = run_process(onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency", str(concurrency),
-                                   "-q", "--", "true", "{task}"), scratch)
+def timed_runner(what: str, argv: list[str], scratch: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of one run of ``argv`` (bench_core.run_process), in ``scratch``; fails loudly,
+    naming ``what``, on a non-zero exit."""
+    proc = run_process(argv, scratch)
     if proc.code != 0:
-        raise SystemExit(f"onward run exited {proc.code}: {proc.stderr[-500:]}")
+        raise SystemExit(f"{what} exited {proc.code}: {proc.stderr[-500:]}")
     return proc.seconds, proc.cpu
+
+
+def onward_run(tasks: Path, scratch: Path, concurrency: int) -> tuple[float, float]:
+    return timed_runner("onward run", onward_argv("run", "--db", str(scratch / "run.db"), "--tasks", str(tasks),
+                                                  "--concurrency", str(concurrency), "-q", "--", "true", "{task}"),
+                        scratch)
 
 
 def durable_floor(tasks: Path, scratch: Path, concurrency: int, sync_every: int) -> tuple[float, float]:
     """floor_commands.py: the least a durable command runner in Python does (its docstring says what it
     leaves out), the whole process; its log synced after every ``sync_every``-th completion."""
-    proc = run_process([sys.executable, str(THIS.parent / "floor_commands.py"), str(tasks), str(concurrency),
-                        str(scratch / "floor.db"), str(sync_every), "--", "true"], scratch)
-    if proc.code != 0:
-        raise SystemExit(f"floor_commands.py exited {proc.code}: {proc.stderr[-500:]}")
-    return proc.seconds, proc.cpu
+    return timed_runner("floor_commands.py", [sys.executable, str(THIS.parent / "floor_commands.py"), str(tasks),
+                                              str(concurrency), str(scratch / "floor.db"), str(sync_every), "--",
+                                              "true"], scratch)
 
 
 def part_cli(quick: bool, root: Path) -> list[str]:

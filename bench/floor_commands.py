@@ -9,9 +9,9 @@ with ``os.posix_spawn`` in a session of its own (no shell) and marks it running 
 ``waitpid``. The log is synced (fdatasync) after every SYNC_EVERY-th completion, while the commands just
 started run: 1 as onward does for commands at concurrency 1 (a sync of each commit, in place), 8 about as
 often as onward's sync thread syncs at concurrency 4 on 2 cores (0.3-0.4 syncs a task). This is the
-cheapest of the forms tried:
-a claim as one ``UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING``, and the pid in an UPDATE of its
-own, made it about 10 % slower here (5,000 x `true` at concurrency 4: 3.3 s against 3.0 s).
+cheapest of the forms tried: a claim as one ``UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING``, and
+the pid in an UPDATE of its own, made it about 10 % slower here (5,000 x `true` at concurrency 4: 3.3 s
+against 3.0 s).
 
 What it leaves out, all of which onward does: a command's output read through pipes into its result, its
 error in the store, a journal, leases and their renewal, heartbeats, the watchdog, process

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from onward.store.sqlite import PROBE_XATTR
 from tests.conftest import onward_argv, require_tool, run_onward, wait_for
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -261,9 +262,9 @@ def test_a_sync_that_fails_while_later_ones_wait_leaves_the_loop_waking_only_for
 def test_a_journal_that_refuses_the_probe_after_a_sync_never_has_that_sync_vouched_for(
         tmp_path: Path, worker: str) -> None:
     """After every sync of the log (its own, on the sync thread, or SQLite's at a durable commit) the store
-    asks the filesystem for a journal transaction (fallocate of the database file's first byte): ext4 can return 0
-    from an fdatasync in the moment between its journal aborting and its refusing writes, and lose what it
-    was to keep. Here every 12th probe from the 6th on is refused with EROFS (strace, every thread): the
+    asks the filesystem for a journal transaction (a replace of an extended attribute the database file does not
+    have): ext4 can return 0 from an fdatasync in the moment between its journal aborting and its refusing
+    writes, and lose what it was to keep. Here every 12th probe from the 6th on is refused with EROFS (strace, every thread): the
     refusal reaches the worker like a failed sync, nothing it was to vouch for is told, and the job goes on.
     (The file system is fine here, so a refused probe after a durable commit leaves that commit in place:
     the settling the worker then tries again finds the task done and drops its outcome as fenced, and a task
@@ -271,8 +272,8 @@ def test_a_journal_that_refuses_the_probe_after_a_sync_never_has_that_sync_vouch
     strace = require_tool("strace")
     db = tmp_path / "s.db"
     trace = tmp_path / "trace.txt"
-    inject = [strace, "-f", "-qq", "-y", "-o", str(trace), "-e", "trace=fallocate", "-e",
-              "inject=fallocate:error=EROFS:when=6+12"]
+    inject = [strace, "-f", "-qq", "-y", "-o", str(trace), "-e", "trace=fsetxattr", "-e",
+              "inject=fsetxattr:error=EROFS:when=6+12"]
     if worker == "command":
         tasks = tmp_path / "tasks.txt"
         tasks.write_text("".join(f"t{i}\n" for i in range(40)))
@@ -288,7 +289,7 @@ def test_a_journal_that_refuses_the_probe_after_a_sync_never_has_that_sync_vouch
     err = faulty.stderr.decode()
     assert "Traceback" not in err, err[-2000:]
     assert "cannot make the last commit durable: Read-only file system" in err, err[-2000:]
-    assert f"{db}>, FALLOC_FL_KEEP_SIZE, 0, 1) = -1 EROFS" in trace.read_text(), "no probe was refused"
+    assert f'{db}>, "{PROBE_XATTR}", "", 0, XATTR_REPLACE) = -1 EROFS' in trace.read_text(), "no probe was refused"
     reported = told_done(err)
     assert len(reported) == len(set(reported))
     durable = done_in_store(db)

@@ -70,23 +70,27 @@ from .sqlite_locks import (
 from .sqlite_peek import SQLITE_MAGIC, Q, unsynced_mark
 from .sqlite_wal import read_back
 
+# The extended attribute the journal probe asks to replace: no file has it, so nothing is ever changed.
+PROBE_XATTR = "user.onward-journal-probe"
+
 
 def posix_journal_probe(fd: int) -> bool:
-    """``journal_probe`` of _syncthread.c, with the call the standard library has: posix_fallocate of the
-    file's first byte, which the store's file always holds (its header), so nothing is added to it."""
+    """``journal_probe`` of _syncthread.c, with the call the standard library has: a replace of an extended
+    attribute the file does not have, for which ext4 starts a journal handle before it finds nothing to
+    replace (the file is left as it was, its ctime too)."""
     try:
-        os.posix_fallocate(fd, 0, 1)
+        os.setxattr(fd, PROBE_XATTR, b"", os.XATTR_REPLACE)
     except OSError as e:
         if e.errno in (errno.EROFS, errno.EIO, errno.EUCLEAN):
             raise
-        return e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV, errno.ESPIPE,
-                               errno.EBADF, errno.EPERM)
+        return e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV, errno.EBADF,
+                               errno.EPERM, errno.EACCES)
     return True
 
 
 try:
     from ._syncthread import SyncThread, journal_probe
-except ImportError:  # built without a C compiler: sync_ahead syncs in place, and probes with posix_fallocate
+except ImportError:  # built without a C compiler: sync_ahead syncs in place, and probes from Python
     SyncThread = None
     journal_probe = posix_journal_probe
 

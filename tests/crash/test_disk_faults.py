@@ -262,10 +262,11 @@ def test_a_sync_that_fails_while_later_ones_wait_leaves_the_loop_waking_only_for
 def test_a_journal_that_refuses_the_probe_after_a_sync_never_has_that_sync_vouched_for(
         tmp_path: Path, worker: str) -> None:
     """After every sync of the log (its own, on the sync thread, or SQLite's at a durable commit) the store
-    asks the filesystem for a journal transaction (a replace of an extended attribute the database file does not
-    have): ext4 can return 0 from an fdatasync in the moment between its journal aborting and its refusing
-    writes, and lose what it was to keep. Here every 12th probe from the 6th on is refused with EROFS (strace, every thread): the
-    refusal reaches the worker like a failed sync, nothing it was to vouch for is told, and the job goes on.
+    asks the filesystem for a journal transaction (a replace of an extended attribute the database file does
+    not have): ext4 can return 0 from an fdatasync in the moment between its journal aborting and its
+    refusing writes, and lose what it was to keep. Here every 12th probe from the 6th on is refused with
+    EROFS (strace, every thread): the refusal reaches the worker like a failed sync, nothing it was to vouch
+    for is told, and the job goes on.
     (The file system is fine here, so a refused probe after a durable commit leaves that commit in place:
     the settling the worker then tries again finds the task done and drops its outcome as fenced, and a task
     it claimed there waits out its lease, kept short here.)"""

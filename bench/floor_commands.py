@@ -14,9 +14,9 @@ the pid in an UPDATE of its own, made it about 10 % slower here (5,000 x `true` 
 against 3.0 s).
 
 What it leaves out, all of which onward does: a command's output read through pipes into its result, its
-error in the store, a journal, leases and their renewal, heartbeats, the watchdog, process
-groups killed with the worker (PDEATHSIG), a process's pid noted *before* it runs, retries and timeouts, the
-completion told only once synced, logs. So it is not a rival: it bounds from above what a runner of this
+error in the store, a journal, leases and their renewal, heartbeats, the watchdog, process groups killed
+with the worker (PDEATHSIG), a process's pid noted *before* it runs, retries and timeouts, the completion
+told only once synced, logs. So it is not a rival: it bounds from above what a runner of this
 design (a Python process, one commit a task, a shared sync) gets on the machine, beside ``xargs -P``.
 """
 

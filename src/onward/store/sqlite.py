@@ -824,8 +824,8 @@ class SqliteStore(SqlStore):
                 self._suspect_log()
             raise
         # A transaction that changed no row wrote no frame to the log, so SQLite synced nothing at its COMMIT:
-        # there is nothing new to vouch for (and the probe would touch the file's mtime for a command that
-        # changed nothing), and it does not cover a crash-safe commit before it (see SqlStore.batch).
+        # there is nothing new to vouch for (no probe is owed), and it does not cover a crash-safe commit
+        # before it (see SqlStore.batch).
         self._last_commit_wrote = self._db.total_changes != changes_before
         if durable and self._last_commit_wrote:
             self._vouch()  # SQLite's own sync of the log at COMMIT (synchronous=FULL)

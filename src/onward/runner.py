@@ -37,7 +37,6 @@ watchdog; a task's thread gives way to it (hands its outcome over the usual way)
 
 from __future__ import annotations
 
-import selectors
 import signal
 import threading
 import time
@@ -56,6 +55,7 @@ from .leases import Leases
 from .log import VERBOSE, Log, Throttled, quote
 from .notify import Notifier
 from .proc import current_owner, owner_alive
+from .readable import ReadableFds
 from .reclaim import mark_dead_workers, reclaim_abandoned
 from .settle import RunSummary, Settler
 from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Claim, PendingSync, Store
@@ -159,17 +159,17 @@ class Runner:
         self.summary: RunSummary = self.settler.summary
         # Outcomes from attempts' threads and store calls from tasks' threads, waiting for the loop.
         self.inbox = LoopInbox()
-        self.selector = selectors.DefaultSelector()
-        self.selector.register(self.inbox.wake_r, selectors.EVENT_READ, self.inbox.drain_wakeups)
+        self.readable = ReadableFds()
+        self.readable.register(self.inbox.wake_r, self.inbox.drain_wakeups)
         store_fd = store.wakeup_fd()
         if store_fd is not None:
             # New work announced by the store (NOTIFY) ends an idle wait at once.
-            self.selector.register(store_fd, selectors.EVENT_READ, store.drain_wakeups)
+            self.readable.register(store_fd, store.drain_wakeups)
         sync_fd = store.sync_ahead_fd()
         if sync_fd is not None:
             # A sync left running beside a task (settle_here) and not waited for since: the loop's turn tells
             # what it settled (_report_settled). Waiting for it consumes the readiness; nothing to read here.
-            self.selector.register(sync_fd, selectors.EVENT_READ, _nothing_to_read)
+            self.readable.register(sync_fd, _nothing_to_read)
         self.leases = Leases(store, config.lease_seconds, log, self.store_errors)
         self._stop_requested: str | None = None
         self._stop_deadline: float | None = None
@@ -311,10 +311,10 @@ class Runner:
 
     def register(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` on the loop's thread whenever ``fd`` is readable (an attempt's pipe or pidfd)."""
-        self.selector.register(fd, selectors.EVENT_READ, callback)
+        self.readable.register(fd, callback)
 
     def unregister(self, fd: int) -> None:
-        self.selector.unregister(fd)
+        self.readable.unregister(fd)
 
     def wake(self) -> None:
         self.inbox.wake()
@@ -361,7 +361,7 @@ class Runner:
             self._shutdown_attempts()
             store_said = self._record_stop(stop_reason)
             self._restore_signals(saved_signals)
-            self.selector.close()
+            self.readable.close()
             self.inbox.close()
         self.store_errors.flush()
         self.summary.stopped = self.stopping
@@ -577,11 +577,11 @@ class Runner:
         self._waiting_until = time.monotonic() + timeout
         self._turn.release()
         try:
-            ready = self.selector.select(timeout)
+            ready = self.readable.wait(timeout)
         finally:
             self._turn.acquire()
-        for key, _ in ready:
-            key.data()  # the inbox's wake-up, new work in the store, or a child's pipe or exit
+        for callback in ready:
+            callback()  # the inbox's wake-up, new work in the store, or a child's pipe or exit
 
     def _take_finished(self) -> list[tuple[Attempt, Outcome]]:
         finished = self.inbox.take_finished()
@@ -1129,4 +1129,4 @@ def _resolve_later(future: Future[Any], fn: Callable[[Store], Any], store: Store
 
 
 def _nothing_to_read() -> None:
-    """The selector's callback for the store's sync-ahead descriptor (see Runner.__init__)."""
+    """The callback for the store's sync-ahead descriptor (see Runner.__init__)."""

@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
+from .proc import boot_clock_ns
+
 try:
     from ._clonespawn import available as _kernel_allows
     from ._clonespawn import spawn as _clone
@@ -56,10 +58,13 @@ class Cloned:
     """A process made by clone, with the worker's ends of its pipes: set up (or setting itself up) in its
     own session, waiting on ``go``. ``pid`` is known from the clone's return."""
 
-    def __init__(self, child: Any, stdout: int, stderr: int, report: int, go: int) -> None:
+    def __init__(self, child: Any, stdout: int, stderr: int, report: int, go: int, made_after: int,
+                 made_before: int) -> None:
         self.child = child
         self.pid: int = child.pid
         self.stdout, self.stderr, self.report, self.go = stdout, stderr, report, go
+        # The boot clock just before and just after the clone: its start lies between (proc.child_start_time).
+        self.made_after, self.made_before = made_after, made_before
 
     def discard(self) -> None:
         """End it unstarted: the end of file on its go makes it leave without running anything."""
@@ -156,13 +161,15 @@ class CloneSpawner:
             raise
         out_r, out_w, err_r, err_w, report_r, report_w, go_r, go_w = fds
         try:
+            made_after = boot_clock_ns()
             child = _clone(paths, args, envp, out_w, err_w, self._devnull, report_w, go_r, go_w,
                            -1 if cgroup_dir is None else cgroup_dir)
+            made_before = boot_clock_ns()
         except BaseException:
             _close(fds)
             raise
         _close([out_w, err_w, report_w, go_r])  # the child has its copies; ours would keep the pipes open
-        return Cloned(child, out_r, err_r, report_r, go_w)
+        return Cloned(child, out_r, err_r, report_r, go_w, made_after, made_before)
 
     def _go(self, cloned: Cloned, before_go: Callable[[int], None] | None) -> tuple[int, int, int, int, Any] | None:
         """Let ``cloned`` run its command, once ``before_go`` noted its pid; None when the process died before

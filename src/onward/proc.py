@@ -68,6 +68,27 @@ def pid_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+# A process's start time is the boot clock's reading when it was made (CLOCK_BOOTTIME, taken in the clone), in
+# ticks of USER_HZ: the unit of pid_start_time.
+BOOT_CLOCK_TICK_NS = 10**9 // os.sysconf("SC_CLK_TCK")
+
+
+def boot_clock_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+def child_start_time(pid: int, made_after: int, made_before: int) -> int | None:
+    """The start time of ``pid``, a process this one made between two readings of ``boot_clock_ns``: the
+    clock's tick when both readings fall in the same one (the kernel notes the clock's reading at the clone
+    as the process's start, in those ticks), else ``pid_start_time`` (once in a few hundred, for a clone of
+    some tens of microseconds against ticks of 10 ms). It is the value /proc gives, without the read: an
+    open, read and close of /proc/PID/stat cost about 10 us of the worker's CPU per command."""
+    tick = made_after // BOOT_CLOCK_TICK_NS
+    if made_before // BOOT_CLOCK_TICK_NS == tick:
+        return tick
+    return pid_start_time(pid)
+
+
 def pid_exists(pid: int) -> bool:
     """Whether any process has this pid (a zombie or another user's process counts). For files named
     after their writer's pid, where no start time was recorded."""

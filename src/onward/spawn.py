@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from .cgroups import AttemptCgroup, WorkerCgroups
 from .clonespawn import Cloned, CloneSpawner
 from .errors import RESOURCE_ERRNOS
-from .proc import die_with_parent_preexec, pid_start_time, prepare_die_with_parent
+from .proc import child_start_time, die_with_parent_preexec, prepare_die_with_parent
 from .spawner import REPORT, Spawner, exec_error
 
 # "spawner" skips the clone path, "fork" both it and the spawner (a fork of the worker with a preexec_fn):
@@ -199,9 +199,9 @@ class CommandStarter:
             if cgroup is not None and self._cgroups is not None:
                 self._cgroups.finished(cgroup)
             return
-        start = pid_start_time(cloned.pid)
+        start = child_start_time(cloned.pid, cloned.made_after, cloned.made_before)
         self._spare = Spare(cloned, start or 0, cgroup)
-        if start is None:  # killed from outside already: no use
+        if start is None:  # gone from /proc (read when the clock could not tell): killed from outside, no use
             self.discard_spare()
 
     def discard_spare(self) -> None:

@@ -51,6 +51,28 @@ def test_the_clone_path_is_built_here() -> None:
     assert spawn_mode() == "clone"
 
 
+def test_a_process_made_ahead_has_the_start_time_proc_gives_it() -> None:
+    """The start time noted with a claim for its process made ahead comes from the boot clock read around the
+    clone (proc.child_start_time), not from /proc: it must be /proc's value all the same, for every process,
+    or whoever takes the task over would not know the process for the one noted."""
+    from onward import clonespawn
+    from onward.proc import child_start_time
+
+    if not clonespawn.available():
+        pytest.skip("no clone path here (test_the_clone_path_is_built_here says why)")
+    spawner = clonespawn.CloneSpawner(os.environ)
+    try:
+        for _ in range(200):
+            cloned = spawner.prepare(None)
+            try:
+                noted = child_start_time(cloned.pid, cloned.made_after, cloned.made_before)
+                assert noted is not None and noted == pid_start_time(cloned.pid)
+            finally:
+                cloned.discard()
+    finally:
+        spawner.close()
+
+
 def processes_with(word: str) -> list[int]:
     """Live (not zombie) processes whose command line has ``word`` as one of its arguments or inside one."""
     found = []

@@ -81,3 +81,42 @@ def test_a_subreaper_reaps_exited_orphans_and_leaves_its_own_children_to_their_o
 
     wait_for(reaped, 10, "the orphan to be reaped")
     assert mine.wait() == 0, "its exit status was left for its Popen"
+
+
+def test_a_childs_start_time_from_the_boot_clock_is_the_one_proc_gives() -> None:
+    """``child_start_time`` reads a child's start time off the boot clock read around its making, where /proc
+    would be read otherwise: for real children it must be /proc's value, or whoever takes a task over would
+    find a noted process's start time wrong and leave the process running (or take another for it)."""
+    agreed = straddled = 0
+    for _ in range(300):
+        made_after = proc.boot_clock_ns()
+        child = subprocess.Popen(["sleep", "60"])
+        made_before = proc.boot_clock_ns()
+        try:
+            expected = proc.pid_start_time(child.pid)
+            assert expected is not None
+            assert proc.child_start_time(child.pid, made_after, made_before) == expected
+            if made_after // proc.BOOT_CLOCK_TICK_NS == made_before // proc.BOOT_CLOCK_TICK_NS:
+                agreed += 1
+            else:
+                straddled += 1
+        finally:
+            child.kill()
+            child.wait()
+    assert agreed > 200, (agreed, straddled)  # the clock, not /proc, answered for most
+
+
+def test_a_child_made_across_a_tick_of_the_boot_clock_has_its_start_time_read_from_proc() -> None:
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        start = proc.pid_start_time(child.pid)
+        assert start is not None
+        tick = proc.BOOT_CLOCK_TICK_NS
+        # Readings a tick apart cannot tell which tick the clone fell in: /proc is asked, and answers.
+        assert proc.child_start_time(child.pid, start * tick, (start + 1) * tick) == start
+        assert proc.child_start_time(child.pid, (start - 1) * tick, start * tick + 1) == start
+    finally:
+        child.kill()
+        child.wait()
+    # Gone (reaped): /proc has no answer, and the caller is told so.
+    assert proc.child_start_time(child.pid, 0, 10 * proc.BOOT_CLOCK_TICK_NS) is None

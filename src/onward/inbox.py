@@ -13,15 +13,18 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from .attempt import Attempt, Outcome
 from .errors import Fenced
 from .store.base import Store
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # loaded at the first store call (a Python task's step): a worker of commands makes none
+    from concurrent.futures import Future
+
 T = TypeVar("T")
-StoreCall = tuple[Callable[[Store], Any], Future[Any]]
+StoreCall = tuple[Callable[[Store], Any], "Future[Any]"]
 
 
 class LoopInbox:
@@ -59,6 +62,8 @@ class LoopInbox:
     def store_call(self, fn: Callable[[Store], T]) -> T:
         """Have the loop run ``fn(store)`` in its next group commit; block until that commit is durable
         and return the value (or raise what ``fn`` or the commit raised)."""
+        from concurrent.futures import Future  # with the logging module it loads, some 5 ms of start-up
+
         future: Future[T] = Future()
         with self._lock:
             if self._refusing or self._closed:

@@ -7,8 +7,11 @@ under systemd and under onward's own supervisor.
 from __future__ import annotations
 
 import os
-import socket
 import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket  # loaded only when a supervisor listens (Notifier): its enums cost a worker's start-up some ms
 
 # A custom sd_notify field (sd_notify(3): custom fields start with X_, systemd ignores them): the worker
 # settled a task. ``onward supervise`` reads it; see ``onward.supervise``.
@@ -24,7 +27,10 @@ class Notifier:
         if address:
             # '@' names a socket in the abstract namespace, spelled with a leading NUL byte.
             self._address = "\0" + address[1:] if address.startswith("@") else address
+            import socket
+
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            self._dont_wait = socket.MSG_DONTWAIT
         # Send WATCHDOG=1 at most every quarter period: often enough to survive one late turn of the loop,
         # rarely enough that the hot loop does not pay a syscall per task.
         self._watchdog_every = (watchdog_usec / 1e6 / 4) if watchdog_usec else 0.0
@@ -83,7 +89,7 @@ class Notifier:
         later), False if it cannot be sent at all (no supervisor listens there any more)."""
         assert self._sock is not None and self._address is not None
         try:
-            self._sock.sendto(message.encode(), socket.MSG_DONTWAIT, self._address)
+            self._sock.sendto(message.encode(), self._dont_wait, self._address)
         except BlockingIOError:
             return None
         except OSError:

@@ -41,7 +41,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from . import crashpoints
@@ -62,6 +61,9 @@ from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Clai
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    # Future: the store calls' (onward.inbox), not loaded by a worker of commands.
+    from concurrent.futures import Future
+
     from .outdir import OutDir  # loaded only with --out (its hashing and URL parsing cost start-up)
 
 # SIGHUP too: a worker started from a terminal gets it when the terminal closes.

@@ -509,7 +509,9 @@ def test_a_worker_frozen_while_starting_a_command_never_runs_it_once_taken_over(
 
 
 def test_onward_run_of_commands_never_loads_asyncio(tmp_path: Path) -> None:
-    """Start-up: a worker that only runs commands imports no asyncio (nor the Python-task machinery)."""
+    """Start-up: a worker that only runs commands imports no asyncio (nor the Python-task machinery), no
+    concurrent.futures (the store calls of Python tasks' steps) with the logging it loads, and no socket (the
+    sd_notify socket, made only under a supervisor): each cost some ms of every `onward run`."""
     db = str(tmp_path / "s.db")
     tasks = write_tasks(tmp_path / "t.txt", ["a"])
     r = run_onward("run", "--db", db, "--tasks", str(tasks), "--", "true", env={"PYTHONPROFILEIMPORTTIME": "1"})
@@ -519,6 +521,7 @@ def test_onward_run_of_commands_never_loads_asyncio(tmp_path: Path) -> None:
     assert "onward.command_handler" in imported and "onward.clonespawn" in imported  # the profile is there
     assert not {name for name in imported if name == "asyncio" or name.startswith("asyncio.")}
     assert "onward.attempts" not in imported and "onward.steps" not in imported
+    assert not {"concurrent.futures", "logging", "socket"} & imported, sorted(imported)
 
 
 @needs_cgroup2

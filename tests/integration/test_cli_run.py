@@ -600,6 +600,29 @@ def stopped_with_sigstop(worker: int, child: int) -> Iterator[None]:
         os.kill(worker, signal.SIGCONT)
 
 
+def freeze(group: Path) -> None:
+    """Freeze a cgroup v1 freezer group and wait until every member is frozen. A member in an uninterruptible
+    wait (a page fault or a write behind a disk the suite's other tests keep busy) holds the group in FREEZING
+    until that wait ends: 10 s was once too little under the full suite. The freeze is the tests' setting, not
+    what they check; if it does not come, the failure says where each member waits."""
+    (group / "freezer.state").write_text("FROZEN")
+    try:
+        wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 60, "the freeze")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the group's members: {_member_states(group)}") from None
+
+
+def _member_states(group: Path) -> str:
+    """Each process of a freezer group: its name, state and where in the kernel it waits."""
+    states = []
+    for pid in (group / "cgroup.procs").read_text().split():
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+            states.append(f"{pid} {name} {state} {Path(f'/proc/{pid}/wchan').read_text() or '-'}")
+    return ", ".join(states)
+
+
 @contextmanager
 def frozen_by_cgroup(worker: int, child: int) -> Iterator[None]:
     """Freeze worker and command with the cgroup v1 freezer: a sandbox pause, no signal delivered."""
@@ -609,8 +632,7 @@ def frozen_by_cgroup(worker: int, child: int) -> Iterator[None]:
     try:
         for pid in (worker, child):
             (group / "cgroup.procs").write_text(str(pid))
-        (group / "freezer.state").write_text("FROZEN")
-        wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10, "the freeze")
+        freeze(group)
         yield
     finally:
         (group / "freezer.state").write_text("THAWED")
@@ -674,8 +696,7 @@ def all_frozen(workers: list[int]) -> Iterator[None]:
             with contextlib.suppress(ProcessLookupError, OSError):
                 (group / "cgroup.procs").write_text(str(pid))
             todo += _descendants(pid)
-        (group / "freezer.state").write_text("FROZEN")
-        wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10, "the freeze")
+        freeze(group)
         yield
     finally:
         (group / "freezer.state").write_text("THAWED")

@@ -616,10 +616,9 @@ def _member_states(group: Path) -> str:
     """Each process of a freezer group: its name, state and where in the kernel it waits."""
     states = []
     for pid in (group / "cgroup.procs").read_text().split():
-        with contextlib.suppress(OSError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            name, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
-            states.append(f"{pid} {name} {state} {Path(f'/proc/{pid}/wchan').read_text() or '-'}")
+        with contextlib.suppress(OSError):  # gone meanwhile (ProcessLookupError is one)
+            name, wchan = (Path(f"/proc/{pid}/{entry}").read_text().strip() for entry in ("comm", "wchan"))
+            states.append(f"{pid} {name} {process_state(int(pid))} {wchan or '-'}")
     return ", ".join(states)
 
 

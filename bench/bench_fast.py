@@ -115,12 +115,32 @@ def onward_run(tasks: Path, scratch: Path, concurrency: int) -> tuple[float, flo
                         scratch)
 
 
-def durable_floor(tasks: Path, scratch: Path, concurrency: int, sync_every: int) -> tuple[float, float]:
+def durable_floor(tasks: Path, scratch: Path, concurrency: int, sync_every: int,
+                  burn: tuple[int, str] | None = None) -> tuple[float, float]:
     """floor_commands.py: the least a durable command runner in Python does (its docstring says what it
-    leaves out), the whole process; its log synced after every ``sync_every``-th completion."""
+    leaves out), the whole process; its log synced after every ``sync_every``-th completion. ``burn``: the
+    microseconds of CPU it spends per command, and where ("exit" or "start", see its docstring)."""
+    extra = [str(burn[0]), burn[1]] if burn else []
     return timed_runner("floor_commands.py", [sys.executable, str(THIS.parent / "floor_commands.py"), str(tasks),
-                                              str(concurrency), str(scratch / "floor.db"), str(sync_every), "--",
-                                              "true"], scratch)
+                                              str(concurrency), str(scratch / "floor.db"), str(sync_every), *extra,
+                                              "--", "true"], scratch)
+
+
+def take_turns(systems: dict[str, Any], n: int, rounds: int, root: Path) -> tuple[dict[str, list[float]],
+                                                                                 dict[str, list[float]]]:
+    """``rounds`` rounds of every system in turn, on ``n`` tasks each time, each in a scratch folder of its own:
+    tasks/s, and CPU ms per task (of the process and every child it waited for), per system and round."""
+    rates: dict[str, list[float]] = {name: [] for name in systems}
+    cpu: dict[str, list[float]] = {name: [] for name in systems}
+    for r in range(rounds):
+        for name, run in systems.items():
+            scratch = Path(tempfile.mkdtemp(prefix="cli-", dir=root))
+            seconds, cpu_seconds = run(scratch)
+            shutil.rmtree(scratch)
+            rates[name].append(n / seconds)
+            cpu[name].append(cpu_seconds / n * 1000)
+            log(f"N={n} round {r + 1}/{rounds} {name}: {n / seconds:,.0f} tasks/s")
+    return rates, cpu
 
 
 def part_cli(quick: bool, root: Path) -> list[str]:
@@ -130,17 +150,7 @@ def part_cli(quick: bool, root: Path) -> list[str]:
     for n, rounds in CLI_ROUNDS[quick].items():
         tasks = root / f"tasks-{n}.txt"
         write_tasks(tasks, (task_name(i) for i in range(n)))
-        systems = cli_systems(tasks)
-        rates: dict[str, list[float]] = {name: [] for name in systems}
-        cpu: dict[str, list[float]] = {name: [] for name in systems}  # CPU ms per task, process and children
-        for r in range(rounds):
-            for name, run in systems.items():
-                scratch = Path(tempfile.mkdtemp(prefix="cli-", dir=root))
-                seconds, cpu_seconds = run(scratch)
-                shutil.rmtree(scratch)
-                rates[name].append(n / seconds)
-                cpu[name].append(cpu_seconds / n * 1000)
-                log(f"N={n} round {r + 1}/{rounds} {name}: {n / seconds:,.0f} tasks/s")
+        rates, cpu = take_turns(cli_systems(tasks), n, rounds, root)
         lines += [f"N = {n:,}, tasks/s and CPU time per task (user + system, of the process and every child it"
                   f" waited for: the commands' `true` included), median (min–max) of {rounds} round(s); cores busy"
                   f" = CPU time over wall time, of the medians (this machine has {os.cpu_count()}):", "",
@@ -186,6 +196,63 @@ def part_cli(quick: bool, root: Path) -> list[str]:
               " the two CPU figures is what onward's worker spends per command beyond xargs' fork and wait: its"
               " commit, its fsync, its Python. Each `onward` is the whole process, its start included (about 90"
               " ms here for one task), with onward's modules in bytecode, as an install leaves them.", ""]
+    return lines
+
+
+# --- concurrency 4: what the runner's CPU costs ------------------------------------------------------------
+BOUND_N = {False: 5_000, True: 200}
+BOUND_ROUNDS = {False: 5, True: 1}
+BURNS_US = (150, 300)
+
+
+def part_bound(quick: bool, root: Path) -> list[str]:
+    """The durable floor at concurrency 4 spending some CPU per command, at each command's end or just after
+    the starts: what a microsecond of a runner's CPU costs in throughput, and whether where it is spent
+    matters; from that, about how much CPU per command onward would have to shed to match ``xargs -P4``."""
+    n, rounds = BOUND_N[quick], BOUND_ROUNDS[quick]
+    tasks = root / f"tasks-bound-{n}.txt"
+    write_tasks(tasks, (task_name(i) for i in range(n)))
+    floor = "durable floor c4"
+    systems: dict[str, Any] = {
+        "xargs -P4": lambda scratch: timed_shell_free(["xargs", "-P4", "-n1", "true"], tasks, scratch),
+        "onward c4": lambda scratch: onward_run(tasks, scratch, 4),
+        floor: lambda scratch: durable_floor(tasks, scratch, 4, sync_every=8),
+    }
+    burned = {(us, at): f"floor c4, {us} µs at {at}" for us in BURNS_US for at in ("exit", "start")}
+    for (us, at), name in burned.items():
+        systems[name] = lambda scratch, us=us, at=at: durable_floor(tasks, scratch, 4, sync_every=8, burn=(us, at))
+    rates, cpu = take_turns(systems, n, rounds, root)
+    wall_us = {name: 1e6 / med(v) for name, v in rates.items()}  # wall time per task, of the median rate
+    cpu_us = {name: med(v) * 1000 for name, v in cpu.items()}
+    lines = ["### Concurrency 4: what a microsecond of the runner's CPU costs", "",
+             f"N = {n:,} × `true`, {rounds} round(s) taken in turns; median (min–max) tasks/s, and wall and CPU"
+             " time per task (CPU: of the process and every child it waited for, `true` included) of the"
+             " medians. The durable floor as above, and the same floor spending a fixed CPU time once a turn (a"
+             " turn per command's end; busy on its thread's CPU clock, `bench/floor_commands.py ... BURN_US AT`):"
+             " at `exit`, between a"
+             " command's end and the next one's start; at `start`, just after the turn's commands started,"
+             " while they run.", "",
+             "| system | tasks/s | wall µs per task | CPU µs per task |", "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {spread(v, ',.0f')} | {wall_us[name]:.0f} | {cpu_us[name]:.0f} |"
+              for name, v in rates.items()]
+    lines.append("")
+    slopes = []
+    for (us, at), name in burned.items():
+        added_wall, added_cpu = wall_us[name] - wall_us[floor], cpu_us[name] - cpu_us[floor]
+        slope = added_wall / added_cpu if added_cpu > 0 else float("nan")
+        slopes.append(slope)
+        lines.append(f"- {us} µs at {at}: {added_cpu:+.0f} µs of CPU per task measured, {added_wall:+.0f} µs of"
+                     f" wall: {slope:.2f} µs of wall per µs of CPU")
+    slope = med([x for x in slopes if x == x]) if any(x == x for x in slopes) else float("nan")
+    gap = wall_us["onward c4"] - wall_us["xargs -P4"]
+    beyond = cpu_us["onward c4"] - cpu_us[floor]
+    lines += [f"- onward c4 takes {gap:+.0f} µs of wall per task against `xargs -P4` and spends {beyond:+.0f} µs"
+              f" of CPU per task beyond the floor. At {slope:.2f} µs of wall per µs of CPU (the median of the"
+              f" four above), matching `xargs -P4` would take about **{gap / slope:.0f} µs less CPU per task**"
+              f" ({gap / slope / beyond:.0%} of what it spends beyond the floor)." if beyond > 0 and slope > 0
+              else "- (no estimate: the figures above are too noisy for one)", "",
+              "```sh", "python bench/floor_commands.py tasks.txt 4 floor.db 8 300 exit -- true     # and 150, start",
+              "```", ""]
     return lines
 
 
@@ -373,12 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small N, one round")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
-    parser.add_argument("--parts", default="cli,api,startup", help="which parts, comma-separated")
+    parser.add_argument("--parts", default="cli,bound,api,startup", help="which parts, comma-separated")
     args = parser.parse_args(argv)
     base = Path(os.environ.get("ONWARD_BENCH_DIR") or REPO / "bench" / "out")
     base.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="fast-", dir=base))
-    parts = {"cli": part_cli, "api": part_api, "startup": part_startup}
+    parts = {"cli": part_cli, "bound": part_bound, "api": part_api, "startup": part_startup}
     lines = ["## Fast paths (issue 12; bench/bench_fast.py)", "",
              f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. This machine (2 cores) is shared with"
              " other agents' work while it runs: figures are noisy, hence medians of rounds taken in turns and"

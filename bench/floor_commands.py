@@ -1,6 +1,6 @@
 """The least a durable command runner in Python does, as a floor for ``onward run``.
 
-    python bench/floor_commands.py TASKS_FILE CONCURRENCY DB SYNC_EVERY -- COMMAND [ARG...]
+    python bench/floor_commands.py TASKS_FILE CONCURRENCY DB SYNC_EVERY [BURN_US AT] -- COMMAND [ARG...]
 
 Each line of TASKS_FILE is a task; the task is appended to COMMAND's arguments. The runner keeps its tasks in
 a SQLite table (WAL, synchronous=NORMAL) and per turn commits, in one transaction, the completion it saw and
@@ -18,6 +18,13 @@ error in the store, a journal, leases and their renewal, heartbeats, the watchdo
 with the worker (PDEATHSIG), a process's pid noted *before* it runs, retries and timeouts, the completion
 told only once synced, logs. So it is not a rival: it bounds from above what a runner of this
 design (a Python process, one commit a task, a shared sync) gets on the machine, beside ``xargs -P``.
+
+With BURN_US and AT, it also spends BURN_US microseconds of its own CPU time, busy, once a turn (a turn per
+command's end, and the first), at one of two places: ``exit`` between a command's end and the next
+command's start (its slot stays empty that much longer), ``start`` just after the turn's commands
+started, while they run. This is how the fast benchmark
+measures what a microsecond of a runner's CPU costs in throughput, and whether it matters where the runner
+spends it (bench_fast.part_bound).
 """
 
 from __future__ import annotations
@@ -26,10 +33,15 @@ import os
 import shutil
 import sqlite3
 import sys
+import time
 
 
 def main(argv: list[str]) -> int:
     tasks_file, concurrency, db, sync_every = argv[0], int(argv[1]), argv[2], int(argv[3])
+    burn = argv[4:argv.index("--")]
+    burn_seconds, burn_at = (int(burn[0]) / 1e6, burn[1]) if burn else (0.0, "")
+    if burn_at not in ("", "exit", "start"):
+        raise SystemExit(f"AT must be exit or start, not {burn_at!r}")
     command = argv[argv.index("--") + 1:]
     program = shutil.which(command[0])
     if program is None:
@@ -63,16 +75,28 @@ def main(argv: list[str]) -> int:
             running[pid] = task_id
             con.execute("UPDATE tasks SET state = 'running', pid = ? WHERE id = ?", (pid, task_id))
         con.execute("COMMIT")
+        if burn_at == "start":
+            spend_cpu(burn_seconds)
         if not running:
             break
         pid, status = os.waitpid(-1, 0)
         finished = (running.pop(pid), os.waitstatus_to_exitcode(status))
+        if burn_at == "exit":
+            spend_cpu(burn_seconds)
         completions += 1
         if completions % sync_every == 0:
             os.fdatasync(wal)
     os.fdatasync(wal)
     con.close()
     return 0
+
+
+def spend_cpu(seconds: float) -> None:
+    """Busy for ``seconds`` of this thread's CPU time (not of the wall clock: time it waits for a core while
+    others run does not count)."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
 
 
 if __name__ == "__main__":

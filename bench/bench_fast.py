@@ -6,6 +6,8 @@ Prints a Markdown section.
 - ``onward run --tasks FILE -- true {task}`` (the whole process: import of the file, runs, exit) beside
   ``xargs -P1 -n1 true`` and GNU parallel ``-j1 --joblog J --resume true`` on the same file, at concurrency 1,
   and ``onward run --concurrency 4`` beside ``xargs -P4``; at both, a durable floor (floor_commands.py);
+- at concurrency 4, that floor spending a fixed CPU time a turn, at two places: what a microsecond of a
+  runner's CPU costs in throughput there, and so about how much CPU onward would have to shed to match xargs;
 - no-op tasks through the Python API at concurrency 1 beside the raw sqlite3 floor (bench_core's two
   workers), and the WAL bytes each task writes, for onward and for the floor;
 - start-up: ``onward status`` on a fresh store beside ``python -c 'import sqlite3'``, and whether
@@ -119,7 +121,7 @@ def durable_floor(tasks: Path, scratch: Path, concurrency: int, sync_every: int,
                   burn: tuple[int, str] | None = None) -> tuple[float, float]:
     """floor_commands.py: the least a durable command runner in Python does (its docstring says what it
     leaves out), the whole process; its log synced after every ``sync_every``-th completion. ``burn``: the
-    microseconds of CPU it spends per command, and where ("exit" or "start", see its docstring)."""
+    microseconds of CPU it spends a turn, and where ("exit" or "start", see its docstring)."""
     extra = [str(burn[0]), burn[1]] if burn else []
     return timed_runner("floor_commands.py", [sys.executable, str(THIS.parent / "floor_commands.py"), str(tasks),
                                               str(concurrency), str(scratch / "floor.db"), str(sync_every), *extra,
@@ -206,8 +208,8 @@ BURNS_US = (150, 300)
 
 
 def part_bound(quick: bool, root: Path) -> list[str]:
-    """The durable floor at concurrency 4 spending some CPU per command, at each command's end or just after
-    the starts: what a microsecond of a runner's CPU costs in throughput, and whether where it is spent
+    """The durable floor at concurrency 4 spending some CPU a turn, at each command's end or just after the
+    starts: what a microsecond of a runner's CPU costs in throughput, and whether where it is spent
     matters; from that, about how much CPU per command onward would have to shed to match ``xargs -P4``."""
     n, rounds = BOUND_N[quick], BOUND_ROUNDS[quick]
     tasks = root / f"tasks-bound-{n}.txt"

@@ -22,9 +22,8 @@ design (a Python process, one commit a task, a shared sync) gets on the machine,
 With BURN_US and AT, it also spends BURN_US microseconds of its own CPU time, busy, once a turn (a turn per
 command's end, and the first), at one of two places: ``exit`` between a command's end and the next
 command's start (its slot stays empty that much longer), ``start`` just after the turn's commands
-started, while they run. This is how the fast benchmark
-measures what a microsecond of a runner's CPU costs in throughput, and whether it matters where the runner
-spends it (bench_fast.part_bound).
+started, while they run. This is how the fast benchmark measures what a microsecond of a runner's CPU costs
+in throughput, and whether it matters where the runner spends it (bench_fast.part_bound).
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ import time
 def main(argv: list[str]) -> int:
     tasks_file, concurrency, db, sync_every = argv[0], int(argv[1]), argv[2], int(argv[3])
     burn = argv[4:argv.index("--")]
+    if burn and (len(burn) != 2 or not burn[0].isdigit() or burn[1] not in ("exit", "start")):
+        raise SystemExit(f"after SYNC_EVERY: BURN_US (whole microseconds) and AT (exit or start), not {burn}")
     burn_seconds, burn_at = (int(burn[0]) / 1e6, burn[1]) if burn else (0.0, "")
-    if burn_at not in ("", "exit", "start"):
-        raise SystemExit(f"AT must be exit or start, not {burn_at!r}")
     command = argv[argv.index("--") + 1:]
     program = shutil.which(command[0])
     if program is None:

@@ -231,21 +231,21 @@ def part_bound(quick: bool, root: Path) -> list[str]:
              " time per task (CPU: of the process and every child it waited for, `true` included) of the"
              " medians. The durable floor as above, and the same floor spending a fixed CPU time once a turn (a"
              " turn per command's end; busy on its thread's CPU clock, `bench/floor_commands.py ... BURN_US AT`):"
-             " at `exit`, between a"
-             " command's end and the next one's start; at `start`, just after the turn's commands started,"
-             " while they run.", "",
+             " at `exit`, between a command's end and the next one's start; at `start`, just after the turn's"
+             " commands started, while they run.", "",
              "| system | tasks/s | wall µs per task | CPU µs per task |", "|---|---:|---:|---:|"]
     lines += [f"| {name} | {spread(v, ',.0f')} | {wall_us[name]:.0f} | {cpu_us[name]:.0f} |"
               for name, v in rates.items()]
     lines.append("")
-    slopes = []
+    slopes = []  # wall µs per CPU µs, of each burn whose CPU showed up at all
     for (us, at), name in burned.items():
         added_wall, added_cpu = wall_us[name] - wall_us[floor], cpu_us[name] - cpu_us[floor]
-        slope = added_wall / added_cpu if added_cpu > 0 else float("nan")
-        slopes.append(slope)
+        ratio = added_wall / added_cpu if added_cpu > 0 else float("nan")
+        if added_cpu > 0:
+            slopes.append(ratio)
         lines.append(f"- {us} µs at {at}: {added_cpu:+.0f} µs of CPU per task measured, {added_wall:+.0f} µs of"
-                     f" wall: {slope:.2f} µs of wall per µs of CPU")
-    slope = med([x for x in slopes if x == x]) if any(x == x for x in slopes) else float("nan")
+                     f" wall: {ratio:.2f} µs of wall per µs of CPU")
+    slope = med(slopes) if slopes else float("nan")
     gap = wall_us["onward c4"] - wall_us["xargs -P4"]
     beyond = cpu_us["onward c4"] - cpu_us[floor]
     lines += [f"- onward c4 takes {gap:+.0f} µs of wall per task against `xargs -P4` and spends {beyond:+.0f} µs"

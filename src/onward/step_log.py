@@ -16,6 +16,7 @@ from .results import check_stored_size
 from .step_records import (
     CHECKPOINT,
     ERROR,
+    KIND_WORDS,
     VALUE,
     WAIT,
     Frame,
@@ -160,12 +161,17 @@ class StepLog:
                 why = None if mismatch is None else mismatch(record)
                 if why is None:
                     return index, record
-        self._drift(index, f"{name}#{count}" + (f" ({why})" if why else ""), record)
+        if why is None and record.name == name:
+            why = KIND_WORDS.get(kind, kind)  # the same name, another kind: say which each is
+        self._drift(index, f"{name}#{count}" + (f" ({why})" if why else ""), record,
+                    show_kind=record.name == name and record.kind != kind)
         return index, None
 
-    def _drift(self, index: int, called: str, record: StepRecord) -> None:
+    def _drift(self, index: int, called: str, record: StepRecord, show_kind: bool = False) -> None:
         history = sorted(self._history, key=lambda r: r.index)
         recorded = next(label for r, label in zip(history, ordinals(history), strict=True) if r.index == record.index)
+        if show_kind:
+            recorded += f" ({KIND_WORDS.get(record.kind, record.kind)})"
         message = (f"task {self.task!r}: call {index} is {called}, but the recorded history has {recorded} there"
                    " (the code changed, or the task does not call its steps in a fixed order)")
         if self.policy != PREFIX:
@@ -244,7 +250,7 @@ class StepLog:
         exception an error record holds. ``replacing``: the record replayed at ``index`` is replaced. Returns
         the payload written."""
         if not callable(payload):
-            check_stored_size(f"step {name!r}'s value", len(payload))
+            check_stored_size(f"the value of step {name!r}", len(payload))
         task_id, fence, attempt, worker = self.task_id, self.fence, self.attempt, self.worker_id
         note = self._replay_note()
 

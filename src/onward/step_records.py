@@ -25,6 +25,9 @@ from .store.base import StepRecord
 
 # Record kinds (StepRecord.kind).
 VALUE, ERROR, CHECKPOINT, SLEEP, WAIT = "value", "error", "checkpoint", "sleep", "wait"
+# How a drift message names each kind, when a call and the record in its place share a name.
+KIND_WORDS = {VALUE: "a step", ERROR: "a step", CHECKPOINT: "a checkpoint", SLEEP: "a durable sleep",
+              WAIT: "a wait"}
 
 
 class StepError(OnwardError):
@@ -230,12 +233,26 @@ class _ErrorUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         loaded = sys.modules.get(module)
-        found = getattr(loaded, name, None) if loaded is not None and "." not in name else None
+        found = _named_in(loaded, name) if loaded is not None else None
         if found is not None and ((module, name) in _ERROR_RECORD_GLOBALS or (
                 isinstance(found, type) and (issubclass(found, BaseException)
                                              or module.split(".")[0] in _HTTP_PACKAGES))):
             return found
         raise pickle.UnpicklingError(f"an error record may not name {module}.{name}")
+
+
+def _named_in(module: Any, qualname: str) -> Any:
+    """What ``qualname`` names in ``module``: a module's attribute, or a class nested in a class there (its
+    qualified name has dots: Django's ``Model.DoesNotExist``, an API client's ``Api.RateLimited``), read
+    from each class's own namespace, so that no descriptor or ``__getattr__`` runs. None when nothing is
+    found so."""
+    first, *nested = qualname.split(".")
+    found = getattr(module, first, None)
+    for part in nested:
+        if not isinstance(found, type):
+            return None
+        found = vars(found).get(part)
+    return found
 
 
 def _load_error(data: bytes) -> Any:

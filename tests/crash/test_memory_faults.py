@@ -143,6 +143,8 @@ def test_a_value_bigger_than_a_store_takes_fails_its_attempt_at_once(store_url: 
     assert worker.returncode == 3, err[-3000:]
     state, attempts, error = hog(store_url)
     assert state == "failed" and f"more than a store takes ({MAX_STORED_BYTES:,} at most)" in error, error[-500:]
+    if mode == "big-step":  # it said "step 'big''s value is ..."
+        assert f"the value of step 'big' is {MAX_STORED_BYTES + 3:,} bytes" in error, error[-500:]
     assert_the_others_done_once(store_url, tmp_path)
 
 

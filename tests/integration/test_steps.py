@@ -260,6 +260,54 @@ def test_a_caught_step_error_is_replayed_and_the_last_error_is_retried(db: str) 
     job.close()
 
 
+class Api:
+    class RateLimited(Exception):
+        """An exception class nested in a class (as Django's ``Model.DoesNotExist``): its qualified name has a dot."""
+
+
+def test_a_caught_error_of_a_nested_class_is_replayed_as_that_class(db: str) -> None:
+    """The error records' unpickler refused every dotted name, so an error of a class nested in a class was
+    replayed as StepError: the task's ``except`` that caught it the first time missed it on resume, and the
+    task failed where it had gone on."""
+    seen: list[str] = []
+    job = new_job(db, max_attempts=2)
+
+    @step(name="call")
+    def call() -> None:
+        raise Api.RateLimited("slow down")
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        try:
+            call()
+        except Api.RateLimited as e:
+            seen.append(f"caught {type(e).__qualname__}: {e}")
+        ctx.step("after", lambda: 1)  # the error is not the last record: replayed, not run again
+        if ctx.attempt == 1:
+            raise RuntimeError("end the first attempt")
+        return "went on"
+
+    job.add(["t"])
+    job.run()
+    assert job.result("t") == "went on"
+    assert seen == ["caught Api.RateLimited: slow down"] * 2
+    assert records(db, "t")[0] == (1, "call", "error")
+    job.close()
+
+
+def test_an_error_record_may_not_reach_past_a_module_or_a_class() -> None:
+    """A dotted name is followed only through classes, in their own namespaces: ``os.path.join`` (a module's
+    module's function) is refused as before."""
+    import pickle
+
+    from onward.step_records import _load_error
+
+    with pytest.raises(pickle.UnpicklingError, match="may not name os.path.join"):
+        _load_error(b"cos\npath.join\n(S'a'\nS'b'\ntR.")
+    with pytest.raises(pickle.UnpicklingError, match="may not name"):
+        _load_error(b"c" + __name__.encode() + b"\nApi.__init__\n(tR.")
+
+
 # --- drift ------------------------------------------------------------------------------------------------
 def _drifting_job(url: str, replay: str, ran: list[str], version: dict[str, int]) -> Job:
     job = new_job(url, max_attempts=1)
@@ -307,6 +355,32 @@ def test_drift_fails_each_attempt_naming_both_steps_and_never_hands_a_value_over
     assert 'replay="prefix"' in row.error
     assert ran == ["plan", "search"]  # plan replayed, fetch never ran
     assert records(db, "t") == [(1, "plan", "value"), (2, "search", "value")]
+    job.close()
+
+
+def test_drift_between_two_kinds_of_one_name_says_which_kind_each_is(db: str) -> None:
+    """A step named "sleep" where a durable sleep was recorded: the message named ``sleep#1`` on both sides,
+    and did not say what differed."""
+    job = new_job(db, max_attempts=1)
+    version = {"v": 1}
+
+    @job.task
+    def handle(task: str, ctx: TaskContext) -> str:
+        if version["v"] == 1:
+            ctx.sleep(0.01)
+            raise RuntimeError("end the first attempt")
+        ctx.step("sleep", lambda: "v")
+        return "ok"
+
+    job.add(["t"])
+    job.run()
+    version["v"] = 2
+    assert job.store.retry(["t"]) == 1
+    job.run()
+    row = job.store.task("t")
+    assert row is not None and row.state == "failed"
+    assert (row.error or "").startswith("StepDrift: task 't': call 1 is sleep#1 (a step), but the recorded history"
+                                        " has sleep#1 (a durable sleep) there"), row.error
     job.close()
 
 

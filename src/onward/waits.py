@@ -19,6 +19,7 @@ from typing import Any
 
 from .config import is_number
 from .errors import NotSent, UnknownTask, UsageError, WaitTimeout
+from .results import json_problem
 from .store.base import Store
 
 MAX_KEY_CHARS = 200
@@ -84,7 +85,11 @@ def _seconds(what: str, value: object, or_none: bool = False) -> int | float:
 
 
 def value_text(value: Any) -> str:
-    """The JSON text sent for ``value`` (``Job.send``): compact, no NaN or infinity, at most MAX_VALUE_BYTES."""
+    """The JSON text sent for ``value`` (``Job.send``): compact, no NaN or infinity, at most MAX_VALUE_BYTES,
+    and read back equal (``results.json_problem``: no object key that is not a string)."""
+    problem = json_problem(value)
+    if problem is not None:
+        raise UsageError(f"the value to send is not JSON: {problem}")
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as e:
@@ -98,8 +103,16 @@ def parse_value_text(text: str) -> str:
     """Check JSON text given on the command line or to the dashboard; the compact text to store."""
     def refuse(constant: str) -> Any:
         raise ValueError(f"{constant} is not JSON")
+
+    def one_of_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        value: dict[str, Any] = {}
+        for name, item in pairs:
+            if name in value:  # json.loads would keep the last of the two, without a word
+                raise ValueError(f"the name {name!r} appears twice in one object")
+            value[name] = item
+        return value
     try:
-        value = json.loads(text, parse_constant=refuse)
+        value = json.loads(text, parse_constant=refuse, object_pairs_hook=one_of_each)
     except ValueError as e:  # JSONDecodeError is one
         raise UsageError(f"the value is not valid JSON: {str(e).splitlines()[0]}") from None
     except RecursionError:  # the decoder recurses once per level of nesting

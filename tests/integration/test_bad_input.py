@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from onward import Job, UsageError
+from onward.log import QUIET
 from tests.conftest import onward_argv, run_onward
 
 
@@ -234,6 +236,28 @@ def test_a_send_nested_too_deeply_is_one_line_exit_2(tmp_path: Path) -> None:
     r = run_onward("send", "--db", db, "b", "k", "[" * 10_000 + "]" * 10_000)
     assert_one_line_exit_2(r, "nested too deeply")
     assert files_under(tmp_path) == before
+
+
+def test_a_send_with_a_name_twice_in_one_object_is_one_line_exit_2(tmp_path: Path) -> None:
+    """JSON text naming one key twice: json.loads kept the last value, and the first was lost without a word."""
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "b").returncode == 0
+    before = files_under(tmp_path)
+    r = run_onward("send", "--db", db, "b", "k", '{"answer": {"ok": true, "ok": false}}')
+    assert_one_line_exit_2(r, "the name 'ok' appears twice in one object")
+    assert files_under(tmp_path) == before
+
+
+def test_job_send_refuses_an_object_key_that_is_not_a_string(tmp_path: Path) -> None:
+    """``Job.send`` stored ``{1: "a", "1": "b"}`` as ``{"1": "a", "1": "b"}``: the task received ``{"1": "b"}``,
+    "a" lost without a word (results and step values refuse such keys already)."""
+    db = str(tmp_path / "s.db")
+    job = Job(db, log_level=QUIET)
+    job.add(["b"])
+    with pytest.raises(UsageError, match="the object key 1 is not a string"):
+        job.send("b", "k", {1: "a", "1": "b"})
+    assert job.send("b", "k", {"1": "b"}) == "stored"  # nothing was stored by the refused one
+    job.close()
 
 
 @pytest.mark.parametrize("name", [":memory:", "sqlite:///:memory:"])

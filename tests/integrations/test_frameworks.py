@@ -257,6 +257,43 @@ def test_pydantic_ai_a_model_override_around_the_run_is_kept(tmp_path: Path) -> 
     assert calls == [1]  # asked once: the second attempt replayed it
 
 
+def test_pydantic_ai_a_tool_returning_nan_sends_the_model_what_it_sends_without_onward(tmp_path: Path) -> None:
+    """A tool returning NaN or infinity: Pydantic AI sends the model null; under OnwardAgent the tool's step
+    took the NaN for JSON, its record refused it, and every attempt failed."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+
+    from onward.integrations.pydantic_ai import OnwardAgent
+
+    sent: list[str] = []
+    tool_runs: list[str] = []
+
+    def respond(messages: list[Any], info: Any) -> ModelResponse:
+        returned = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        if not returned:
+            return ModelResponse(parts=[ToolCallPart("stats", {}, tool_call_id="a")])
+        sent.append(returned[-1].model_response_str())  # the text a model is sent
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent = Agent(FunctionModel(respond))
+
+    @agent.tool_plain
+    def stats() -> Any:
+        tool_runs.append("stats")
+        return {"mean": float("nan"), "values": [1.5, float("inf")]}
+
+    agent.run_sync("go")
+    plain = sent.pop()
+    assert plain == '{"mean":null,"values":[1.5,null]}'
+    durable = OnwardAgent(agent)
+    first, replayed = run_twice(tmp_path, lambda: durable.run_sync("go").output)
+    assert first == replayed == "done"
+    assert sent == [plain]  # the model was asked once (the replay made no request), and was sent the same
+    assert tool_runs == ["stats", "stats"]  # the plain run's, and the durable run's once
+
+
 @pytest.mark.parametrize("returns", ["image", "list"])
 def test_pydantic_ai_a_tool_returning_an_image_sends_the_model_an_image(tmp_path: Path, returns: str) -> None:
     """A tool returning BinaryContent (or a list with an ImageUrl) reaches the model as that content, on the

@@ -398,6 +398,9 @@ class Weather(BaseModel):
     ((1, 2), "(1, 2)"),
     (42, "42"),
     (ToolOutputText(text="sunny"), None),  # a structured output: content items, not text
+    # NaN and infinity are not JSON: taken for JSON all the same, they failed the step's record, and the task
+    (float("nan"), "nan"),
+    ({"mean": float("nan"), "max": float("inf")}, "{'mean': nan, 'max': inf}"),
 ])
 def test_a_tools_output_reaches_the_model_as_under_runner(tmp_path: Path, returned: Any, sent: str | None) -> None:
     calls: list[str] = []

@@ -403,7 +403,8 @@ def _sent_to_model(tool: FunctionTool, tool_call: Any, output: Any) -> Any:
 
 def _through_json(value: Any) -> Any:
     try:
-        return json.loads(json.dumps(to_jsonable_python(value)))
+        # No NaN or infinity: the step's record refuses them (they are not JSON), and the tool failed.
+        return json.loads(json.dumps(to_jsonable_python(value), allow_nan=False))
     except (ValueError, TypeError):  # pydantic_core's PydanticSerializationError is a ValueError
         return _MISSING
 

@@ -125,7 +125,7 @@ _CONTENT_CLASSES = tuple(c for c in _classes(UserContent) if c is not str)
 def _encode_item(item: Any) -> Any:
     if isinstance(item, _CONTENT_CLASSES):
         return {"content": _CONTENT.dump_python(item, mode="json")}
-    return {"value": to_jsonable_python(item)}
+    return {"value": to_jsonable_python(item, inf_nan_mode="null")}
 
 
 def _encode_tool_result(result: Any) -> Any:
@@ -135,7 +135,7 @@ def _encode_tool_result(result: Any) -> Any:
         return _encode_item(result)
     if isinstance(result, list | tuple) and any(isinstance(item, _CONTENT_CLASSES) for item in result):
         return {"contents": [_encode_item(item) for item in result]}
-    return {"value": to_jsonable_python(result)}
+    return {"value": to_jsonable_python(result, inf_nan_mode="null")}
 
 
 def _decode_tool_result(data: Any) -> Any:
@@ -151,7 +151,8 @@ def _decode_tool_result(data: Any) -> Any:
 @dataclass
 class OnwardToolset(WrapperToolset[Any]):
     """A toolset whose tool calls, inside an onward task, are durable steps named ``pydantic_ai.tool.NAME``.
-    A tool's return value is recorded as JSON (``pydantic_core.to_jsonable_python``; a ``ToolReturn``, and
+    A tool's return value is recorded as JSON (``pydantic_core.to_jsonable_python``, a NaN or an infinity as
+    null, as Pydantic AI sends it the model; a ``ToolReturn``, and
     multimodal content such as ``BinaryContent`` or ``ImageUrl``, alone or in a list, with Pydantic AI's
     own types) and handed back as decoded from that record on the first run as on replay: a model or
     dataclass a tool returns comes back as its JSON, which is what the model is sent either way; an image

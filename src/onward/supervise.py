@@ -75,9 +75,11 @@ so ``onward status`` counts them like systemd's ``NRestarts``; without a store t
 store is looked up at each restart (``--db`` of the supervisor, else the worker's ``--db``, ``ONWARD_DB``,
 or the default file once it exists), so the restarts of a job whose first worker created its store are
 counted too; no store is ever created just to journal. It is looked up before the restart, while no worker
-runs, and written to right after the next worker is started: opening it must not hold up the restart. The
-code that writes it (psycopg, for PostgreSQL) is loaded while the first worker runs, so that no restart
-shares the CPU with that load.
+runs, and written to once the next worker is started, on a thread of its own (``RestartJournal``): the
+loop never waits for the store, which may be locked (SQLite's busy timeout is 30 s) or a server that takes
+connections and never answers; the loop kept its tick, its signals and its watchdog meanwhile. The code that
+writes it (psycopg, for PostgreSQL) is loaded while the first worker runs, so that no restart shares the CPU
+with that load.
 """
 
 from __future__ import annotations
@@ -85,12 +87,14 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import queue
 import select
 import shlex
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -116,6 +120,7 @@ from onward.proc import (
 )
 from onward.redact import redact_one_url, redact_url, scrub, url_secrets
 from onward.store import DEFAULT_DB, is_postgres_url, load_backend, open_store
+from onward.store import store_url as checked_store_url
 
 # systemd's own default RestartSec. The delay is not what stops a crash loop (the backoff and
 # max_restarts do): it only spaces a lone crash from the restart, which then resumes the task at once.
@@ -242,6 +247,61 @@ def job_for(command: Sequence[str], environ: Mapping[str, str]) -> str | None:
     return environ.get("ONWARD_JOB") or None
 
 
+# How long a supervisor about to exit waits for the restarts still being recorded (a store locked, a server
+# not answering): past this it exits and says which were not recorded.
+JOURNAL_CLOSE_WAIT = 2.0
+# The most restarts waiting to be recorded: a store that answers slowly while the worker keeps exiting 75
+# with --restart-delay 0 (a hundred restarts a second) must not grow the backlog without end.
+JOURNAL_BACKLOG = 64
+
+
+class RestartJournal:
+    """Records restarts in the store, one after another, on a thread of its own (see the module docstring).
+    Best effort on purpose: a restart must never fail or wait because the store cannot be reached, so an
+    error is reported on stderr and the next restart is recorded all the same."""
+
+    def __init__(self) -> None:
+        self._pending: queue.Queue[tuple[str, str | None, str] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def record(self, store_and_job: tuple[str, str | None] | None, cause: str) -> None:
+        if store_and_job is None:
+            return
+        if self._thread is None:
+            self._pending = queue.Queue(JOURNAL_BACKLOG + 1)  # and room for close's end mark
+            self._thread = threading.Thread(target=self._write, args=(self._pending,), name="onward-restart-journal",
+                                            daemon=True)
+            self._thread.start()
+        if self._pending.qsize() >= JOURNAL_BACKLOG:
+            log(f"restart not recorded in {redact_url(store_and_job[0])}: {JOURNAL_BACKLOG} restarts before it"
+                " still wait for the store")
+            return
+        self._pending.put((*store_and_job, cause))
+
+    @staticmethod
+    def _write(pending: queue.Queue[tuple[str, str | None, str] | None]) -> None:
+        while (item := pending.get()) is not None:
+            url, job, cause = item
+            try:
+                store = open_store(url, create=False, job=job)  # journaling never creates a store (nor a job)
+                try:
+                    store.log_event("restart", detail=cause, durable=True)
+                finally:
+                    store.close()
+            except Exception as exc:  # noqa: BLE001 - see the class
+                log(f"could not record the restart in {redact_url(url)}: {scrub(str(exc), url_secrets(url))}")
+
+    def close(self, wait: float) -> None:
+        """Let the restarts not recorded yet be recorded, for ``wait`` seconds at most."""
+        if self._thread is None:
+            return
+        thread, self._thread = self._thread, None
+        self._pending.put(None)
+        thread.join(wait)
+        if thread.is_alive():
+            log(f"the store did not answer within {wait:g} s: the last restarts may not be recorded in it")
+
+
 class Supervisor:
     """Run ``command`` as a child and keep it running; ``run()`` returns the supervisor's exit status.
 
@@ -276,7 +336,12 @@ class Supervisor:
         self.window = window
         self.watchdog = watchdog
         self.start_timeout = start_timeout
-        self.store_url = store_url  # the explicit --db; else found anew at each restart (see _journal)
+        if store_url is not None:
+            try:
+                store_url = checked_store_url(store_url)
+            except StoreError as e:  # refused before anything starts, as `onward run` refuses it
+                raise UsageError(str(e)) from None
+        self.store_url = store_url  # the explicit --db; else found anew at each restart (see _journal_store)
         # The explicit --job: passed on to every worker started (as ONWARD_JOB: a worker's own --job wins) and
         # where restarts are journaled; else the worker's --job or ONWARD_JOB.
         self.job = job
@@ -293,6 +358,7 @@ class Supervisor:
         self._not_orphans: frozenset[int] = frozenset()  # our children that are not the worker's leftovers
         self._standby: Standby | None = None  # the next worker, waiting at its start gate (see _watch)
         self._kept_marker: str | None = None  # the worker's keep-awake marker, if any (see run)
+        self._journal = RestartJournal()
 
     # --- the restart loop ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -369,7 +435,7 @@ class Supervisor:
                 if not self._wait_unless_stopped(now + delay):
                     if early is not None:
                         self._drop(early)
-                    self._journal(journal, cause)
+                    self._journal.record(journal, cause)
                     log(f"{signal.Signals(self._stop_signal or signal.SIGTERM).name} received while waiting to "
                         "restart; not restarting")
                     self._let_marker_go()
@@ -383,12 +449,13 @@ class Supervisor:
                     early = None
                 child = self._spawn(path, first=False) if early is None else self._let_through(early)
                 started = time.monotonic()
-                self._journal(journal, cause)
+                self._journal.record(journal, cause)
             return self._stopped_before_start()
         finally:
             standby, self._standby = self._standby, None
             if standby is not None:
                 self._drop(standby)  # no restart will need it
+            self._journal.close(JOURNAL_CLOSE_WAIT)
 
     def _stopped_before_start(self) -> int:
         """No worker could be started: a stop came while the supervisor waited for processes or memory to
@@ -732,17 +799,4 @@ class Supervisor:
         with contextlib.suppress(StoreError):
             load_backend(postgres=journal is not None and is_postgres_url(journal[0]))
 
-    def _journal(self, store_and_job: tuple[str, str | None] | None, cause: str) -> None:
-        """Record one restart in the store. Best effort on purpose: a restart must never fail because the
-        store cannot be reached, so any error is reported on stderr and the restart goes on."""
-        if store_and_job is None:
-            return
-        url, job = store_and_job
-        try:
-            store = open_store(url, create=False, job=job)  # journaling never creates a store (nor a job)
-            try:
-                store.log_event("restart", detail=cause, durable=True)
-            finally:
-                store.close()
-        except Exception as exc:  # noqa: BLE001 - see the docstring
-            log(f"could not record the restart in {redact_url(url)}: {scrub(str(exc), url_secrets(url))}")
+

@@ -539,6 +539,49 @@ def test_restart_goes_on_when_the_store_cannot_be_opened(supervise: Callable[...
     assert not missing.exists()  # journaling never creates a store
 
 
+LOCK_HOLDER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")  # the write lock, held until killed
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_locked_store_holds_up_neither_the_restarts_nor_a_stop(supervise: Callable[..., Run],
+                                                                    tmp_path: Path) -> None:
+    """A restart was journaled on the supervisor's own loop: with the store's write lock held by someone else
+    (SQLite waits up to 30 s for it), the loop stood still that long, seeing no worker die, passing on no
+    signal. Now the journal is written beside the loop, and a stop waits for it 2 s at most."""
+    db = tmp_path / "s.db"
+    open_store(str(db)).close()
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        run = supervise("exit:1 exit:1 beat", store_url=str(db), restart_delay=0.05)
+        run.child(3)  # two restarts while the first one's journal still waits for the lock
+        os.kill(run.proc.pid, signal.SIGTERM)
+        assert run.wait(timeout=10) == 0, run.log  # not the 30 s of the lock's wait
+        assert "SIGTERM" in " ".join(run.events())  # passed on to the worker
+        assert "the last restarts may not be recorded in it" in run.log
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_an_unsupported_db_of_the_supervisor_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """``supervise --db mysql://x`` was taken, and each restart then said it could not be recorded there."""
+    marker = tmp_path / "started"
+    for location in ("mysql://user:secret@host/db", "file:x.db"):
+        r = run_onward("supervise", "--db", location, "--", sys.executable, "-c",
+                       f"open({str(marker)!r}, 'w')", cwd=tmp_path)
+        err = r.stderr.decode()
+        assert r.returncode == 2, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "unsupported store location" in lines[0] and "secret" not in lines[0], lines
+        assert not marker.exists()
+
+
 def test_store_is_found_like_onward_run_finds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     run = ["onward", "run", "--db", "a.db", "--tasks", "t", "--", "cmd", "--db", "not-this"]

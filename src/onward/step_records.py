@@ -195,7 +195,51 @@ class _ErrorPickler(pickle.Pickler):
                            for name, value in obj.items()},)
         if self.rebuild and isinstance(obj, BaseException):
             return _rebuilt_exception, (kind, obj.args, dict(getattr(obj, "__dict__", {})))
+        if isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ != "builtins":
+            return _exception_class, (obj.__module__, obj.__qualname__, _base_names(obj))
         return NotImplemented
+
+
+def _base_names(kind: type[BaseException]) -> tuple[tuple[str, str], ...]:
+    """The exception classes ``kind`` derives from, nearest first, down to the first built-in one (which
+    every process has): where a replay looks when ``kind``'s own module is not imported (``_exception_class``)."""
+    names = []
+    for base in kind.__mro__[1:]:
+        if issubclass(base, BaseException):
+            names.append((base.__module__, base.__qualname__))
+            if base.__module__ == "builtins":
+                break
+    return tuple(names)
+
+
+# The stand-ins made by _exception_class, one per class named: a replay that meets the same record twice
+# raises one class both times.
+_STAND_INS: dict[tuple[str, str, type], type] = {}
+
+
+def _exception_class(module: str, qualname: str, bases: tuple[tuple[str, str], ...]) -> type[BaseException]:
+    """The exception class an error record names, as ``find_class`` finds it. When its module is not
+    imported (the step imported it in its body, which a replay does not run), a stand-in of the same name
+    and module, derived from the nearest of its bases that is found: a task that caught the error by a base
+    (``except ValueError``) or looked at its name takes the same path as on the first run, with its
+    ``args`` and attributes. (Catching it by its own class needs its module, which the task's code then
+    imported itself.) Nothing is imported either way."""
+    try:
+        return _ErrorUnpickler.exception_class(module, qualname)
+    except pickle.UnpicklingError:
+        if not (isinstance(module, str) and isinstance(qualname, str) and isinstance(bases, tuple)):
+            raise
+        for base_module, base_qualname in bases:
+            try:
+                base = _ErrorUnpickler.exception_class(str(base_module), str(base_qualname))
+            except pickle.UnpicklingError:
+                continue
+            key = (module, qualname, base)
+            if key not in _STAND_INS:
+                _STAND_INS[key] = type(qualname.rpartition(".")[2], (base,),
+                                       {"__module__": module, "__qualname__": qualname})
+            return _STAND_INS[key]
+        raise
 
 
 def _rebuilt_exception(kind: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
@@ -217,7 +261,7 @@ _ERROR_RECORD_GLOBALS = frozenset({
     ("collections", "OrderedDict"), ("collections", "deque"),
     ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"), ("datetime", "timedelta"),
     ("datetime", "timezone"), ("decimal", "Decimal"), ("uuid", "UUID"),
-    ("onward.step_records", "_rebuilt_exception"),
+    ("onward.step_records", "_rebuilt_exception"), ("onward.step_records", "_exception_class"),
 })
 _HTTP_PACKAGES = HTTPX_MODULES | {"requests", "urllib3"}  # the requests and responses errors carry
 
@@ -232,13 +276,26 @@ class _ErrorUnpickler(pickle.Unpickler):
     choice, documented as for trusted stores only."""
 
     def find_class(self, module: str, name: str) -> Any:
-        loaded = sys.modules.get(module)
-        found = _named_in(loaded, name) if loaded is not None else None
+        found = _loaded(module, name)
         if found is not None and ((module, name) in _ERROR_RECORD_GLOBALS or (
                 isinstance(found, type) and (issubclass(found, BaseException)
                                              or module.split(".")[0] in _HTTP_PACKAGES))):
             return found
         raise pickle.UnpicklingError(f"an error record may not name {module}.{name}")
+
+    @staticmethod
+    def exception_class(module: str, name: str) -> type[BaseException]:
+        """An exception class ``find_class`` would load, or ``UnpicklingError``."""
+        found = _loaded(module, name) if isinstance(module, str) and isinstance(name, str) else None
+        if isinstance(found, type) and issubclass(found, BaseException):
+            return found
+        raise pickle.UnpicklingError(f"an error record may not name {module}.{name}")
+
+
+def _loaded(module: str, qualname: str) -> Any:
+    """What ``qualname`` names in ``module`` if that module is imported already (never importing it)."""
+    loaded = sys.modules.get(module)
+    return _named_in(loaded, qualname) if loaded is not None else None
 
 
 def _named_in(module: Any, qualname: str) -> Any:

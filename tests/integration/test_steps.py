@@ -295,6 +295,70 @@ def test_a_caught_error_of_a_nested_class_is_replayed_as_that_class(db: str) -> 
     job.close()
 
 
+LAZY_MODULE = """
+class ParseError(ValueError):
+    def __init__(self, msg, pos):
+        super().__init__(f"{msg} at {pos}")
+        self.pos = pos
+
+
+def fail():
+    raise ParseError("bad", 7)
+"""
+
+LAZY_TASK = """
+import os, signal, sys
+from onward import Job, step
+from onward.log import QUIET
+
+job = Job(sys.argv[1], max_attempts=1, log_level=QUIET)
+
+
+@step(name="parse")
+def parse():
+    import lazymod  # imported only here, in the step's body, which a replay does not run
+    lazymod.fail()
+
+
+@job.task
+def t(task, ctx):
+    try:
+        parse()
+        out = "parsed"
+    except ValueError as e:
+        out = f"{type(e).__module__}.{type(e).__qualname__}: {e}, pos {e.pos}"
+    ctx.step("after", lambda: 1)  # the error is not the last record: replayed, not run again
+    if os.environ.get("KILL"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out + (", imported" if "lazymod" in sys.modules else ", not imported")
+
+
+job.add(["t"])
+job.run()
+print(job.result("t"))
+"""
+
+
+def test_an_error_whose_module_the_step_imported_itself_replays_caught_by_the_same_base(tmp_path: Path) -> None:
+    """A step that imports a module in its body and raises that module's error (tomllib.TOMLDecodeError, a
+    ValueError): the record named a class of a module the replaying worker had not imported, so it came back
+    as StepError, and the task that had caught it as a ValueError failed on resume. Now it comes back as a
+    stand-in of the same name, derived from the nearest base that is loaded, with its args and attributes;
+    and the module is still not imported by the replay."""
+    (tmp_path / "lazymod.py").write_text(LAZY_MODULE)
+    (tmp_path / "task.py").write_text(LAZY_TASK)
+    db = str(tmp_path / "s.db")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[2] / "src")])}
+    first = subprocess.run([sys.executable, str(tmp_path / "task.py"), db], env={**env, "KILL": "1"}, timeout=60,
+                           capture_output=True, text=True)
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    assert records(db, "t") == [(1, "parse", "error"), (2, "after", "value")]
+    second = subprocess.run([sys.executable, str(tmp_path / "task.py"), db], env=env, timeout=60,
+                            capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "lazymod.ParseError: bad at 7, pos 7, not imported", second.stderr
+
+
 def test_an_error_record_may_not_reach_past_a_module_or_a_class() -> None:
     """A dotted name is followed only through classes, in their own namespaces: ``os.path.join`` (a module's
     module's function) is refused as before."""
@@ -306,6 +370,9 @@ def test_an_error_record_may_not_reach_past_a_module_or_a_class() -> None:
         _load_error(b"cos\npath.join\n(S'a'\nS'b'\ntR.")
     with pytest.raises(pickle.UnpicklingError, match="may not name"):
         _load_error(b"c" + __name__.encode() + b"\nApi.__init__\n(tR.")
+    # The stand-in's maker takes exception classes only, for the class and for its bases.
+    with pytest.raises(pickle.UnpicklingError, match="may not name os.system"):
+        _load_error(b"conward.step_records\n_exception_class\n(S'os'\nS'system'\n((S'os'\nS'system'\ntttR.")
 
 
 # --- drift ------------------------------------------------------------------------------------------------

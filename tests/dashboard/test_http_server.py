@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from onward.dashboard import server
 from onward.dashboard.server import SECURITY_HEADERS, Dashboard
 from onward.store import open_store
@@ -122,6 +124,31 @@ def test_every_answer_carries_the_security_headers_the_stdlibs_own_refusals_too(
 
 
 BURST = 300
+
+
+SMUGGLED = (b"POST /api/pause HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 2\r\n\r\n{}")
+
+
+@pytest.mark.parametrize("carrier", [
+    b"PUT / HTTP/1.1\r\nHost: rebound.example:%d\r\nOrigin: http://rebound.example:%d\r\n",
+    b"GET /api/status HTTP/1.1\r\nHost: rebound.example:%d\r\nOrigin: http://rebound.example:%d\r\n",
+    b"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nX-Port: %d\r\n",
+])
+def test_the_body_of_a_request_it_does_not_read_is_never_run_as_a_request(tmp_path: Path, dashboard: Any,
+                                                                          carrier: bytes) -> None:
+    """A GET, or a method answered 405, with a body: the body was left unread on the kept-alive connection and
+    read as the next request, past the checks of the request that carried it; a page of a rebound name (DNS
+    rebinding) could pause, cancel or retry through a PUT whose body held a POST from 127.0.0.1. Now the
+    connection ends with the answer, and the body runs nothing."""
+    db = make_store(tmp_path)
+    served = dashboard(db)
+    port = address(served)[1]
+    head = carrier % (port, port) + b"Content-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(SMUGGLED)
+    status, headers, body = exchange(served, head + SMUGGLED)
+    assert headers.get("connection") == "close", (status, headers)
+    assert body.count(b"HTTP/1.1") == 0, body  # one answer only: nothing answered the body
+    assert json.loads(run_onward("status", "--db", db, "--json").stdout)["paused"] is False
 
 
 def test_a_burst_of_connections_opened_at_once_all_get_an_answer(tmp_path: Path, dashboard: Any) -> None:

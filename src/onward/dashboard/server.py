@@ -137,6 +137,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- routing ---------------------------------------------------------------------------------------
     def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        self._body_left_unread()
         path, query = self._target()
         if path is None or not self._guard(path):
             return
@@ -190,6 +191,7 @@ class Handler(BaseHTTPRequestHandler):
             self._api(actions[path], body)
 
     def _not_allowed(self) -> None:
+        self._body_left_unread()
         self._error(HTTPStatus.METHOD_NOT_ALLOWED, "only GET and POST")
 
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815 (HEAD: the stdlib's 501)
@@ -230,6 +232,16 @@ class Handler(BaseHTTPRequestHandler):
             return normalise_origin(origin) in self.dashboard.origins
         except ValueError:
             return False  # "null" (a sandboxed frame, a file: page), or anything else that names no origin
+
+    def _body_left_unread(self) -> None:
+        """A request whose body is not read (a GET's, a refused method's) ends its connection with the answer:
+        kept alive, the server read that body as the next request, which got past the Host, Origin and
+        method checks of the one that carried it (a PUT refused with 405, then a POST /api/pause it held
+        run)."""
+        length = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding") is not None or (length is not None and length.strip() != "0"):
+            self._read_body()  # read (up to DRAIN_LIMIT) and dropped, so that the close is no reset
+            self.close_connection = True
 
     def _read_body(self) -> bytes | None:
         """The request's body, or None when it has no Content-Length or is larger than ``MAX_BODY``. A body

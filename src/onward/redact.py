@@ -17,7 +17,10 @@ from collections.abc import Sequence
 _URL_PASSWORD = re.compile(
     r"(?P<head>\b[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<password>\S*?|[^/\n]*?)@(?=[^@\s]*(?:\s|$))",
     re.IGNORECASE)
-_KEYWORD_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<password>'(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+# A colon right before a space or the end is the message's, not the password's ("store URL?password=…: connection
+# failed"): it stays shown.
+_KEYWORD_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<password>'(?:[^'\\]|\\.)*'|[^\s&]*?(?=:?(?:[\s&]|\Z)))",
+                               re.IGNORECASE)
 # A text that is one URL (a store location as given, one argument) rather than free text: its password runs
 # from "scheme://user:" to the last "@", whatever it holds. Free text cannot be read so (see above), and there a
 # password holding both a space and a "/" (a malformed URL, which libpq refuses and quotes) was not found at all.
@@ -75,10 +78,20 @@ def _at_signs(text: str) -> list[int]:
     return [i for i, c in enumerate(text) if c == "@"]
 
 
+# A secret shorter than this is hidden only where it stands alone (no letter, digit or "_" right before or
+# after it): hidden wherever it occurred, a password "ex" made a task's "next example" into "n*** ***ample",
+# and every masked spot told a reader where the password's letters were.
+WHOLE_WORD_BELOW = 8
+
+
 def scrub(text: str, secrets: Sequence[str]) -> str:
-    """``text`` without any of the secrets, nor anything that looks like a password in a URL."""
+    """``text`` without any of the secrets (one shorter than ``WHOLE_WORD_BELOW`` where it stands alone), nor
+    anything that looks like a password in a URL."""
     for secret in secrets:
-        text = text.replace(secret, "***")
+        if len(secret) >= WHOLE_WORD_BELOW:
+            text = text.replace(secret, "***")
+        elif secret in text:
+            text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", "***", text)
     return redact_url(text)
 
 

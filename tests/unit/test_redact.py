@@ -70,3 +70,26 @@ def test_one_url_hides_a_password_with_both_a_space_and_a_slash(password: str) -
     # What libpq quotes from such a URL: the part before the first "/", or the path after it.
     for quoted in password.split("/"):
         assert "Secr3t" not in scrub(f'unexpected spaces found in "{quoted}{HOST}"', secrets)
+
+
+def test_a_short_password_is_hidden_where_it_stands_alone_not_inside_words() -> None:
+    """A password "ex": every "ex" in a task's error was masked ("n*** ***ample: ind*** ***hausted"), which
+    garbled the text and showed where the password's letters were. A secret shorter than 8 characters is now
+    hidden where it stands alone; a longer one wherever it occurs, as before."""
+    secrets = url_secrets("postgresql://u:ex@127.0.0.1/db")
+    assert scrub("next example: index exhausted", secrets) == "next example: index exhausted"
+    assert scrub("password 'ex' rejected, password=ex and u:ex@h", secrets) == \
+        "password '***' rejected, password=*** and u:***@h"
+    long = url_secrets("postgresql://u:hunter22@127.0.0.1/db")
+    assert scrub("password%3Dhunter22 and xhunter22y", long) == "password%3D*** and x***y"
+    # A URL libpq refuses: a piece of one letter ("p", before the first "@") no longer eats every "p".
+    secrets = url_secrets("postgresql://u:p@ss w/rd@127.0.0.1:1/db")
+    assert scrub('unexpected spaces found in "ss w", use percent-encoded spaces', secrets) == \
+        'unexpected spaces found in "***", use percent-encoded spaces'
+
+
+def test_a_password_parameter_leaves_the_colon_of_the_message_after_it() -> None:
+    """``?password=…`` was hidden up to the next space, the colon of "store URL: connection failed" with it."""
+    shown = redact_url("store postgresql://u@h/db?password=wrongSECRET: connection failed: refused")
+    assert shown == "store postgresql://u@h/db?password=***: connection failed: refused"
+    assert redact_url("postgresql://u@h/db?password=a:b") == "postgresql://u@h/db?password=***"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from . import __version__
-from .cli_types import FINITE_FLOAT, TASK_TEXT, db_option, job_option
+from .cli_types import FINITE_FLOAT, NOT_EMPTY, TASK_TEXT, db_option, job_option
 from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import (
     OnwardError,
@@ -93,8 +93,8 @@ def main() -> None:
 @main.command(context_settings={"ignore_unknown_options": False})
 @db_option
 @job_option
-@click.option("--tasks", "tasks_file", metavar="FILE", help="Tasks file, one task per line ('-': stdin).")
-@click.option("--out", "out_dir", metavar="DIR", help="Also write each result to DIR/<name>.txt.")
+@click.option("--tasks", "tasks_file", metavar="FILE", type=NOT_EMPTY, help="Tasks file, one task per line ('-': stdin).")
+@click.option("--out", "out_dir", metavar="DIR", type=NOT_EMPTY, help="Also write each result to DIR/<name>.txt.")
 @click.option("--concurrency", default=RunConfig.concurrency, show_default=True, type=int, help="Tasks run at once.")
 @click.option("--max-attempts", default=RunConfig.max_attempts, show_default=True, type=int,
               help="Attempts before a task fails.")
@@ -111,7 +111,7 @@ def main() -> None:
               help="Cancel a task with no output, heartbeat-file touch or beat for this long (s).")
 @click.option("--max-result-bytes", default=DEFAULT_MAX_RESULT_BYTES, show_default=True, type=int,
               help="Largest stdout kept as a result (at least 1); more fails the attempt.")
-@click.option("--keep-awake", "keep_awake", metavar="PATH", default=None,
+@click.option("--keep-awake", "keep_awake", metavar="PATH", default=None, type=NOT_EMPTY,
               help="Marker file kept while work remains (env ONWARD_KEEP_AWAKE).")
 @click.option("-q", "--quiet", is_flag=True, help="Log only warnings and failures.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every event.")
@@ -136,7 +136,7 @@ def run(db: str | None, job: str, tasks_file: str | None, out_dir: str | None, c
 @main.command()
 @db_option
 @job_option
-@click.option("--tasks", "tasks_file", metavar="FILE", help="Tasks file, one task per line ('-': stdin).")
+@click.option("--tasks", "tasks_file", metavar="FILE", type=NOT_EMPTY, help="Tasks file, one task per line ('-': stdin).")
 @click.argument("tasks", nargs=-1, type=TASK_TEXT)
 def add(db: str | None, job: str, tasks_file: str | None, tasks: tuple[str, ...]) -> None:
     """Add tasks (by name, or from a file). Adding an existing task does nothing."""

@@ -10,7 +10,24 @@ from typing import Any
 
 import click
 
-db_option = click.option("--db", "db", metavar="URL", default=None,
+
+class NotEmpty(click.ParamType):
+    """A path or a location given as an option (``--db``, ``--tasks``, ``--out``, ``--keep-awake``): refused
+    when empty. ``--out ""`` was taken for no ``--out`` at all, and the run wrote no result file without a
+    word; ``--db ""`` used the default store; ``--tasks ""`` said "no tasks: give --tasks FILE"."""
+
+    name = "text"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text:
+            self.fail("must not be empty", param, ctx)
+        return text
+
+
+NOT_EMPTY = NotEmpty()
+
+db_option = click.option("--db", "db", metavar="URL", default=None, type=NOT_EMPTY,
                          help="Store: a file path, sqlite:///path or postgresql://… (env ONWARD_DB;"
                               " default .onward/onward.db).")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from onward import systemd
-from onward.cli_types import FINITE_FLOAT, JobName
+from onward.cli_types import FINITE_FLOAT, NOT_EMPTY, JobName
 from onward.supervise import (
     DEFAULT_MAX_RESTARTS,
     DEFAULT_RESTART_DELAY,
@@ -33,7 +33,7 @@ _COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--start-timeout", type=FINITE_FLOAT, default=DEFAULT_START_TIMEOUT, show_default=True, metavar="S",
               help="Kill and restart an `onward run` worker not ready (READY=1) S seconds after its start"
                    " (0: no limit).")
-@click.option("--db", "db", default=None, metavar="URL",
+@click.option("--db", "db", default=None, metavar="URL", type=NOT_EMPTY,
               help="Store to record restarts in [default: the worker's --db, $ONWARD_DB, .onward/onward.db].")
 @click.option("--job", "job", default=None, metavar="NAME", type=JobName(),
               help="The job: passed on to every worker started (as ONWARD_JOB), and where restarts are"

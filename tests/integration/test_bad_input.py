@@ -238,6 +238,28 @@ def test_a_send_nested_too_deeply_is_one_line_exit_2(tmp_path: Path) -> None:
     assert files_under(tmp_path) == before
 
 
+@pytest.mark.parametrize("option", ["--out", "--db", "--tasks", "--keep-awake"])
+def test_an_empty_path_option_is_one_line_exit_2(tmp_path: Path, option: str) -> None:
+    """An empty value was taken for the option not given: ``--out ""`` ran and wrote no result file without
+    a word, ``--db ""`` used the default store, ``--tasks ""`` said there were no tasks."""
+    (tmp_path / "t").write_text("a\n")
+    before = files_under(tmp_path)
+    argv = ["run", "--tasks", "t", option, "", "--", "true"]
+    r = run_onward(*argv, cwd=tmp_path)
+    assert_one_line_exit_2(r, f"'{option}': must not be empty")
+    assert files_under(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["t"]
+
+
+@pytest.mark.parametrize("location", ["nd/x/", "x/", "sqlite:///nd/y/"])
+def test_a_store_location_ending_with_a_slash_is_refused_before_any_folder_is_made(tmp_path: Path,
+                                                                                  location: str) -> None:
+    """``--db nd/x/`` made the folders nd/x and the output folder, then failed to create the store in them."""
+    (tmp_path / "t").write_text("a\n")
+    r = run_onward("run", "--tasks", "t", "--db", location, "--out", "o", "--", "true", cwd=tmp_path)
+    assert_one_line_exit_2(r, "names a folder: give a file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
+
+
 def test_a_send_with_a_name_twice_in_one_object_is_one_line_exit_2(tmp_path: Path) -> None:
     """JSON text naming one key twice: json.loads kept the last value, and the first was lost without a word."""
     db = str(tmp_path / "s.db")

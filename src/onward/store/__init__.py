@@ -39,6 +39,12 @@ def store_url(explicit: str | None = None) -> str:
     ``postgres://``; schemes in any case. Refused: every other scheme (``mysql://``, ``https://``), and
     SQLite's own ``file:`` URIs, which SQLite would resolve to another file than the one named."""
     url = explicit or os.environ.get("ONWARD_DB") or DEFAULT_DB
+    if url.endswith("/") and not url.lower().startswith(tuple(f"{scheme}:" for scheme in POSTGRES_SCHEMES)):
+        from ..errors import StoreError
+
+        # A folder's name: refused here, before run or add created the folders above it (and the output
+        # folder) and then failed to create the store itself.
+        raise StoreError(f"store location {url} ends with '/', which names a folder: give a file")
     if ":" not in url:
         return url  # a plain path: no scheme to look at (and `re` not even loaded)
     if url in (":memory:", "sqlite:///:memory:"):

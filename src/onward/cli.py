@@ -21,6 +21,7 @@ from . import __version__
 from .cli_types import FINITE_FLOAT, NOT_EMPTY, TASK_TEXT, db_option, job_option
 from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import (
+    JobMissing,
     OnwardError,
     StoreError,
     StoreMissing,
@@ -334,19 +335,24 @@ def _open_when_there(db: str | None, job: str | None = None) -> Store:
     `onward run` or `onward add`), with one line on stderr saying so. A store counts as there once it can be opened
     without initialising it: a file still empty (its creator is at work) is waited for too."""
     from .redact import redact_url
-    from .store import exists, open_store, store_url
+    from .store import exists, job_name, open_store, store_url
 
     url = store_url(db)  # a location no backend takes is refused at once, not waited for
-    told = False
+    told: str | None = None
     while True:
+        waiting_for = f"a store at {redact_url(url)}"
         if exists(url):
             try:
                 return open_store(url, create=False, job=job)
+            except JobMissing:
+                # The store is there, its job is not: a typo as likely as a job not started yet. Said so:
+                # "waiting for a store" sent the user looking at the wrong thing.
+                waiting_for = f"job {job_name(job)!r} in {redact_url(url)} (there is no such job yet)"
             except StoreMissing:
-                pass
-        if not told:
-            click.echo(f"onward: waiting for a store at {redact_url(url)}", err=True)
-            told = True
+                pass  # being made by its first run or add
+        if told != waiting_for:
+            click.echo(f"onward: waiting for {waiting_for}", err=True)
+            told = waiting_for
         time.sleep(0.5)
 
 

@@ -58,6 +58,10 @@ class StoreMissing(StoreError):
     read, not created."""
 
 
+class JobMissing(StoreMissing):
+    """The store is there, but not the job named (and it was only to be read, not created)."""
+
+
 class NotAStore(StoreError):
     """The file exists but is not an onward store (another SQLite file, or not SQLite at all)."""
 

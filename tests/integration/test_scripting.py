@@ -106,6 +106,30 @@ def test_logs_follow_waits_for_the_store_to_be_created(tmp_path: Path) -> None:
     assert follower.returncode == 0
 
 
+def test_logs_follow_on_a_job_not_there_says_it_waits_for_that_job(tmp_path: Path) -> None:
+    """``logs -f --job typo`` on a store that exists said "waiting for a store at …": the user looked for a
+    missing store. It waits for the job (a job not started yet), and says so; the job's first add ends it."""
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "x").returncode == 0
+    follower = subprocess.Popen(onward_argv("logs", "--db", db, "--job", "later", "-f"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=os.environ)
+    assert follower.stdout is not None and follower.stderr is not None
+    try:
+        said = follower.stderr.readline().decode()
+        assert said == f"onward: waiting for job 'later' in {db} (there is no such job yet)\n", said
+        assert run_onward("add", "--db", db, "--job", "later", "y").returncode == 0
+        got: list[str] = []
+        out = follower.stdout
+        reader = threading.Thread(target=lambda: got.append(out.readline().decode()), daemon=True)
+        reader.start()
+        wait_for(lambda: got, 30, "the event line")
+        assert " added 1 new task" in got[0], got
+    finally:
+        follower.send_signal(signal.SIGINT)
+        follower.wait(30)
+    assert follower.returncode == 0
+
+
 def test_logs_follow_quits_quietly_on_ctrl_c_while_waiting(tmp_path: Path) -> None:
     db = str(tmp_path / "never" / "s.db")
     follower = subprocess.Popen(onward_argv("logs", "--db", db, "-f"), stdout=subprocess.PIPE,

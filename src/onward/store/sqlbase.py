@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, NamedTuple, TypeVar
 
-from ..errors import SchemaTooNew, SchemaTooOld, StoreError, StoreMissing, WorkersRunning
+from ..errors import JobMissing, SchemaTooNew, SchemaTooOld, StoreError, WorkersRunning
 from ..proc import hostname, worker_live
 from .base import (
     CANCELLED,
@@ -341,7 +341,7 @@ class SqlStore:
         row = self._exec("find_job", {"name": self.job}).fetchone()
         if row is None:
             if not create:
-                raise StoreMissing(f"no job {self.job!r} in store {self.url}")
+                raise JobMissing(f"no job {self.job!r} in store {self.url}")
             with self._write():
                 self._exec("create_job", {**self._clock(), "name": self.job})
                 row = self._exec("find_job", {"name": self.job}).fetchone()

@@ -34,6 +34,9 @@ from .errors import UNAVAILABLE_ERRNOS, OnwardError, Unavailable, UsageError
 from .store.base import SourceMark, Store
 
 MAX_LINE_BYTES = 4096
+# The most of one line that is read: a task of MAX_LINE_BYTES with whitespace or a carriage return around it
+# is read whole (and taken, as ``onward add`` takes it); a longer line is cut here, and refused.
+LINE_READ_LIMIT = 2 * MAX_LINE_BYTES
 UTF8_BOM = b"\xef\xbb\xbf"
 DIGEST_BYTES = 65536
 CHUNK = 1 << 20
@@ -92,9 +95,10 @@ def parse_line(raw: bytes, lineno: int, source: str) -> str | None:
     """One line's task text, or None for a blank or comment line. Raises UsageError for a bad line."""
     if lineno == 1 and raw.startswith(UTF8_BOM):
         raw = raw[len(UTF8_BOM):]  # editors on Windows start files with one: it marks the encoding, not a task
-    # Checked on the raw line, before stripping: LineReader cuts a line far too long short, and what is
-    # left of it must not pass for a task.
-    if len(raw) > MAX_LINE_BYTES:
+    # LineReader cuts a line far too long short, and what is left of it must not pass for a task. Below that,
+    # the rule is the task name's (task_name_problem): its length without the whitespace around it, which a
+    # CRLF file's "\r" is (a task of 4096 bytes was refused from such a file, and taken by onward add).
+    if len(raw) > LINE_READ_LIMIT:
         raise UsageError(f"{source}: line {lineno} is longer than {MAX_LINE_BYTES} bytes")
     # Bad bytes decode to lone surrogates, which task_name_problem refuses as not UTF-8.
     text = task_name(raw.decode("utf-8", "surrogateescape"))
@@ -131,7 +135,7 @@ class LineReader:
                 offset += len(raw) + 1
                 self.complete_end, self.complete_lines = offset, lineno
                 yield lineno, raw
-            if len(rest) > MAX_LINE_BYTES + 2:  # no need to buffer a line we will refuse anyway
+            if len(rest) > LINE_READ_LIMIT:  # no need to buffer a line we will refuse anyway
                 yield lineno + 1, rest
                 return
         if rest:

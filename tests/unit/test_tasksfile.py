@@ -61,6 +61,9 @@ def test_line_rules(sqlite_url: str, tmp_path: Path) -> None:
     [
         (b"ok\nfine\n\xff\xfe bad\n", "line 3 is not valid UTF-8"),
         (b"ok\n" + b"x" * (MAX_LINE_BYTES + 1) + b"\n", "line 2 is longer than 4096 bytes"),
+        (b"ok\n" + b"x" * (MAX_LINE_BYTES + 1) + b"\r\n", "line 2 is longer than 4096 bytes"),
+        (b"ok\n" + b"x" * (3 * MAX_LINE_BYTES) + b"\n", "line 2 is longer than 4096 bytes"),
+        (b"ok\n" + b" " * (2 * MAX_LINE_BYTES) + b"x\n", "line 2 is longer than 4096 bytes"),
         (b"ok\nnul\x00inside\n", "line 2 contains a NUL"),
     ],
 )
@@ -83,6 +86,16 @@ def test_line_exactly_at_the_limit_is_fine(sqlite_url: str, tmp_path: Path) -> N
     f = tmp_path / "tasks.txt"
     f.write_bytes(b"y" * MAX_LINE_BYTES + b"\n")
     assert load(sqlite_url, f).added == 1
+
+
+def test_a_task_at_the_limit_is_fine_with_a_carriage_return_or_spaces_around_it(sqlite_url: str,
+                                                                                tmp_path: Path) -> None:
+    """The limit counted the raw line: a task of 4096 bytes was refused from a CRLF file, or with spaces
+    around it, though ``onward add`` takes it (the name is what is stripped of whitespace)."""
+    f = tmp_path / "tasks.txt"
+    f.write_bytes(b"a" * MAX_LINE_BYTES + b"\r\n" + b"  " + b"b" * MAX_LINE_BYTES + b"  \r\n")
+    assert load(sqlite_url, f).added == 2
+    assert names(sqlite_url) == ["a" * MAX_LINE_BYTES, "b" * MAX_LINE_BYTES]
 
 
 def test_missing_file_or_a_directory(sqlite_url: str, tmp_path: Path) -> None:

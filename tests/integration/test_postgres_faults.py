@@ -712,6 +712,29 @@ def test_a_foreign_onward_schema_is_refused_untouched(pg_url: str) -> None:
         sql.close()
 
 
+@pytest.mark.parametrize("foreign", [
+    "CREATE TYPE onward.state AS ENUM ('x')",
+    "CREATE FUNCTION onward.epoch() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+    "CREATE TABLE onward.meta (k text, v text)",
+])
+def test_an_onward_schema_holding_another_programs_type_function_or_meta_is_refused_untouched(
+        pg_url: str, foreign: str) -> None:
+    """Only relations were counted: a schema "onward" holding another program's type was taken for empty,
+    and onward built its tables beside it; one holding a function named like onward's failed with "function
+    epoch already exists", and a table onward.meta of other columns with "column key does not exist"."""
+    sql = admin(pg_url)
+    sql.execute("CREATE SCHEMA onward")
+    sql.execute(foreign)
+    try:
+        r = run_onward("run", "--db", pg_url, "--", "true")
+        assert r.returncode == 2 and b"not an onward store" in r.stderr, r.stderr
+        assert r.stderr.decode().count("\n") == 1
+        assert sql.execute("SELECT count(*) FROM pg_class WHERE relnamespace = 'onward'::regnamespace"
+                           ).fetchone()[0] == (1 if "TABLE" in foreign else 0)
+    finally:
+        sql.close()
+
+
 def test_a_newer_schema_is_refused_in_one_line(pg_url: str) -> None:
     open_store(pg_url).close()
     sql = admin(pg_url)

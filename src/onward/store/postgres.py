@@ -590,13 +590,18 @@ class PostgresStore(SqlStore):
 def _schema_version(conn: psycopg.Connection[Any], url: str) -> int | None:
     """The store's schema version; None when there is no store yet (no schema ``onward``, or an empty
     one); ``NotAStore`` when the schema holds something else."""
-    exists, relations, has_meta = conn.execute(Q["schema_state"]).fetchone()  # type: ignore[misc]
-    if not exists or (relations == 0 and not has_meta):
+    exists, objects, has_meta = conn.execute(Q["schema_state"]).fetchone()  # type: ignore[misc]
+    if not exists or (objects == 0 and not has_meta):
         return None
     foreign = NotAStore(f"not an onward store: {url} has a schema \"onward\" that onward did not create")
     if not has_meta:
         raise foreign
-    rows = dict(conn.execute(Q["schema_meta"]).fetchall())
+    import psycopg  # loaded already: the connection is its
+
+    try:
+        rows = dict(conn.execute(Q["schema_meta"]).fetchall())
+    except psycopg.errors.UndefinedColumn:  # a table onward.meta of another program's: not ours
+        raise foreign from None
     if rows.get("app") != "onward" or "schema_version" not in rows:
         raise foreign
     version = parse_schema_version(str(rows["schema_version"]))

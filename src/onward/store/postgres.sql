@@ -270,9 +270,13 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 SELECT pg_advisory_xact_lock(7086912517513372001);
 
 -- name: schema_state
--- Whether the schema exists, how many relations it holds, and whether it has our meta table.
+-- Whether the schema exists, how many objects it holds (relations, indexes and sequences; types other than
+-- a relation's own row type and the array types; functions: a schema holding only another program's type
+-- was taken for empty, and onward built its tables beside it), and whether it has our meta table.
 SELECT n.oid IS NOT NULL,
-       (SELECT count(*) FROM pg_class AS c WHERE c.relnamespace = n.oid),
+       (SELECT count(*) FROM pg_class AS c WHERE c.relnamespace = n.oid)
+     + (SELECT count(*) FROM pg_type AS t WHERE t.typnamespace = n.oid AND t.typrelid = 0 AND t.typcategory <> 'A')
+     + (SELECT count(*) FROM pg_proc AS p WHERE p.pronamespace = n.oid),
        to_regclass('onward.meta') IS NOT NULL
   FROM (SELECT 1) AS one
   LEFT JOIN pg_namespace AS n ON n.nspname = 'onward';

@@ -6,6 +6,11 @@ output folder are all checked before the store is created or a single task is ad
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
 from .command_handler import CommandHandler, check_command
 from .config import DEFAULT_MAX_RESULT_BYTES, MAX_STORED_BYTES, RunConfig
 from .errors import StoreMissing, UsageError
@@ -90,21 +95,27 @@ def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | No
     store = LazyStore(url, job)
     out: OutDir | None = None
     try:
-        # Every input is checked before anything is written: the tasks file, then the output folder.
-        tasks = check_tasks_file(store.existing, tasks_file) if tasks_file else None
-        if tasks is None and (store.existing is None or not sum(store.existing.counts().values())):
-            raise UsageError("no tasks: give --tasks FILE or onward add")
-        if out_dir:
-            from .outdir import OutDir, owner_of
+        try:
+            with _stop_signals_end_the_setup(config.install_signal_handlers):
+                # Every input is checked before anything is written: the tasks file, then the output folder.
+                tasks = check_tasks_file(store.existing, tasks_file) if tasks_file else None
+                if tasks is None and (store.existing is None or not sum(store.existing.counts().values())):
+                    raise UsageError("no tasks: give --tasks FILE or onward add")
+                if out_dir:
+                    from .outdir import OutDir, owner_of
 
-            out = OutDir(out_dir, owner=owner_of(url, store.job, postgres=is_postgres_url(url)))
-        if tasks is not None:
-            result = tasks.apply(store.get())
-            if result.added:
-                log.info(f"added {result.added} new tasks from {tasks_file}")
-            warning = held_back_warning(str(tasks_file), result)
-            if warning:
-                log.warning(warning)
+                    out = OutDir(out_dir, owner=owner_of(url, store.job, postgres=is_postgres_url(url)))
+                if tasks is not None:
+                    result = tasks.apply(store.get())
+                    if result.added:
+                        log.info(f"added {result.added} new tasks from {tasks_file}")
+                    warning = held_back_warning(str(tasks_file), result)
+                    if warning:
+                        log.warning(warning)
+        except StoppedBeforeWork as stop:
+            log.info(f"worker stopped: {stop.args[0]} before its first task, while it checked or added the"
+                     " tasks; what was added is kept, the rest of the tasks file is added by the next run")
+            return 0
         handler = CommandHandler(command, url, max_result_bytes, job=store.job)
         summary = run_worker(store.get(), handler, config, log, url=url, out=out, keep_awake=marker,
                              progress_bar=progress_bar)
@@ -113,3 +124,30 @@ def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | No
         if out is not None:
             out.close()
         store.close()
+
+
+class StoppedBeforeWork(BaseException):
+    """A stop signal (SIGTERM, SIGINT, SIGHUP) came while ``onward run`` checked or added its tasks, before
+    its worker took over the signals. A BaseException, like KeyboardInterrupt: what it interrupts lets it
+    through, and a transaction it interrupts is rolled back (a chunk of the import is all or nothing)."""
+
+
+@contextlib.contextmanager
+def _stop_signals_end_the_setup(install: bool) -> Iterator[None]:
+    """While ``onward run`` checks and adds its tasks (a million lines take a minute): a stop signal ends it
+    there, exit 0, the import's committed chunks kept (their mark says where the next run goes on). With
+    the signals' defaults, SIGTERM killed it (exit 143) and SIGHUP too, and SIGINT said "aborted" (exit 130),
+    none of them recorded as the stop the README promises."""
+    if not install or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise StoppedBeforeWork(signal.Signals(signum).name)
+
+    saved = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

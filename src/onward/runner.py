@@ -870,7 +870,8 @@ class Runner:
                 " could not start are given back uncounted")
         now = time.monotonic()
         if self._resources_warned is not None and now - self._resources_warned < RESOURCE_WARN_EVERY:
-            self.log.info(text)  # warned already: the rest is the same story
+            self.log.debug(text)  # warned already: the rest is the same story (-v shows it; the default
+            # level showed it, one more line about every second and a quarter while the shortage lasted)
             self._resources_unwarned += 1
         else:
             # Again once a minute while it lasts: a limit that lets not even one task start (ulimit -n 16)

@@ -365,6 +365,31 @@ def test_a_limit_that_lets_no_task_start_is_warned_of_again_while_it_lasts(tmp_p
     assert "more since the last warning" in warnings[1], warnings  # a try a second: one or two between
 
 
+def test_the_tries_between_two_warnings_are_not_logged_at_the_default_level(tmp_path: Path) -> None:
+    """Between two warnings the tries were logged at the default level too: one more "out of resources"
+    line about every 1.3 s for as long as the shortage lasted, where the README promises one warning,
+    again once a minute. They are for -v now; the attempts given back are still logged, one line each."""
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\nb\n")
+    log = tmp_path / "worker.log"
+
+    def limit_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
+
+    with log.open("wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "onward", "run", "--db", str(tmp_path / "s.db"),
+                                   "--tasks", str(tasks), "--", "true"],
+                                  env=dict(os.environ, PYTHONPATH=SRC), stdout=out, stderr=out,
+                                  preexec_fn=limit_descriptors)
+    try:
+        wait_for(lambda: log.read_text().count("released task=") >= 3, 30, "three tries given back")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    said = log.read_text()
+    assert said.count("out of resources starting") == 1, said
+
+
 @pytest.mark.parametrize("spawn", ["clone", "spawner"])
 def test_an_exec_that_fails_for_want_of_memory_is_paused_on_not_retried_at_once(tmp_path: Path, spawn: str) -> None:
     """Every ``execve`` of the command fails with ENOMEM (strace injects it; ``-P`` keeps it to that program).

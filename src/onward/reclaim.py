@@ -13,6 +13,7 @@ from .cgroups import sweep_dead_workers
 from .log import Log, quote
 from .proc import kill_command, kill_group, owner_alive, process_alive
 from .store.base import RunningTask, Store
+from .store.states import CANCELLED
 
 
 def mark_dead_workers(store: Store, worker_id: int) -> None:
@@ -111,6 +112,9 @@ def _reclaim(store: Store, worker_id: int, task: RunningTask, expired_leases: bo
     task, reason = taken[-1]
     if reclaimed.counted:
         kind, detail = "reclaimed", f"{reason}; now {reclaimed.state}"
+    elif reclaimed.state == CANCELLED:
+        # A cancel was pending: the task ends there, neither given one more attempt nor run alone.
+        kind, detail = "interrupted", f"{reason}; a cancel was pending: now cancelled"
     elif shared:
         kind, detail = "interrupted", (f"{reason} while running {died_with} tasks; attempt not counted (one"
                                        f" more given), now {reclaimed.state}, to run alone")

@@ -297,3 +297,24 @@ def test_supervise_records_restarts_in_its_job(tmp_path: Path) -> None:
     # None in the job "default": supervise did not even make that job to journal one there.
     r = run_onward("status", "--db", db, "--json")
     assert r.returncode == 2 and b"no job 'default'" in r.stderr, r.stderr
+
+
+def test_a_cancel_pending_when_the_worker_dies_ends_the_tasks_cancelled_and_says_so_plainly(tmp_path: Path) -> None:
+    """Two running tasks are cancelled, and their worker is killed before its heartbeat acts on it: the reclaim
+    ends both cancelled, as the README says, but its line said "attempt not counted (one more given), now
+    cancelled, to run alone", which it was not."""
+    db = str(tmp_path / "s.db")
+    side = tmp_path / "side"
+    side.mkdir()
+    assert run_onward("add", "--db", db, "c1", "c2").returncode == 0
+    with workers(onward_argv("run", "--db", db, "--heartbeat", "30", "--concurrency", "2", "--", "sleep", "60"),
+                 logs=tmp_path) as (worker,):
+        wait_for(lambda: status(db)["running"] == 2, 30, "both tasks running")
+        assert run_onward("cancel", "--db", db, "c1", "c2").returncode == 0
+        worker.stop()  # SIGKILL, long before its next heartbeat
+    taker = run_onward("run", "--db", db, "--", "true")
+    assert taker.returncode == 0, taker.stderr
+    said = [line for line in taker.stderr.decode().splitlines() if "interrupted task=" in line]
+    assert len(said) == 2 and all(line.endswith("a cancel was pending: now cancelled") for line in said), said
+    assert {k: v for k, v in status(db).items() if k in ("cancelled", "pending", "running")} == {
+        "cancelled": 2, "pending": 0, "running": 0}

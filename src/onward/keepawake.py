@@ -13,6 +13,7 @@ is never held by it; and, where no supervisor is there to let it go, a killed wo
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import sys
@@ -54,6 +55,10 @@ def chosen_marker(flag: str | None) -> str | None:
 
 
 NAME_MAX = 255  # the longest name of a file or folder on Linux's filesystems
+# Errors of a marker's first write that may be gone by the time it is written (a full disk, a shortage):
+# not a reason to refuse the run (see _check_marker_path).
+MAYBE_LATER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EMFILE, errno.ENFILE, errno.ENOMEM,
+                                errno.EINTR, errno.EAGAIN})
 
 
 def _check_marker_path(path: str) -> None:
@@ -74,6 +79,19 @@ def _check_marker_path(path: str) -> None:
         raise UsageError(f"keep-awake marker {path} cannot be created: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"keep-awake marker {path} cannot be created: {parent} is not writable")
+    # access() answers for the permission bits, and yes to root everywhere: /sys and /proc take no new file
+    # whoever asks (the marker was accepted there, then warned about at every heartbeat). A file made and
+    # removed at once tells for sure; a full disk or a shortage is only found when writing (see above).
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".onward-probe-")
+    except OSError as e:
+        if e.errno in MAYBE_LATER_ERRNOS:
+            return
+        raise UsageError(f"keep-awake marker {path} cannot be created: {parent}: {e.strerror}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 # How many times ``hold`` looks again when the marker it opened was being removed by another worker.

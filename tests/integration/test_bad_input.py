@@ -346,6 +346,18 @@ def test_a_path_refused_for_a_name_too_long_leaves_no_folder_behind(tmp_path: Pa
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("marker", ["/sys/onward-marker", "/proc/onward-marker"])
+def test_a_keep_awake_marker_where_no_file_can_be_made_is_refused_even_as_root(tmp_path: Path, marker: str) -> None:
+    """access() says yes to root everywhere, so a marker in /sys or /proc was taken, the store made, and a
+    warning given at every heartbeat: the folder takes no new file whoever asks. A file made and removed at
+    once tells."""
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("a\n")
+    r = run_onward("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tasks), "--keep-awake", marker, "--", "true")
+    assert_one_line_exit_2(r, f"keep-awake marker {marker} cannot be created")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks.txt"]
+
+
 @pytest.mark.parametrize("source", ["/dev/zero", "a pipe of zeros", "stdin of zeros"])
 def test_an_endless_line_from_a_device_or_pipe_is_refused_without_reading_it_all(tmp_path: Path,
                                                                                 source: str) -> None:

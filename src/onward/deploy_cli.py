@@ -93,6 +93,7 @@ def install_command(name: str, user: str | None, workdir: str | None, env: tuple
     if dry_run:
         unit = systemd.render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, job=job,
                                    start_timeout=start_timeout)
+        systemd.check_startable(unit)  # as the install would: a dry run that passes is one the install takes
         click.echo(unit.dry_run_text(), nl=False)
         return
     path = systemd.install(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, job=job,

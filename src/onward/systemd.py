@@ -439,7 +439,7 @@ def install(name: str, command: Sequence[str], user: str | None = None, workdir:
     Returns the unit file's path."""
     unit = render_unit(name, command, user=user, workdir=workdir, env=env, watchdog=watchdog, grace=grace,
                        env_dir=env_dir, job=job, start_timeout=start_timeout)
-    _check_startable(unit)
+    check_startable(unit)
     _require_systemd()
     _require_writable(unit_dir)
     service = unit.service
@@ -462,7 +462,7 @@ def _require_writable(unit_dir: str) -> None:
         raise UsageError(f"cannot write to {unit_dir}: install and uninstall services as root")
 
 
-def _check_startable(unit: Unit) -> None:
+def check_startable(unit: Unit) -> None:
     """Refuse, before anything is written, what would make every start of the unit fail at once (systemd's
     CHDIR, EXEC or USER failures): the unit would be left installed and enabled, failed after its start
     limit, for input that can be checked here. The command runs on this machine."""

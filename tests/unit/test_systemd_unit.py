@@ -189,6 +189,21 @@ def test_install_dry_run_prints_the_unit_and_writes_nothing(tmp_path: Path) -> N
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("option", "said"), [
+    (["--user", "no-such-user-here"], "no such user: no-such-user-here"),
+    (["--workdir", "/nonexistent/folder"], "the working directory /nonexistent/folder does not exist"),
+    (["--", "/nonexistent/prog"], "/nonexistent/prog: not an executable file"),
+])
+def test_a_dry_run_refuses_what_the_install_refuses(tmp_path: Path, option: list[str], said: str) -> None:
+    """A dry run printed a unit, exit 0, for a user, a folder or a program the install then refused."""
+    command = [] if "--" in option else ["--", *ONWARD, "run"]
+    done = run_onward("service", "install", "--name", "job", "--dry-run", *option, *command, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("onward: error: ") and said in lines[0], lines
+    assert done.stdout == b"" and list(tmp_path.iterdir()) == []
+
+
 def test_install_with_a_bad_name_is_a_usage_error(tmp_path: Path) -> None:
     done = run_onward("service", "install", "--name", "a b", "--dry-run", "--", *ONWARD, "run", cwd=tmp_path)
     assert done.returncode == 2

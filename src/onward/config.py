@@ -97,6 +97,10 @@ class RunConfig:
                 _positive(name, value)
         if self.lease is not None and self.lease <= self.heartbeat:
             raise UsageError(f"lease ({self.lease}) must be longer than the heartbeat ({self.heartbeat})")
+        if self.lease is None and self.lease_seconds > MAX_SECONDS:
+            # The default lease, 3 heartbeats, must keep the rule every duration keeps (it went past it).
+            raise UsageError(f"heartbeat must be at most {MAX_SECONDS // 3:,} seconds without a lease, which is 3"
+                             f" heartbeats by default and at most {MAX_SECONDS:,} seconds (got {self.heartbeat})")
 
     def _check_types(self) -> None:
         # Messages name the keyword as the caller wrote it (retry_delay=): the CLI parses its flags into

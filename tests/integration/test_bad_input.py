@@ -209,6 +209,7 @@ def test_run_without_tasks_on_an_empty_store_says_so(tmp_path: Path, prepare: st
 @pytest.mark.parametrize("argv", [
     ["run", "--heartbeat", "0.001"], ["run", "--heartbeat", "1e-300"],
     ["run", "--timeout", "1e10"], ["run", "--heartbeat", "99999999999999999999999"],
+    ["run", "--heartbeat", "999999"],  # within the bound, but its default lease (3 heartbeats) was not
     ["supervise", "--restart-delay", "1e10"], ["supervise", "--window", "1e300"],
     ["supervise", "--watchdog", "1e10"], ["status", "--watch", "--interval", "1e10"],
     ["logs", "-n", "9223372036854775808"], ["logs", "-n", "99999999999999999999999"],

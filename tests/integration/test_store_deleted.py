@@ -149,6 +149,23 @@ def test_a_postgres_store_dropped_under_a_running_worker_stops_it_with_exit_2(tm
 
 
 @pytest.mark.postgres
+def test_a_postgres_store_whose_tables_are_changed_by_hand_stops_its_worker_with_exit_2(tmp_path: Path) -> None:
+    """A column of onward.tasks renamed by hand under a running worker: every settling commit failed, and the
+    worker retried for good ("store error, will retry", still at it after 10 minutes), its renewals keeping
+    its tasks from every other worker. It now stops at its next heartbeat, one line, exit 2."""
+    with pgutil.fresh_database() as url:
+        worker = start_worker(url, tasks_file(tmp_path))
+        wait_until_running(url, worker)
+        with pgutil.admin_connection(dbname=url.rsplit("/", 1)[1]) as admin:
+            admin.execute("ALTER TABLE onward.tasks RENAME COLUMN result TO result_x")
+        code, lines = finish(worker)
+        assert code == 2, lines
+        errors = [line for line in lines if line.startswith("onward: error:")]
+        assert errors == [lines[-1]] and "its tables were changed while this process was using it" in errors[0], lines
+        assert 'column "result"' in errors[0], errors
+
+
+@pytest.mark.postgres
 def test_a_postgres_database_dropped_under_a_running_worker_stops_it_with_exit_2(tmp_path: Path) -> None:
     """`DROP DATABASE … WITH (FORCE)` takes the store away with its database: every reconnection is then
     refused with 'database "…" does not exist'. The worker took that for a server out of reach and went on

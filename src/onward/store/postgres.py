@@ -314,9 +314,17 @@ class PostgresStore(SqlStore):
         for a crash."""
         return StoreUnavailable(f"store {self.url}: cannot start a thread for {what}: {e.strerror}")
 
+    # What a statement of onward's gets from a server whose onward tables were changed by hand (a column or a
+    # table renamed or dropped, onward.epoch() dropped): never so by onward itself, which upgrades only with
+    # no worker running, and never better by waiting. The next heartbeat stops the worker (check_still_there).
+    SCHEMA_CHANGED_SQLSTATES = frozenset({"42703", "42P01", "42883"})
+    _schema_changed: str | None = None  # the error that showed it, once one did
+
     def _error(self, e: BaseException) -> StoreError:
         """The StoreError for a psycopg error; a connection it broke is replaced in the background."""
         text = self._target.text(e)
+        if getattr(e, "sqlstate", None) in self.SCHEMA_CHANGED_SQLSTATES:
+            self._schema_changed = text
         kind = StoreUnavailable if _server_unavailable(e) else StoreError
         cut_after, self._cut_after = self._cut_after, None
         if cut_after is not None:
@@ -434,6 +442,11 @@ class PostgresStore(SqlStore):
             self._exec("summarize_journal").fetchone()
 
     def check_still_there(self) -> None:
+        if self._schema_changed is not None:
+            # Retried, every statement would fail the same way for good, while the renewals (which still
+            # work) kept this worker's tasks from every other worker.
+            raise StoreGone(f"store {self.url}: its tables were changed while this process was using it"
+                            f" ({self._schema_changed}); stopping")
         try:
             found = self._schema_identity()
         except StoreError:

@@ -359,6 +359,23 @@ def test_a_keep_awake_marker_where_no_file_can_be_made_is_refused_even_as_root(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks.txt"]
 
 
+@pytest.mark.parametrize("sibling", ["-wal", "-shm"])
+@pytest.mark.parametrize("command", [["run", "--", "true"], ["status"]])
+def test_a_fifo_where_sqlite_keeps_its_log_is_bad_input_not_a_passing_fault(tmp_path: Path, sibling: str,
+                                                                          command: list[str]) -> None:
+    """A FIFO at STORE-shm made every open a "disk I/O error", exit 75, which a supervisor restarts for good
+    (and left an empty -wal behind); it is bad input, and it stays."""
+    db = tmp_path / "s.db"
+    assert run_onward("add", "--db", str(db), "a").returncode == 0
+    for leftover in (tmp_path / "s.db-wal", tmp_path / "s.db-shm"):
+        leftover.unlink(missing_ok=True)
+    os.mkfifo(str(db) + sibling)
+    before = files_under(tmp_path)
+    r = run_onward(command[0], "--db", str(db), *command[1:])
+    assert_one_line_exit_2(r, f"s.db{sibling} is not a regular file")
+    assert files_under(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["s.db", f"s.db{sibling}"]
+
+
 @pytest.mark.parametrize("source", ["/dev/zero", "a pipe of zeros", "stdin of zeros"])
 def test_an_endless_line_from_a_device_or_pipe_is_refused_without_reading_it_all(tmp_path: Path,
                                                                                 source: str) -> None:

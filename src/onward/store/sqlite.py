@@ -137,6 +137,18 @@ def _check_regular_file(path: str) -> bool:
         raise NotAStore(f"not an onward store: {path} is a directory")
     if not stat.S_ISREG(st.st_mode):
         raise NotAStore(f"not an onward store: {path} is not a regular file")
+    for sibling in (path + "-wal", path + "-shm"):
+        # SQLite's log and its index: something else there (a FIFO, a device) made every open a "disk I/O
+        # error", exit 75, which a supervisor restarts for good; it is bad input, and it stays.
+        try:
+            st = os.stat(sibling)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise _os_error(f"cannot read store {path}", e) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAStore(f"store {path}: {sibling} is not a regular file (a name SQLite keeps for its own"
+                            " file beside the store); remove it")
     return True
 
 

@@ -66,6 +66,9 @@ class QuickRead:
                 raise NotPlain
             if os.path.lexists(unsynced_mark(path)):
                 raise NotPlain  # its log must not be checkpointed as it is: SqliteStore guards it
+            for sibling in (path + "-wal", path + "-shm"):
+                if os.path.lexists(sibling) and not stat.S_ISREG(os.stat(sibling).st_mode):
+                    raise NotPlain  # a FIFO where SQLite keeps its log: SqliteStore refuses it
             self._db = sqlite3.connect(path, isolation_level=None)
             self._path = path
             connected(self._key)

@@ -683,9 +683,14 @@ class Runner:
         cfg = self.config
         if idle and want > 1 and self._alone_ready:
             claims = self.store.claim(self.worker_id, 1, cfg.lease_seconds, cfg.max_attempts, child, alone=True)
+            if claims and claims[0].alone:
+                return claims
+            # None of those is first in line any more (all run, or an older task came first): the flag goes
+            # now, not at the next heartbeat. Kept till then, it had every turn drain the worker and claim one
+            # task, ordinary ones too, as if each had to run alone.
+            self._alone_ready = False
             if claims:
                 return claims
-            self._alone_ready = False
         claims = self.store.claim(self.worker_id, want, cfg.lease_seconds, cfg.max_attempts, child, idle and want == 1)
         if not claims and idle and want > 1:
             claims = self.store.claim(self.worker_id, 1, cfg.lease_seconds, cfg.max_attempts, child, alone=True)

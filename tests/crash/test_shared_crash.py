@@ -74,3 +74,28 @@ def test_a_crash_with_several_tasks_running_counts_none_of_them_and_finds_the_cu
 
 def _lines_of(logs: str, name: str) -> str:
     return "\n".join(line for line in logs.splitlines() if f'task="{name}"' in line)
+
+
+def test_once_the_tasks_to_run_alone_have_run_the_others_run_side_by_side_again(tmp_path: Path) -> None:
+    """A task to run alone, ready at the worker's start: it ran alone, and then every ordinary task after it
+    ran alone as well, one at a time, until the next heartbeat looked again (here never: 30 s). Once none of
+    them is first in line the worker claims as many as it may again."""
+    import sqlite3
+
+    db = str(tmp_path / "s.db")
+    names = ["alone-1"] + [f"fine-{i}" for i in range(1, 7)]
+    assert run_onward("add", "--db", db, *names).returncode == 0
+    with sqlite3.connect(db) as c:  # as a reclaim after a crash shared with others leaves it (migrate_to_6)
+        c.execute("UPDATE tasks SET shared_crashes = 1 WHERE name = 'alone-1'")
+    c.close()
+    log = tmp_path / "runs.log"
+    r = run_onward("run", "-q", "--db", db, "--concurrency", "3", "--heartbeat", "30", "--", "sh", "-c",
+                   'echo "start $1" >> "$2"; sleep 0.3; echo "end $1" >> "$2"', "sh", "{task}", str(log))
+    assert r.returncode == 0, r.stderr
+    lines = log.read_text().split("\n")[:-1]
+    assert lines[:2] == ["start alone-1", "end alone-1"], lines  # alone, and first
+    running, most = 0, 0
+    for line in lines[2:]:
+        running += 1 if line.startswith("start ") else -1
+        most = max(most, running)
+    assert most >= 2, lines  # the ordinary tasks side by side again, not one by one

@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -336,31 +337,42 @@ def test_a_worker_that_lowered_its_concurrency_raises_it_again_once_the_shortage
     c.close()
 
 
-def test_a_limit_that_lets_no_task_start_is_warned_of_again_while_it_lasts(tmp_path: Path) -> None:
-    """Under `ulimit -n 16` not even one command can start: the worker gives each attempt back and tries
-    again every second, for as long as it runs. It said so once, and then looked idle for good (an hour,
-    in one user's run); the warning now comes again while the shortfall lasts (every minute; here every
-    2.2 s, set from the launcher), counting the tries in between."""
+def worker_log_under_sixteen_descriptors(tmp_path: Path, python: list[str], flags: list[str],
+                                         done: Callable[[str], bool], what: str) -> str:
+    """Run ``python`` (the interpreter's arguments that start onward) ``run`` with ``flags`` on two tasks under
+    `ulimit -n 16`, where not even one command can start, until ``done(its log)``; stop it with SIGTERM; its
+    log."""
     tasks = tmp_path / "tasks.txt"
     tasks.write_text("a\nb\n")
-    launcher = ("import sys; import onward.runner as r; r.RESOURCE_WARN_EVERY = 2.2; "
-                "from onward.entry import main; sys.argv[0] = 'onward'; main()")
     log = tmp_path / "worker.log"
 
     def limit_descriptors() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
 
     with log.open("wb") as out:
-        worker = subprocess.Popen([sys.executable, "-c", launcher, "run", "--db", str(tmp_path / "s.db"),
-                                   "--tasks", str(tasks), "-q", "--", "true"],
+        worker = subprocess.Popen([sys.executable, *python, "run", "--db", str(tmp_path / "s.db"),
+                                   "--tasks", str(tasks), *flags, "--", "true"],
                                   env=dict(os.environ, PYTHONPATH=SRC), stdout=out, stderr=out,
                                   preexec_fn=limit_descriptors)
     try:
-        wait_for(lambda: log.read_text().count("out of resources starting") >= 2, 30, "the warning to come again")
+        wait_for(lambda: done(log.read_text()), 30, what)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=30)
-    warnings = [line for line in log.read_text().splitlines() if "out of resources starting" in line]
+    return log.read_text()
+
+
+def test_a_limit_that_lets_no_task_start_is_warned_of_again_while_it_lasts(tmp_path: Path) -> None:
+    """Under `ulimit -n 16` not even one command can start: the worker gives each attempt back and tries
+    again every second, for as long as it runs. It said so once, and then looked idle for good (an hour,
+    in one user's run); the warning now comes again while the shortfall lasts (every minute; here every
+    2.2 s, set from the launcher), counting the tries in between."""
+    launcher = ("import sys; import onward.runner as r; r.RESOURCE_WARN_EVERY = 2.2; "
+                "from onward.entry import main; sys.argv[0] = 'onward'; main()")
+    said = worker_log_under_sixteen_descriptors(
+        tmp_path, ["-c", launcher], ["-q"], lambda log: log.count("out of resources starting") >= 2,
+        "the warning to come again")
+    warnings = [line for line in said.splitlines() if "out of resources starting" in line]
     assert all("Too many open files" in line for line in warnings), warnings
     assert "more since the last warning" in warnings[1], warnings  # a try a second: one or two between
 
@@ -369,24 +381,8 @@ def test_the_tries_between_two_warnings_are_not_logged_at_the_default_level(tmp_
     """Between two warnings the tries were logged at the default level too: one more "out of resources"
     line about every 1.3 s for as long as the shortage lasted, where the README promises one warning,
     again once a minute. They are for -v now; the attempts given back are still logged, one line each."""
-    tasks = tmp_path / "tasks.txt"
-    tasks.write_text("a\nb\n")
-    log = tmp_path / "worker.log"
-
-    def limit_descriptors() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
-
-    with log.open("wb") as out:
-        worker = subprocess.Popen([sys.executable, "-m", "onward", "run", "--db", str(tmp_path / "s.db"),
-                                   "--tasks", str(tasks), "--", "true"],
-                                  env=dict(os.environ, PYTHONPATH=SRC), stdout=out, stderr=out,
-                                  preexec_fn=limit_descriptors)
-    try:
-        wait_for(lambda: log.read_text().count("released task=") >= 3, 30, "three tries given back")
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=30)
-    said = log.read_text()
+    said = worker_log_under_sixteen_descriptors(
+        tmp_path, ["-m", "onward"], [], lambda log: log.count("released task=") >= 3, "three tries given back")
     assert said.count("out of resources starting") == 1, said
 
 

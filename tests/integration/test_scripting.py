@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -84,26 +85,39 @@ def test_logs_since_refuses_what_is_not_a_time(tmp_path: Path) -> None:
     assert b"\\xff" in run_onward("logs", "--db", db, "--since", "\udcff").stderr  # shown escaped
 
 
-def test_logs_follow_waits_for_the_store_to_be_created(tmp_path: Path) -> None:
-    db = str(tmp_path / "later" / "s.db")
-    follower = subprocess.Popen(onward_argv("logs", "--db", db, "-f"), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=os.environ)
+def follow_then_add(follow: list[str], add: list[str], before_add: Callable[[], None] = lambda: None
+                    ) -> tuple[str, str]:
+    """Start ``onward logs -f`` with ``follow``, read what it says on stderr, call ``before_add``, run ``onward
+    add`` with ``add``: that stderr line and the first event line printed after it. The follower is then
+    stopped with SIGINT, and must exit 0."""
+    follower = subprocess.Popen(onward_argv("logs", "-f", *follow), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=os.environ)
     assert follower.stdout is not None and follower.stderr is not None
     try:
         said = follower.stderr.readline().decode()
-        assert said.startswith("onward: waiting for a store at ") and db in said, said
-        assert follower.poll() is None and not Path(db).exists()  # waiting, and creating nothing
-        assert run_onward("add", "--db", db, "first-task").returncode == 0
+        assert follower.poll() is None, said  # waiting
+        before_add()
+        assert run_onward("add", *add).returncode == 0
         got: list[str] = []
         out = follower.stdout
         reader = threading.Thread(target=lambda: got.append(out.readline().decode()), daemon=True)
         reader.start()
         wait_for(lambda: got, 30, "the event line")
-        assert " added 1 new task" in got[0], got
     finally:
         follower.send_signal(signal.SIGINT)
         follower.wait(30)
     assert follower.returncode == 0
+    return said, got[0]
+
+
+def test_logs_follow_waits_for_the_store_to_be_created(tmp_path: Path) -> None:
+    db = str(tmp_path / "later" / "s.db")
+
+    def creating_nothing() -> None:
+        assert not Path(db).exists()
+    said, event = follow_then_add(["--db", db], ["--db", db, "first-task"], creating_nothing)
+    assert said.startswith("onward: waiting for a store at ") and db in said, said
+    assert " added 1 new task" in event, event
 
 
 def test_logs_follow_on_a_job_not_there_says_it_waits_for_that_job(tmp_path: Path) -> None:
@@ -111,23 +125,9 @@ def test_logs_follow_on_a_job_not_there_says_it_waits_for_that_job(tmp_path: Pat
     missing store. It waits for the job (a job not started yet), and says so; the job's first add ends it."""
     db = str(tmp_path / "s.db")
     assert run_onward("add", "--db", db, "x").returncode == 0
-    follower = subprocess.Popen(onward_argv("logs", "--db", db, "--job", "later", "-f"), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=os.environ)
-    assert follower.stdout is not None and follower.stderr is not None
-    try:
-        said = follower.stderr.readline().decode()
-        assert said == f"onward: waiting for job 'later' in {db} (there is no such job yet)\n", said
-        assert run_onward("add", "--db", db, "--job", "later", "y").returncode == 0
-        got: list[str] = []
-        out = follower.stdout
-        reader = threading.Thread(target=lambda: got.append(out.readline().decode()), daemon=True)
-        reader.start()
-        wait_for(lambda: got, 30, "the event line")
-        assert " added 1 new task" in got[0], got
-    finally:
-        follower.send_signal(signal.SIGINT)
-        follower.wait(30)
-    assert follower.returncode == 0
+    said, event = follow_then_add(["--db", db, "--job", "later"], ["--db", db, "--job", "later", "y"])
+    assert said == f"onward: waiting for job 'later' in {db} (there is no such job yet)\n", said
+    assert " added 1 new task" in event, event
 
 
 def test_logs_follow_quits_quietly_on_ctrl_c_while_waiting(tmp_path: Path) -> None:

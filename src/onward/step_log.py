@@ -161,10 +161,12 @@ class StepLog:
                 why = None if mismatch is None else mismatch(record)
                 if why is None:
                     return index, record
-        if why is None and record.name == name:
-            why = KIND_WORDS.get(kind, kind)  # the same name, another kind: say which each is
-        self._drift(index, f"{name}#{count}" + (f" ({why})" if why else ""), record,
-                    show_kind=record.name == name and record.kind != kind)
+        # The same name, another kind of call (a step named "sleep" where a durable sleep was recorded):
+        # said on both sides, or the message names sleep#1 twice.
+        show_kind = record.name == name and KIND_WORDS.get(kind, kind) != KIND_WORDS.get(record.kind, record.kind)
+        if why is None and show_kind:
+            why = KIND_WORDS.get(kind, kind)
+        self._drift(index, f"{name}#{count}" + (f" ({why})" if why else ""), record, show_kind)
         return index, None
 
     def _drift(self, index: int, called: str, record: StepRecord, show_kind: bool = False) -> None:

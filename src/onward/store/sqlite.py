@@ -67,7 +67,7 @@ from .sqlite_locks import (
     read_head,
     unlock,
 )
-from .sqlite_peek import SQLITE_MAGIC, Q, unsynced_mark
+from .sqlite_peek import SQLITE_MAGIC, Q, odd_sibling, unsynced_mark
 from .sqlite_wal import read_back
 
 # The extended attribute the journal probe asks to replace: no file has it, so nothing is ever changed.
@@ -137,18 +137,14 @@ def _check_regular_file(path: str) -> bool:
         raise NotAStore(f"not an onward store: {path} is a directory")
     if not stat.S_ISREG(st.st_mode):
         raise NotAStore(f"not an onward store: {path} is not a regular file")
-    for sibling in (path + "-wal", path + "-shm"):
-        # SQLite's log and its index: something else there (a FIFO, a device) made every open a "disk I/O
-        # error", exit 75, which a supervisor restarts for good; it is bad input, and it stays.
-        try:
-            st = os.stat(sibling)
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            raise _os_error(f"cannot read store {path}", e) from None
-        if not stat.S_ISREG(st.st_mode):
-            raise NotAStore(f"store {path}: {sibling} is not a regular file (a name SQLite keeps for its own"
-                            " file beside the store); remove it")
+    # Not a "disk I/O error", exit 75, which a supervisor restarts for good: bad input, and it stays.
+    try:
+        sibling = odd_sibling(path)
+    except OSError as e:
+        raise _os_error(f"cannot read store {path}", e) from None
+    if sibling is not None:
+        raise NotAStore(f"store {path}: {sibling} is not a regular file (a name SQLite keeps for its own"
+                        " file beside the store); remove it")
     return True
 
 

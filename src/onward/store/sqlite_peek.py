@@ -37,6 +37,19 @@ def unsynced_mark(path: str) -> str:
     return path + "-unsynced"
 
 
+def odd_sibling(path: str) -> str | None:
+    """The first of SQLite's own files beside the store (its log, the log's index) that is there and is not
+    a regular file (a FIFO, a device), or None. SQLite's every open of such a store was a "disk I/O error".
+    An error other than "not there" goes on (OSError)."""
+    for sibling in (path + "-wal", path + "-shm"):
+        try:
+            if not stat.S_ISREG(os.stat(sibling).st_mode):
+                return sibling
+        except FileNotFoundError:
+            continue
+    return None
+
+
 def hold_off_checkpoint_on_close(path: str) -> int:
     """A new descriptor of the database file at ``path`` holding ``sqlite_locks.lock_shared_bytes``: while it is
     open, no connection's close, in any process, checkpoints the log. -1 when the file cannot be opened."""
@@ -66,9 +79,8 @@ class QuickRead:
                 raise NotPlain
             if os.path.lexists(unsynced_mark(path)):
                 raise NotPlain  # its log must not be checkpointed as it is: SqliteStore guards it
-            for sibling in (path + "-wal", path + "-shm"):
-                if os.path.lexists(sibling) and not stat.S_ISREG(os.stat(sibling).st_mode):
-                    raise NotPlain  # a FIFO where SQLite keeps its log: SqliteStore refuses it
+            if odd_sibling(path) is not None:
+                raise NotPlain  # a FIFO where SQLite keeps its log: SqliteStore refuses it
             self._db = sqlite3.connect(path, isolation_level=None)
             self._path = path
             connected(self._key)

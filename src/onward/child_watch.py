@@ -43,7 +43,8 @@ class Watchdog:
     none; None when it counts as started at once) and its watchdog (``period`` seconds, or None for none),
     armed once it is started (its ``READY=1``) or by its first ``WATCHDOG=1``, re-armed by each ``READY=1``
     and ``WATCHDOG=1`` (and after a pause of the supervisor itself), fired at once by ``WATCHDOG=trigger``,
-    both disarmed for good once a stop begins, as systemd does."""
+    both disarmed for good once a stop begins, as systemd does; and its stop timeout (systemd's
+    ``TimeoutStopSec``), which runs from the stop the supervisor passed on (``stop``)."""
 
     def __init__(self, period: float | None, now: float, start_timeout: float | None = None) -> None:
         self.period = period
@@ -52,6 +53,9 @@ class Watchdog:
         self.start_from = self.armed_at = now
         self.start_deadline = now + start_timeout if start_timeout else None
         self.deadline = now + period if period and start_timeout is None else None
+        self.stop_timeout = 0.0
+        self.stop_from = now
+        self.stop_deadline: float | None = None
 
     @property
     def armed(self) -> bool:
@@ -73,6 +77,8 @@ class Watchdog:
             self.armed_at, self.deadline = now, now + (self.period or 0)
         if self.start_deadline is not None:
             self.start_from, self.start_deadline = now, now + (self.start_timeout or 0)
+        if self.stop_deadline is not None:
+            self.stop_deadline = now + self.stop_timeout
 
     def trigger(self, now: float) -> None:
         if self.period and not self.stopping:
@@ -82,8 +88,15 @@ class Watchdog:
         self.stopping = True
         self.deadline = self.start_deadline = None
 
+    def stop(self, now: float, timeout: float) -> None:
+        """A stop was passed on to the child: disarmed, and it has ``timeout`` seconds (0: no limit) to exit,
+        counted from the first stop (a second SIGTERM gives it no more time)."""
+        self.disarm()
+        if timeout and self.stop_deadline is None:
+            self.stop_timeout, self.stop_from, self.stop_deadline = timeout, now, now + timeout
+
     def _next(self) -> float | None:
-        deadlines = [d for d in (self.deadline, self.start_deadline) if d is not None]
+        deadlines = [d for d in (self.deadline, self.start_deadline, self.stop_deadline) if d is not None]
         return min(deadlines) if deadlines else None
 
     def expired(self, now: float) -> bool:
@@ -96,6 +109,8 @@ class Watchdog:
         return tick if deadline is None else max(0.0, min(tick, deadline - now))
 
     def cause(self, now: float) -> str:
+        if self.stop_deadline is not None and now >= self.stop_deadline:
+            return f"stop timeout: still running {now - self.stop_from:.1f} s after the stop was passed on"
         if self.start_deadline is not None and now >= self.start_deadline:
             return f"start timeout: no READY=1 for {now - self.start_from:.1f} s"
         return f"watchdog: no heartbeat for {now - self.armed_at:.1f} s"

@@ -33,6 +33,9 @@ _COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--start-timeout", type=FINITE_FLOAT, default=DEFAULT_START_TIMEOUT, show_default=True, metavar="S",
               help="Kill and restart an `onward run` worker not ready (READY=1) S seconds after its start"
                    " (0: no limit).")
+@click.option("--stop-timeout", type=FINITE_FLOAT, default=None, metavar="S",
+              help="Kill a worker still running S seconds after a stop was passed on to it (0: no limit)"
+                   " [default: the worker's --grace + 10].")
 @click.option("--db", "db", default=None, metavar="URL", type=NOT_EMPTY,
               help="Store to record restarts in [default: the worker's --db, $ONWARD_DB, .onward/onward.db].")
 @click.option("--job", "job", default=None, metavar="NAME", type=JobName(),
@@ -41,8 +44,8 @@ _COMMAND = click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @_COMMAND
 @click.pass_context
 def supervise_command(ctx: click.Context, restart_delay: float, max_restarts: int, window: float,
-                      watchdog: float | None, start_timeout: float, db: str | None, job: str | None,
-                      command: tuple[str, ...]) -> None:
+                      watchdog: float | None, start_timeout: float, stop_timeout: float | None, db: str | None,
+                      job: str | None, command: tuple[str, ...]) -> None:
     """Run CMD (usually `onward run ...`) and keep it running: restart it when it crashes or hangs.
 
     \b
@@ -51,11 +54,11 @@ def supervise_command(ctx: click.Context, restart_delay: float, max_restarts: in
 
     Exit 0 or 3 from the worker (work finished) and 2 (usage error) end the supervisor with the same
     status, giving up on a crash loop with 1; SIGTERM and SIGINT (SIGHUP as SIGTERM) are passed on to the
-    worker, which then is not restarted.
+    worker, which then is not restarted, and killed if it has not exited within --stop-timeout.
     """
     supervisor = Supervisor(list(command), restart_delay=restart_delay, max_restarts=max_restarts,
                             window=window, watchdog=watchdog, store_url=db, job=job,
-                            start_timeout=start_timeout)
+                            start_timeout=start_timeout, stop_timeout=stop_timeout)
     ctx.exit(supervisor.run())
 
 

@@ -76,7 +76,7 @@ STORE_RETRY_FIRST = 0.2
 STORE_RETRY_MAX = 2.0
 # After SIGTERM and --grace, how long outcomes that cannot be committed are still retried before the worker
 # leaves them uncommitted (their tasks stay claimed; the next worker reclaims them, as after a crash). Well
-# within the unit's TimeoutStopSec (grace + systemd.STOP_MARGIN).
+# within the unit's TimeoutStopSec (grace + supervise.STOP_MARGIN).
 STOP_COMMIT_SECONDS = 5.0
 # How long a turn of the loop goes on with the sweep for missing result files (Settler.export_missing):
 # short beside running tasks (their outcomes wait meanwhile), and the loop turns again at once until it is

@@ -47,7 +47,10 @@ Restart rules (exit statuses are those of ``onward run``):
   start-up, or before it finishes any task) is stopped as before.
 - SIGTERM, SIGINT or SIGHUP (as SIGTERM) to the supervisor is forwarded to the child's pid (not its group: the worker stops its
   tasks itself, within its ``--grace``), the watchdog is disarmed as systemd does once a stop begins, and no
-  restart follows: the supervisor exits with the child's status (128 + N for death by signal N).
+  restart follows: the supervisor exits with the child's status (128 + N for death by signal N). A child
+  still running ``stop_timeout`` seconds after the first stop was forwarded (systemd's ``TimeoutStopSec``:
+  by default the worker's ``--grace`` and ``STOP_MARGIN``, as in the units of ``onward.systemd``) is wedged,
+  or frozen alone: its process group is SIGKILLed, as when the watchdog fires, and the supervisor exits 137.
 
 Progress. A run made progress when the child said ``READY=1`` and then ``X_ONWARD_PROGRESS=1``, a custom
 sd_notify field (``X_`` prefix, which systemd ignores) that ``onward run`` sends once, as soon as its first
@@ -102,7 +105,7 @@ from typing import NamedTuple
 
 from onward.cgroups import sweep_dead_workers
 from onward.child_watch import Watchdog, exit_fd, exited, receive
-from onward.config import MIN_HEARTBEAT
+from onward.config import MAX_SECONDS, MIN_HEARTBEAT, RunConfig
 from onward.durations import doubling
 from onward.errors import RESOURCE_ERRNOS, StoreError, UsageError
 from onward.gate import START_GATE, Gate
@@ -129,6 +132,9 @@ DEFAULT_MAX_RESTARTS = 5
 DEFAULT_WINDOW = 60.0
 # systemd's own default TimeoutStartSec: how long `onward run` may take to say READY=1 (0: no bound).
 DEFAULT_START_TIMEOUT = 90.0
+# How long a stop may take beyond the worker's --grace before the worker is killed: time to terminate its
+# tasks, commit and record the stop. The same margin in a unit's TimeoutStopSec (onward.systemd).
+STOP_MARGIN = 10.0
 # The shortest watchdog, here and in a unit's WatchdogSec. The worker sends WATCHDOG=1 from its main loop, no
 # faster than that loop turns: a commit on a busy disk or a garbage collection outlasts a shorter period,
 # and a healthy worker was killed as wedged (measured on 2 cores: at 2 ms every start, at 20 ms under load
@@ -227,6 +233,19 @@ def find_run_option(command: Sequence[str], name: str) -> tuple[int, str, str] |
     return found
 
 
+def default_stop_timeout(command: Sequence[str]) -> float:
+    """How long a stopped worker may take to exit, unless ``--stop-timeout`` says: the ``--grace`` of ``onward run``
+    in ``command`` (its default when not given, or when the worker will refuse it) and ``STOP_MARGIN``."""
+    found = find_run_option(command, "--grace")
+    try:
+        grace = float(found[2]) if found else RunConfig.grace
+    except ValueError:
+        grace = RunConfig.grace
+    if not (0 <= grace <= MAX_SECONDS):
+        grace = RunConfig.grace
+    return grace + STOP_MARGIN
+
+
 def store_url_for(command: Sequence[str], environ: Mapping[str, str]) -> str | None:
     """The store a worker command uses, as far as the supervisor can tell: its ``--db``, else ``ONWARD_DB``,
     else onward's default ``.onward/onward.db`` if that file exists (no store is created just to journal)."""
@@ -315,7 +334,7 @@ class Supervisor:
     def __init__(self, command: Sequence[str], restart_delay: float = DEFAULT_RESTART_DELAY,
                  max_restarts: int = DEFAULT_MAX_RESTARTS, window: float = DEFAULT_WINDOW,
                  watchdog: float | None = None, store_url: str | None = None, job: str | None = None,
-                 start_timeout: float = DEFAULT_START_TIMEOUT) -> None:
+                 start_timeout: float = DEFAULT_START_TIMEOUT, stop_timeout: float | None = None) -> None:
         if not command:
             raise UsageError("supervise: no command given (put it after --)")
         # Finite numbers only: nan passes no comparison, and inf overflows select() and WATCHDOG_USEC.
@@ -330,12 +349,15 @@ class Supervisor:
                              f" heartbeat faster), not {watchdog:g}")
         if not (start_timeout >= 0 and math.isfinite(start_timeout)):
             raise UsageError(f"--start-timeout must be 0 or more seconds, not {start_timeout}")
+        if stop_timeout is not None and not (stop_timeout >= 0 and math.isfinite(stop_timeout)):
+            raise UsageError(f"--stop-timeout must be 0 or more seconds, not {stop_timeout}")
         self.command = list(command)
         self.restart_delay = restart_delay
         self.max_restarts = max_restarts
         self.window = window
         self.watchdog = watchdog
         self.start_timeout = start_timeout
+        self.stop_timeout = default_stop_timeout(command) if stop_timeout is None else stop_timeout
         if store_url is not None:
             try:
                 store_url = checked_store_url(store_url)
@@ -605,7 +627,8 @@ class Supervisor:
             while True:
                 now = self._sleep(notify, pidfd, watchdog)
                 if self._forward_signals(child):
-                    watchdog.disarm()  # a stop has begun: like systemd, no watchdog while stopping
+                    # A stop has begun: like systemd, no watchdog while stopping, and a limit to the stop.
+                    watchdog.stop(now, self.stop_timeout)
                 for message in receive(notify, child.pid):
                     ready = self._heard(child, message, watchdog, now, ready)
                 if ready and ready_since is None:

@@ -39,6 +39,7 @@ from onward.supervise import (
     DEFAULT_START_TIMEOUT,
     DEFAULT_WINDOW,
     MIN_WATCHDOG,
+    STOP_MARGIN,
     find_run_option,
     onward_run_span,
 )
@@ -47,7 +48,6 @@ UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/onward"  # the units' EnvironmentFiles, holding their secrets
 DEFAULT_WATCHDOG = 30.0  # WatchdogSec unless --watchdog says otherwise (0: none)
 DEFAULT_GRACE = RunConfig.grace  # onward run's --grace default
-STOP_MARGIN = 10.0  # TimeoutStopSec = grace + this: time to terminate the tasks and record the stop
 # The unit's start limit: more than START_LIMIT_BURST starts within START_LIMIT_INTERVAL seconds leave it
 # failed for good, as a crash loop that `onward supervise` gives up on.
 START_LIMIT_INTERVAL = DEFAULT_WINDOW

@@ -33,7 +33,9 @@ from onward.store import open_store
 from onward.supervise import (
     DEFAULT_RESTART_DELAY,
     MIN_WATCHDOG,
+    STOP_MARGIN,
     backoff_delay,
+    default_stop_timeout,
     find_run_option,
     store_url_for,
 )
@@ -51,7 +53,8 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 #   sleep:S/N     READY=1, beat for S seconds, exit N
 #   termdie       READY=1, beat, no SIGTERM handler (dies of the signal)
 #   nobeat        READY=1, three beats, then silence (sleeping, not wedged)
-#   wedge         READY=1, three beats, then a catastrophic-backtracking regex in the main thread
+#   wedge         READY=1, three beats, then a catastrophic-backtracking regex in the main thread (SIGTERM
+#                 and SIGINT have a handler, as in onward run, which never gets to run)
 #   grandbeat     READY=1, silence, but a grandchild in its process group sends WATCHDOG=1
 #   notifier:S    onward.notify.Notifier: ready() and watchdog() every 10 ms for S seconds, exit 0
 #   progress:N    onward.notify.Notifier: ready(), then progress() (it settled a task), then exit N
@@ -92,7 +95,7 @@ def record(event):
         f.write(event + "\n")
 
 stop = []
-if kind in ("beat", "beatfor", "sleep"):
+if kind in ("beat", "beatfor", "sleep", "wedge"):  # (a wedge never gets to run the handler)
     def on_signal(signum, frame):
         stop.append(signum)
     signal.signal(signal.SIGTERM, on_signal)
@@ -153,7 +156,7 @@ if kind == "grandbeat":
 
 # The supervisor's options, as `onward supervise` spells them.
 OPTIONS = {"restart_delay": "--restart-delay", "max_restarts": "--max-restarts", "window": "--window",
-           "watchdog": "--watchdog", "store_url": "--db"}
+           "watchdog": "--watchdog", "store_url": "--db", "stop_timeout": "--stop-timeout"}
 
 
 def alive(pid: int) -> bool:
@@ -315,6 +318,54 @@ def test_stopped_worker_dying_of_the_signal_gives_128_plus_n(supervise: Callable
     os.kill(run.proc.pid, signal.SIGTERM)
     assert run.wait() == 128 + signal.SIGTERM
     assert len(run.starts()) == 1
+
+
+def test_a_stopped_worker_that_does_not_exit_is_killed_after_the_stop_timeout(supervise: Callable[..., Run]) -> None:
+    # A worker wedged holding the GIL never acts on the SIGTERM passed on to it. Before, the supervisor then
+    # waited for good (the watchdog is disarmed once a stop begins, as systemd does), and more signals were
+    # only passed on again: ^C never returned. Like systemd's TimeoutStopSec, it now kills it.
+    run = supervise("wedge", stop_timeout=1.0)
+    worker = run.child(1)
+    wait_for(lambda: run.events() == ["wedged"], 10, "the worker to wedge")
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 128 + signal.SIGKILL
+    assert re.search(rf"worker {worker}: stop timeout: still running 1\.\d s after the stop was passed on; killing"
+                     r" its process group", run.log), run.log
+    assert not alive(worker)
+    assert len(run.starts()) == 1
+
+
+def test_a_stopped_worker_frozen_alone_is_killed_after_the_stop_timeout(supervise: Callable[..., Run]) -> None:
+    # The same for a worker stopped by SIGSTOP (frozen alone, not with its supervisor): a second SIGTERM
+    # gives it no more time than the first.
+    run = supervise("beat", stop_timeout=2.0)
+    worker = run.child(1)
+    os.kill(worker, signal.SIGSTOP)
+    wait_for(lambda: not _running(worker), 5, "the worker to stop")
+    os.kill(run.proc.pid, signal.SIGTERM)
+    wait_for(lambda: "forwarding SIGTERM" in run.log, 5, "the stop to be passed on")
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 128 + signal.SIGKILL
+    assert "stop timeout: still running 2." in run.log, run.log
+    assert not alive(worker) and run.events() == []
+
+
+def test_a_stopped_worker_that_exits_in_time_is_not_killed(supervise: Callable[..., Run]) -> None:
+    # The timeout is a bound, not a wait: a worker that exits on the stop ends the supervisor with its status.
+    run = supervise("beat", stop_timeout=30.0)
+    run.child(1)
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 0
+    assert run.events() == ["SIGTERM"] and "stop timeout" not in run.log, run.log
+
+
+def test_the_default_stop_timeout_is_the_workers_grace_and_a_margin() -> None:
+    assert default_stop_timeout(["onward", "run", "--grace", "3", "--", "true"]) == 3 + STOP_MARGIN
+    assert default_stop_timeout(["onward", "run", "--grace=0", "--", "true"]) == STOP_MARGIN
+    assert default_stop_timeout(["onward", "run", "--", "sleep", "--grace", "99"]) == 10 + STOP_MARGIN
+    # A --grace the worker refuses (it exits 2 on it) leaves the default, and so does another command.
+    for words in (["onward", "run", "--grace", "nan"], ["onward", "run", "--grace", "-1"], ["sh", "-c", "x"]):
+        assert default_stop_timeout(words) == 10 + STOP_MARGIN
 
 
 def test_gives_up_after_a_crash_loop_with_one_line(supervise: Callable[..., Run]) -> None:
@@ -1466,11 +1517,15 @@ def test_a_worker_not_ready_within_the_start_timeout_is_restarted(supervised: Ca
     assert run_onward("status", "--db", server.url, "--json").stdout.count(b'"done": 1') == 1
 
 
-@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "1e30"])
-def test_a_bad_start_timeout_is_refused_in_one_line(bad: str) -> None:
-    done = run_onward("supervise", f"--start-timeout={bad}", "--", sys.executable, "-c", "pass")
+@pytest.mark.parametrize("option", ["--start-timeout", "--stop-timeout"])
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "1e30", "ten"])
+def test_a_bad_start_or_stop_timeout_is_refused_in_one_line(option: str, bad: str, tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    done = run_onward("supervise", f"{option}={bad}", "--", sys.executable, "-c",
+                      f"open({str(ran)!r}, 'w')")
     assert done.returncode == 2
-    assert done.stderr.decode().count("\n") == 1 and "--start-timeout" in done.stderr.decode(), done.stderr
+    assert done.stderr.decode().count("\n") == 1 and option in done.stderr.decode(), done.stderr
+    assert not ran.exists()
 
 
 def test_the_shortest_watchdog_is_fed_by_a_real_worker(supervised: Callable[..., Supervised],

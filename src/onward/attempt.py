@@ -38,11 +38,8 @@ class Outcome:
     store_fault: bool = False
 
     def __post_init__(self) -> None:
-        if "\0" in self.error:
-            # A command's stderr or an exception's text may hold NUL bytes, which PostgreSQL's text cannot:
-            # the commit of the whole batch failed over and over, the other tasks' outcomes with it. Shown
-            # escaped, on both backends alike.
-            object.__setattr__(self, "error", self.error.replace("\0", "\\x00"))
+        if self.error:
+            object.__setattr__(self, "error", storable_text(self.error))
 
     @classmethod
     def done(cls, data: bytes, kind: str) -> Outcome:
@@ -64,6 +61,21 @@ class Outcome:
     def error_line(self) -> str:
         """The error squeezed onto one line for a log."""
         return one_line(self.error) or "(no message)"
+
+
+def storable_text(text: str) -> str:
+    """``text`` as both stores can hold it, escaped where it could not be: a NUL (PostgreSQL's text cannot hold
+    one: the commit of the whole batch failed over and over, the other tasks' outcomes with it) and a lone
+    surrogate (half an emoji in a model's cut answer, bytes decoded with surrogateescape: not UTF-8, so
+    neither store can take it, and the worker died at the commit of the task's failure, its attempt then
+    counted against it as "owner died" over and over, the real error never recorded)."""
+    if "\0" in text:
+        text = text.replace("\0", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def error_tail(text: str, cut: bool, secrets: Sequence[str]) -> str:
@@ -170,7 +182,7 @@ class Attempt:
         if note is not None:
             # Text that is not valid Unicode (a lone surrogate, from bytes decoded with surrogateescape)
             # cannot be stored: the renewal that carries the note would fail, and the worker with it.
-            self.note = note[:200].encode("utf-8", "backslashreplace").decode("utf-8").replace("\0", "\\x00")
+            self.note = storable_text(note[:200])
 
     def request_stop(self) -> None:
         """The worker is stopping gracefully: finish soon if you can."""

@@ -466,6 +466,30 @@ def test_an_error_text_with_nul_bytes_fails_its_task_on_every_backend_and_stalls
     job.close()
 
 
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_an_error_text_with_a_lone_surrogate_fails_its_task_and_the_worker_goes_on(
+        store_url: str, concurrency: int) -> None:
+    """An exception whose message holds a lone surrogate (half an emoji in a model's cut answer): neither store
+    can hold it as it is, and the commit of the failure raised UnicodeEncodeError out of ``job.run()``; each
+    run then reclaimed the task and died again, and it ended failed as "owner died", its own error never
+    recorded. Now the error is kept escaped, as a NUL is, and the tasks beside it finish."""
+    job = Job(store_url, max_attempts=2, retry_delay=0.01, concurrency=concurrency, log_level=QUIET)
+
+    @job.task
+    def answer(task: str, ctx: TaskContext) -> str:
+        if task == "cut":
+            raise ValueError("model said: \udcff")
+        return task
+
+    job.add(["a", "cut", "b", "c"])
+    summary = job.run()
+    assert (summary.done, summary.failed, summary.exit_code) == (3, 1, 3)
+    row = job.store.task("cut")
+    assert row is not None and row.state == "failed" and row.attempts == 2, row
+    assert "ValueError: model said: \\udcff" in (row.error or ""), row.error
+    job.close()
+
+
 @pytest.mark.parametrize(("setting", "value"), [("concurrency", 2.5), ("concurrency", True), ("max_attempts", 2.5),
                                                  ("max_attempts", "3")])
 def test_a_count_that_is_not_a_whole_number_is_refused(tmp_path: Path, setting: str, value: object) -> None:

@@ -213,8 +213,7 @@ class AsyncTaskContext(ContextBase):
         return await durable.run_step_async(self, durable.StepSpec(name), fn, args, kwargs)
 
     async def load(self) -> None:
-        if not self.step_log.loaded:
-            await asyncio.to_thread(self.step_log.load)
+        await durable.load_journal(self.step_log)
 
     async def restore(self, default: Any = None) -> Any:
         """The value of the latest ``checkpoint``, or ``default`` (see ``TaskContext.restore``)."""

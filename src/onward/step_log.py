@@ -56,6 +56,7 @@ class StepLog:
         self.attempt = claim.attempt
         self._lock = threading.Lock()
         self.loaded = False
+        self.reading: object = None  # the read an async task's calls share (steps.load_journal)
         self._history: list[StepRecord] = []  # every record loaded, then those this attempt wrote
         self._pending: dict[int, StepRecord] = {}  # index -> a loaded record not yet reached
         self._position = 0  # the index of the last call handed out

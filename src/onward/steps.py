@@ -278,11 +278,29 @@ def run_step(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any
     return run.returned(value)
 
 
+async def load_journal(log: StepLog) -> None:
+    """Read a task's journal (``StepLog.load``, in a thread) for a call of an async task. The calls made while it
+    is read share the one read and go on in the order they began to wait for it, which is the order they were
+    made, so each takes its position in that order. With a read each, steps started together
+    (``asyncio.gather``) as an attempt's first calls took their positions in the order their reads came back,
+    and a resumed task got another call's recorded value, or drifted."""
+    if log.loaded:
+        return
+    import asyncio  # here: the path that runs commands loads no asyncio (BENCHMARKS.md, start-up)
+
+    loop = asyncio.get_running_loop()
+    reading = log.reading
+    if not isinstance(reading, asyncio.Task) or reading.get_loop() is not loop or reading.done():
+        reading = log.reading = loop.create_task(off_loop(log.load))
+    # Shielded: a call cancelled while it waits must not cancel the read the others wait for.
+    await asyncio.shield(reading)
+
+
 async def run_step_async(ctx: StepContext, spec: StepSpec, fn: Callable[..., Any], args: Any,
                          kwargs: Any, at: int | None = None) -> Any:
     log = ctx.step_log
     if not log.loaded:
-        await off_loop(log.load)
+        await load_journal(log)
     run = begin_step(ctx, spec, at)
     if isinstance(run, StepRecord):
         return replay(log, spec, run)

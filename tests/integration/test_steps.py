@@ -1122,3 +1122,60 @@ def test_a_planted_error_record_cannot_run_code_in_the_worker_that_resumes(tmp_p
     assert not planted.exists()
     assert seen[0] == "ValueError: the first time"
     assert seen[1].startswith("StepError: a recorded step error could not be rebuilt: an error record may not name")
+
+
+GATHER_TASK = """
+import asyncio, os, random, signal, sys
+from onward import Job, step
+from onward.log import QUIET
+
+job = Job(sys.argv[1], max_attempts=1, log_level=QUIET)
+pace = random.Random(int(sys.argv[2]))
+
+
+@step(name="search")
+async def search(i):
+    await asyncio.sleep(pace.random() * 0.05)
+    return f"s{i}"
+
+
+@step(name="fetch")
+async def fetch(i):
+    await asyncio.sleep(pace.random() * 0.05)
+    return f"f{i}"
+
+
+@job.task
+async def t(task, ctx):
+    # The first steps of the attempt, started together: none has its position yet when they start.
+    got = await asyncio.gather(*(search(i) if i % 2 else fetch(i) for i in range(8)))
+    if os.environ.get("KILL"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return got
+
+
+job.add(["t"])
+job.run()
+print(" ".join(job.result("t")))
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_steps_started_together_before_the_journal_is_read_keep_their_call_order(db: str, tmp_path: Path,
+                                                                                 seed: int) -> None:
+    """Async steps started together with ``asyncio.gather`` as an attempt's first calls: each waited for the
+    task's journal to be read before it took its position, and took it in the order those reads came back, so a
+    resumed task got another call's recorded value (or drifted where the names differed). A position is now
+    taken when the call is made."""
+    print(f"seed {seed}")
+    (tmp_path / "task.py").write_text(GATHER_TASK)
+    env = {**os.environ, "PYTHONPATH": SRC}
+    first = subprocess.run([sys.executable, str(tmp_path / "task.py"), db, str(seed)], env={**env, "KILL": "1"},
+                           timeout=60, capture_output=True, text=True)
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    expected = [f"s{i}" if i % 2 else f"f{i}" for i in range(8)]
+    assert [name for _, name, _ in records(db, "t")] == ["search" if i % 2 else "fetch" for i in range(8)]
+    second = subprocess.run([sys.executable, str(tmp_path / "task.py"), db, str(seed + 100)], env=env, timeout=60,
+                            capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split() == expected, second.stderr

@@ -35,7 +35,15 @@ from ..step_records import (
     recordable,
     unframe,
 )
-from ..steps import StepContext, StepSpec, active_context, current_step_key, run_step, run_step_async
+from ..steps import (
+    StepContext,
+    StepSpec,
+    active_context,
+    current_step_key,
+    load_journal,
+    run_step,
+    run_step_async,
+)
 from ..store.base import StepRecord
 from ..threads import off_loop
 
@@ -396,8 +404,7 @@ async def durable_stream_async(name: str, call: Callable[[str | None], Awaitable
     ctx = active_context()
     if ctx is None:
         return await call(None)
-    if not ctx.step_log.loaded:
-        await off_loop(ctx.step_log.load)
+    await load_journal(ctx.step_log)
     step, recorded = _open(ctx, name)
     if step is None:
         assert recorded is not None

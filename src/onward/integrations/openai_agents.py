@@ -78,7 +78,7 @@ from pydantic_core import to_jsonable_python
 from ..errors import UsageError
 from ..step_log import StepLog
 from ..step_records import ERROR, recordable
-from ..steps import StepContext, StepRun, StepSpec, active_context, begin_step, replay
+from ..steps import StepContext, StepRun, StepSpec, active_context, begin_step, load_journal, replay
 from ..store.base import StepRecord
 from ..threads import off_loop
 from .calls import IDEMPOTENCY_HEADER, ModelCodec, durable_call_async
@@ -258,8 +258,7 @@ class OnwardModel(Model):
             return failed.run
         if failed is not None:
             await off_loop(failed.record)
-        if not ctx.step_log.loaded:
-            await off_loop(ctx.step_log.load)
+        await load_journal(ctx.step_log)
         return begin_step(ctx, spec)
 
     def _replay(self, ctx: StepContext, input: Any, spec: StepSpec, record: StepRecord) -> Any:

@@ -27,6 +27,12 @@ _KEYWORD_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<password>'(?:[^'
 # One URL: the text starts with it (or with "NAME=" before it) and nothing after its host is whitespace.
 _WHOLE_URL_PASSWORD = re.compile(r"\A(?:[^\s=]*=)?[a-z][a-z0-9+.-]*://[^:/?#@\s]*:(?P<password>.*)@[^@\s]*\Z",
                                  re.IGNORECASE | re.DOTALL)
+# In a text that is one URL, a ``password=`` of its query runs to the next "&NAME=" or the end, whatever it
+# holds: libpq cuts "password=Sec&ret" at the "&" and refuses "ret" as a parameter, quoting it, and refuses
+# "Secr et", quoting it whole; the rule for free text stopped at either and showed the rest.
+_WHOLE_URL_QUERY_PASSWORD = re.compile(
+    r"\A(?:[^\s=]*=)?[a-z][a-z0-9+.-]*://[^?]*\?(?:.*?&)?password=(?P<password>.*?)(?=&[a-z_]+=|\Z)",
+    re.IGNORECASE | re.DOTALL)
 
 
 def redact_url(text: str) -> str:
@@ -38,9 +44,10 @@ def redact_url(text: str) -> str:
 def redact_one_url(url: str) -> str:
     """``redact_url`` for a text that is a single URL (or one argument holding one, ``--db=URL``): its whole
     password is hidden, up to the last "@", even where ``redact_url`` cannot tell where it ends."""
-    whole = _WHOLE_URL_PASSWORD.search(url)
-    if whole is not None:
-        url = url[:whole.start("password")] + "***" + url[whole.end("password"):]
+    for pattern in (_WHOLE_URL_PASSWORD, _WHOLE_URL_QUERY_PASSWORD):
+        whole = pattern.search(url)
+        if whole is not None and whole["password"]:
+            url = url[:whole.start("password")] + "***" + url[whole.end("password"):]
     return redact_url(url)
 
 
@@ -54,6 +61,11 @@ def url_secrets(text: str) -> list[str]:
     whole = _WHOLE_URL_PASSWORD.search(text)
     if whole is not None:  # ``text`` is one URL: its password runs to the last "@" (see redact_one_url)
         found.append(whole["password"])
+    query = _WHOLE_URL_QUERY_PASSWORD.search(text)
+    if query is not None and query["password"]:
+        # ... or to the next "&NAME=" of its query: whole, and the pieces libpq quotes, around an "&" or a space.
+        found.append(query["password"])
+        found += [piece for piece in re.split(r"[&\s]+", query["password"]) if len(piece) >= MIN_PIECE]
     found += [raw[1:-1] for raw in found if len(raw) >= 2 and raw[0] == raw[-1] == "'"]
     found += [raw.split("@", 1)[0] for raw in found]  # libpq reads up to the first "@", and quotes that
     # ... and takes what follows it for the host, which a driver's message then quotes ("failed to resolve

@@ -91,3 +91,14 @@ def test_a_python_task_whose_exception_holds_the_store_url_does_not_leak_its_pas
     assert "ConnectionError: cannot reach postgresql://postgres:***@" in row.error
     assert row.error.rstrip().endswith(f"as {pgutil.PG_USER} with ***"), row.error  # the bare password too
     assert secret not in row.error
+
+
+@pytest.mark.parametrize("password", ["Secr et99Word", "Sec&ret99Word"])
+def test_a_bad_url_with_a_password_parameter_is_refused_without_showing_any_of_it(password: str) -> None:
+    """The error line of a URL libpq refuses for its ``password=`` (a space, an "&" in it) showed what followed
+    the space or the "&", in the URL and in libpq's quote of it."""
+    done = run_onward("status", "--db", f"postgresql://u@127.0.0.1/db?password={password}")
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert err.startswith("onward: error: bad PostgreSQL URL postgresql://u@127.0.0.1/db?password=***: "), err
+    assert err.count("\n") == 1 and "99Word" not in err and "ret" not in err, err

@@ -72,6 +72,23 @@ def test_one_url_hides_a_password_with_both_a_space_and_a_slash(password: str) -
         assert "Secr3t" not in scrub(f'unexpected spaces found in "{quoted}{HOST}"', secrets)
 
 
+@pytest.mark.parametrize("password", ["Secr et99Word", "Sec&ret99Word", "Sec ret&99Word x"])
+@pytest.mark.parametrize("before", ["", "sslmode=disable&"])
+def test_one_url_hides_a_password_parameter_with_a_space_or_an_ampersand(password: str, before: str) -> None:
+    """A ``password=`` of a store URL's query holding a space or an "&": the rule for free text stopped at
+    either, and the error line showed the rest ("password=*** et99Word: unexpected spaces found in
+    "*** et99Word""), as did libpq's own words for the part after an "&" ("missing key/value separator "=" in
+    URI query parameter: "ret99Word""). A store location is one URL: the password runs to the next "&NAME="."""
+    url = f"postgresql://u@127.0.0.1/jobs?{before}password={password}"
+    assert redact_one_url(url) == f"postgresql://u@127.0.0.1/jobs?{before}password=***"
+    assert redact_one_url(f"{url}&application_name=x").endswith("password=***&application_name=x")
+    secrets = url_secrets(url)
+    for quoted in (password, password.split("&")[-1], password.split(" ")[-1]):
+        for message in (f'unexpected spaces found in "{quoted}"', f'in URI query parameter: "{quoted}"'):
+            cleaned = scrub(message, secrets)
+            assert "99Word" not in cleaned and "ret" not in cleaned.replace("parameter", ""), cleaned
+
+
 def test_a_short_password_is_hidden_where_it_stands_alone_not_inside_words() -> None:
     """A password "ex": every "ex" in a task's error was masked ("n*** ***ample: ind*** ***hausted"), which
     garbled the text and showed where the password's letters were. A secret shorter than 8 characters is now

@@ -37,7 +37,7 @@ def run_worker(store: Store, handler: WorkerHandler, config: RunConfig, log: Log
     try:
         runner = Runner(store, handler, config, log, notifier=Notifier.from_env(),
                         keep_awake=KeepAwake(keep_awake, log) if keep_awake else None, out=out,
-                        secrets=url_secrets(url))
+                        secrets=sorted({*url_secrets(url), *store.secrets}, key=len, reverse=True))
         if progress_bar:
             # Only for a terminal: a worker under a supervisor, restarted after a crash, never pays for it.
             from .progress import RunBar, run_bar_reader

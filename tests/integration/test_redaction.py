@@ -102,3 +102,33 @@ def test_a_bad_url_with_a_password_parameter_is_refused_without_showing_any_of_i
     err = done.stderr.decode()
     assert err.startswith("onward: error: bad PostgreSQL URL postgresql://u@127.0.0.1/db?password=***: "), err
     assert err.count("\n") == 1 and "99Word" not in err and "ret" not in err, err
+
+
+def test_a_password_libpq_took_from_pgpass_is_scrubbed_from_a_tasks_error(tmp_path: Path) -> None:
+    """A password the URL does not hold, which libpq read from ~/.pgpass (or a service file): a task that printed
+    that file showed it in the log, status and the stored error. The one the connection used is scrubbed too."""
+    secret = f"Long#Pass@/% word-{uuid.uuid4().hex[:8]}"
+    home = tmp_path / "home"
+    home.mkdir()
+    pgpass = home / ".pgpass"
+    pgpass.write_text(f"{pgutil.PG_HOST}:{pgutil.PG_PORT}:*:{pgutil.PG_USER}:{secret.replace(':', chr(92) + ':')}\n")
+    pgpass.chmod(0o600)
+    env = dict(os.environ, PYTHONPATH=SRC, HOME=str(home))
+    env.pop("PGPASSWORD", None)
+    with pgutil.fresh_database() as url:  # no password in it; trust auth takes the one .pgpass gives
+        log = tmp_path / "worker.log"
+        with open(log, "wb") as err:
+            worker = subprocess.run(
+                onward_argv("run", "--db", url, "--tasks", "-", "--max-attempts", "1", "--", sys.executable, "-c",
+                            "import os, sys; sys.stderr.write(open(os.path.expanduser('~/.pgpass')).read()); sys.exit(1)",
+                            "{task}"), input=b"t\n", env=env, stdout=subprocess.DEVNULL, stderr=err, timeout=120)
+        assert worker.returncode == 3, log.read_text()
+        status = subprocess.run(onward_argv("status", "--db", url, "--json"), env=env, capture_output=True,
+                                timeout=60)
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            stored = "\n".join(row[0] for row in conn.execute("SELECT error FROM onward.tasks WHERE error IS NOT NULL"))
+    assert f":{pgutil.PG_USER}:***" in stored, stored  # the rest of the line stays readable
+    for where, text in (("worker log", log.read_text()), ("status", status.stdout.decode()), ("tasks.error", stored)):
+        assert secret not in text and "word-" not in text, f"{where}:\n{text[-2000:]}"

@@ -237,6 +237,11 @@ class Connection(Protocol):
     url: str  # where the store is, printable: never holds a password
     job: str  # the name of the job this handle sees: every other method reads and writes that job only
 
+    @property
+    def secrets(self) -> Sequence[str]:
+        """The store's password in every form a text may show it (redact.url_secrets), longest first: from its
+        URL, PGPASSWORD, and the one the connection used, wherever libpq took it (~/.pgpass, a service file)."""
+
     def close(self) -> None:
         """Release the connection. Idempotent."""
 

@@ -220,6 +220,13 @@ class Target:
         except self.pg.Error as e:
             raise StoreError(f"bad PostgreSQL URL {self.shown}: {self.text(e)}") from None
 
+    def learn_password(self, conn: Any) -> None:
+        """Add the password ``conn`` used to the secrets: libpq may have taken it from ``~/.pgpass`` or a service
+        file, where the URL does not show it, and a task that prints that file must not show it either."""
+        password = conn.info.password
+        if password and password not in self.secrets:
+            self.secrets = sorted({*self.secrets, password}, key=len, reverse=True)
+
     def text(self, e: BaseException) -> str:
         """An error's first line, scrubbed."""
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]

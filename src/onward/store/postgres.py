@@ -192,10 +192,15 @@ class PostgresStore(SqlStore):
             self.close()
             raise
 
+    @property
+    def secrets(self) -> list[str]:
+        return self._target.secrets
+
     # --- connections ---------------------------------------------------------------------------------
     def _connect(self) -> psycopg.Connection[Any]:
         conn = watched_connection_class(self._pg).connect(self._target.conninfo, autocommit=True)
         try:
+            self._target.learn_password(conn)
             conn.execute(Q["session"])
         except BaseException:
             conn.close()

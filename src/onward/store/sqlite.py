@@ -265,6 +265,10 @@ class _NotConnected:
 class SqliteStore(SqlStore):
     """``Store`` on one SQLite file. One instance is one connection: use it from one thread."""
 
+    @property
+    def secrets(self) -> Sequence[str]:
+        return ()  # a file: no password
+
     def __init__(self, url: str, *, create: bool = True, upgrade: bool = False, job: str = "default") -> None:
         self.path = path_from_url(url)
         self.url = self.path

@@ -399,11 +399,14 @@ def _say_error(message: str) -> None:
     """The one line every error ends as. Any URL in it loses its password here, whatever the password holds
     and even in a URL that no backend could parse (``mysql://u:pw@…``, ``sqlite://u:my pw@…``): each path
     that quotes what the user typed need not remember to."""
+    from .log import printable
     from .redact import redact_url
 
-    # One line, whatever the message quotes (SQLite's text for a damaged schema holds the schema's SQL).
+    # One line, whatever the message quotes (SQLite's text for a damaged schema holds the schema's SQL), and
+    # no control character raw: a message quotes what the user gave (a file name, a time, a store path), which
+    # may hold an escape sequence that retitles or clears the terminal.
     text = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    click.echo(f"onward: error: {redact_url(text)}", err=True)
+    click.echo(f"onward: error: {printable(redact_url(text))}", err=True)
 
 
 def entry(argv: list[str] | None = None) -> int:

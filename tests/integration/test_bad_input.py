@@ -497,3 +497,27 @@ def test_a_refused_or_no_op_command_leaves_the_store_file_untouched(tmp_path: Pa
     assert r.returncode in (0, 1), r.stderr
     assert b"Traceback" not in r.stderr
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()} == before, r.stdout + r.stderr
+
+
+ESCAPE = "\x1b]0;pwned\x07\x1b[2J"  # retitles the terminal, then clears it
+
+
+@pytest.mark.parametrize("args", [
+    ["add", "--tasks", f"nofile{ESCAPE}"],
+    ["logs", "--since", ESCAPE],
+    ["status", "--db", f"x{ESCAPE}"],
+    ["run", "--tasks", "t.txt", "--", f"/bin/nope{ESCAPE}"],
+    ["result", f"ok\udcff{ESCAPE}"],  # bytes that are not UTF-8 as well (\xff)
+])
+def test_an_error_line_quoting_the_users_input_shows_control_characters_escaped(args: list[str],
+                                                                             tmp_path: Path) -> None:
+    """The error line quoted what the user gave raw: a file name, a time, a store path or a command holding an
+    escape sequence reached the terminal, which it could retitle or clear (the status, logs and watch of a
+    task's text escaped them already)."""
+    (tmp_path / "t.txt").write_text("a\n")
+    done = run_onward(*args, "--db", str(tmp_path / "s.db")) if "--db" not in args else run_onward(*args)
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 2, err
+    assert err.count("\n") == 1 and "\x1b" not in err and "\x07" not in err, err
+    assert "\\x1b]0;pwned\\x07" in err, err
+    assert not (tmp_path / "s.db").exists()

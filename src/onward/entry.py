@@ -16,6 +16,7 @@ import sys
 
 
 def main() -> None:
+    fill_closed_standard_streams()
     args = sys.argv[1:]
     if args[:1] == ["status"]:
         options = plain_status_options(args[1:])
@@ -60,6 +61,30 @@ def main() -> None:
     from .cli import cli_main
 
     cli_main()
+
+
+def fill_closed_standard_streams() -> None:
+    """Give /dev/null to stdin, stdout or stderr if the command was started with it closed (``onward run ... >&-``),
+    as daemons do: Python then leaves ``sys.stdout`` (or ``sys.stderr``) None, and the first line printed
+    raised AttributeError, a traceback and exit 1 after a finished job, or before the worker started when it
+    was stderr; and the next file opened would take that number, where a stray write meant for the terminal
+    would land. Output to a closed stream is dropped, as the user asked."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue  # open: the usual case, one system call
+        except OSError:
+            pass
+        opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one, as the lower ones are open
+        if opened != fd:
+            os.dup2(opened, fd)
+            os.close(opened)
+        if getattr(sys, name) is None:
+            if fd == 0:
+                setattr(sys, name, open(fd, closefd=False))
+            else:
+                setattr(sys, name, open(fd, "w", buffering=1, closefd=False,
+                                        errors="backslashreplace" if fd == 2 else None))
 
 
 def plain_status_options(args: list[str]) -> tuple[str | None, str | None, bool] | None:

@@ -994,3 +994,23 @@ def test_a_stop_signal_while_the_tasks_file_is_added_stops_there_and_the_next_ru
     added = run_onward("add", "--db", db, "--tasks", str(tasks))
     assert added.returncode == 0, added.stderr
     assert status(db)["pending"] == lines  # the rest, once each
+
+
+@pytest.mark.parametrize("closed", [">&-", "2>&-", "<&-"])
+def test_a_run_started_with_a_standard_stream_closed_finishes_its_job(closed: str, tmp_path: Path) -> None:
+    """`onward run ... >&-`: Python leaves sys.stdout None, and the job finished, then a traceback and exit 1
+    (counted as a crash under a supervisor); with stderr closed the worker never started. A closed stream
+    now gets /dev/null, as a daemon's does: the job runs, its lines go nowhere, as asked."""
+    (tmp_path / "t.txt").write_text("a\nb\n")
+    argv = onward_argv("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tmp_path / "t.txt"), "--",
+                       sys.executable, "-c", "import sys; print(sys.argv[1])", "{task}")
+    env = dict(os.environ, PYTHONPATH=SRC)
+    done = subprocess.run(["sh", "-c", f'exec "$@" {closed}', "sh", *argv], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr, done.stderr
+    status = run_onward("status", "--db", str(tmp_path / "s.db"), "--json")
+    assert json.loads(status.stdout)["done"] == 2
+    shown = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *onward_argv("status", "--db", str(tmp_path / "s.db"))],
+                           stderr=subprocess.PIPE, timeout=60, env=env)
+    assert shown.returncode == 0 and shown.stderr == b"", shown.stderr

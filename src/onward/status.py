@@ -84,7 +84,7 @@ def _report(*, store: str, job: str, paused: bool, counts: dict[str, int], worke
         "rate_per_second": round(rate, 2),
         "workers_alive": working,
         # Waiting tasks end when someone sends their value: the ETA is for the others; with only those left, none.
-        "eta_seconds": None if not left and states[WAITING] else _eta(left, rate, working),
+        "eta_seconds": None if not left and states[WAITING] else _eta(left, rate, working, paused),
     }
 
 
@@ -213,13 +213,14 @@ def _working(worker: WorkerRow, alive: bool | None) -> bool:
     return seen_live(alive, worker.heartbeat_age)
 
 
-def _eta(left: int, rate: float, workers_alive: int) -> int | None:
+def _eta(left: int, rate: float, workers_alive: int, paused: bool) -> int | None:
     """Seconds until nothing is left at the rate of the last minute: 0 when nothing is left; None when it
-    cannot be told (no rate yet) or nobody is working (no worker alive: the rate of the last minute says
-    nothing about when someone starts again); rounded up, never 0 while tasks are left."""
+    cannot be told (no rate yet) or nobody is working on what is left (no worker alive, or the job paused:
+    the rate of the last minute says nothing about when someone starts or resumes it; a paused job's ETA
+    only grew); rounded up, never 0 while tasks are left."""
     if not left:
         return 0
-    if not workers_alive or rate <= 0:
+    if not workers_alive or paused or rate <= 0:
         return None
     return math.ceil(left / rate)
 

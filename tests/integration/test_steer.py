@@ -318,3 +318,33 @@ def test_a_cancel_pending_when_the_worker_dies_ends_the_tasks_cancelled_and_says
     assert len(said) == 2 and all(line.endswith("a cancel was pending: now cancelled") for line in said), said
     assert {k: v for k, v in status(db).items() if k in ("cancelled", "pending", "running")} == {
         "cancelled": 2, "pending": 0, "running": 0}
+
+
+def test_a_paused_job_shows_no_eta(tmp_path: Path) -> None:
+    """A paused job with a worker alive and a rate over the last minute showed an ETA that never came and only
+    grew (in status, --json, --watch and the dashboard): a paused job claims nothing until someone resumes it."""
+    db = str(tmp_path / "s.db")
+    (tmp_path / "t.txt").write_text("".join(f"t{i}\n" for i in range(400)))
+    assert run_onward("add", "--db", db, "--tasks", str(tmp_path / "t.txt")).returncode == 0
+    worker = subprocess.Popen(onward_argv("run", "--db", db, "--heartbeat", "0.5", "--concurrency", "2", "-q", "--",
+                                          "sleep", "0.05"), env=dict(os.environ, PYTHONPATH=SRC),
+                              stderr=subprocess.DEVNULL)
+    try:
+        def report() -> dict[str, Any]:
+            done = run_onward("status", "--db", db, "--json")
+            assert done.returncode == 0, done.stderr
+            return dict(json.loads(done.stdout))
+
+        wait_for(lambda: report()["done"] >= 10, 60, "ten tasks done")
+        running = report()
+        assert running["eta_seconds"] is not None and running["eta_seconds"] > 0, running
+        assert run_onward("pause", "--db", db).returncode == 0
+        wait_for(lambda: report()["running"] == 0, 30, "the running tasks to end")
+        paused = report()
+        assert paused["paused"] and paused["workers_alive"] == 1 and paused["rate_per_second"] > 0, paused
+        assert paused["pending"] > 0 and paused["eta_seconds"] is None, paused
+        text = run_onward("status", "--db", db).stdout.decode()
+        assert "eta -" in text and "paused" in text, text
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)

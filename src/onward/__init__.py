@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         StoreUnavailable,
         TaskNotDone,
         Unavailable,
+        UnknownTask,
         UsageError,
     )
     from .job import Job
@@ -41,7 +42,8 @@ _LAZY = {
     "Job": ".job", "RunSummary": ".settle", "TaskContext": ".context", "AsyncTaskContext": ".context",
     "Cancelled": ".attempt", "step": ".steps", "current_step_key": ".steps", "StepError": ".steps",
     **dict.fromkeys(("OnwardError", "UsageError", "StoreError", "NotAStore", "SchemaTooNew", "SchemaTooOld",
-                     "CorruptStore", "TaskNotDone", "Fenced", "StepDrift", "Unavailable", "StoreUnavailable"),
+                     "CorruptStore", "TaskNotDone", "Fenced", "StepDrift", "Unavailable", "StoreUnavailable",
+                     "UnknownTask"),
                     ".errors"),
 }
 
@@ -61,5 +63,5 @@ __all__ = [
     "Job", "RunSummary", "TaskContext", "AsyncTaskContext", "Cancelled", "step", "current_step_key",
     "StepError",
     "OnwardError", "UsageError", "StoreError", "NotAStore", "SchemaTooNew", "SchemaTooOld", "CorruptStore",
-    "TaskNotDone", "Fenced", "StepDrift", "Unavailable", "StoreUnavailable", "__version__",
+    "TaskNotDone", "Fenced", "StepDrift", "Unavailable", "StoreUnavailable", "UnknownTask", "__version__",
 ]

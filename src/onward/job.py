@@ -31,7 +31,7 @@ from .log import NORMAL, Log
 from .outdir import OutDir, owner_of
 from .settle import RunSummary
 from .steps import REPLAY_POLICIES, STRICT
-from .store import is_postgres_url, open_store, store_url
+from .store import cancel_all_or_nothing, is_postgres_url, open_store, store_url
 from .store.base import Stats, Store
 from .tasksfile import check_task_name, task_name
 from .worker import run_worker
@@ -182,9 +182,11 @@ class Job:
 
     def cancel(self, tasks: Iterable[str]) -> dict[str, str]:
         """Cancel tasks by name (looked up as ``add`` stored them): what was done for each (see
-        ``Store.cancel``). A bare ``str`` is refused with ``TypeError``, as by ``add``."""
+        ``Store.cancel``). A name not in the job raises ``UnknownTask`` and cancels nothing, not even the
+        names that exist, as ``onward cancel`` does. A bare ``str`` is refused with ``TypeError``, as by
+        ``add``."""
         _not_one_name("cancel", tasks)
-        return self.store.cancel([_task_name(task) for task in tasks])
+        return cancel_all_or_nothing(self.store, [_task_name(task) for task in tasks])
 
     def send(self, task: str, key: str, value: Any) -> str:
         """Send ``value`` (JSON-able, at most 64 KiB of JSON) to ``task``'s ``ctx.wait(key)``, durably:

@@ -10,7 +10,7 @@ import sys
 import click
 
 from .cli_types import TASK_TEXT, db_option, job_option
-from .errors import UnknownTask, UsageError
+from .errors import UsageError
 from .store.base import STATES
 
 
@@ -94,18 +94,13 @@ def cancel_command(db: str | None, job: str, tasks: tuple[str, ...]) -> None:
     Example:
       onward cancel "https://example.com/huge.iso"
     """
-    from .store import open_store
+    from .store import cancel_all_or_nothing, open_store
 
     if not tasks:
         raise UsageError("give the names of the tasks to cancel")
     store = open_store(db, create=False, job=job)
     try:
-        # Checked before anything changes, as `retry` does: a typo among the names cancels nothing.
-        unknown = [t for t in dict.fromkeys(tasks) if store.task_id(t) is None]
-        if unknown:
-            more = f" (and {len(unknown) - 1} more unknown)" if len(unknown) > 1 else ""
-            raise UnknownTask(f"no task {unknown[0]!r} in {store.url}{more}; nothing was cancelled")
-        outcome = store.cancel(list(tasks))
+        outcome = cancel_all_or_nothing(store, tasks)
     finally:
         store.close()
     for name, what in outcome.items():

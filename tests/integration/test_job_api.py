@@ -747,3 +747,17 @@ def test_an_outcome_whose_commit_failed_waits_through_its_lease_and_only_its_fen
     assert others == [b"other\n"] * 3, others
     assert job.result("t0") == ("T0" if carried_out else b"other\n")
     job.close()
+
+
+def test_cancel_with_an_unknown_name_cancels_nothing(store_url: str) -> None:
+    """job.cancel(["p", "nosuch"]) cancelled "p" and said "unknown" for the other; the README's rule (as for
+    `onward cancel`, which exits 1 then) is that a typo among the names cancels nothing at all."""
+    from onward import UnknownTask
+
+    job = Job(store_url, log_level=QUIET)
+    job.add(["p", "q"])
+    with pytest.raises(UnknownTask, match="no task 'nosuch' in .*; nothing was cancelled"):
+        job.cancel(["p", "nosuch"])
+    assert job.store.counts()["pending"] == 2 and job.store.counts()["cancelled"] == 0
+    assert job.cancel(["p", "p"]) == {"p": "cancelled"}
+    job.close()

@@ -14,6 +14,8 @@ import os
 # `onward status` on a plain store loads this package and little else (see onward.status.print_plain_status).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .base import JobRow, Store
     from .postgres import PostgresStore
 
@@ -207,6 +209,19 @@ def upgrade(url: str) -> tuple[str, int, int]:
 
     before, after = sqlite.upgrade(url)
     return sqlite.path_from_url(url), before, after
+
+
+def cancel_all_or_nothing(store: Store, names: Sequence[str]) -> dict[str, str]:
+    """``Store.cancel`` of ``names``, or of none of them: a name not in the job raises ``UnknownTask``, naming it,
+    and cancels nothing, not even the names that exist, so that a typo among many names is not half applied
+    (``onward cancel`` and ``Job.cancel``). Tasks are never removed, so a name checked here is there still."""
+    unknown = [name for name in dict.fromkeys(names) if store.task_id(name) is None]
+    if unknown:
+        from ..errors import UnknownTask
+
+        more = f" (and {len(unknown) - 1} more unknown)" if len(unknown) > 1 else ""
+        raise UnknownTask(f"no task {unknown[0]!r} in {store.url}{more}; nothing was cancelled")
+    return store.cancel(list(names))
 
 
 def __getattr__(name: str) -> object:

@@ -156,6 +156,16 @@ class StepSpec:
                                         for kind in self.retry_on):
             raise UsageError(f"step {self.name!r}: retry_on must be an exception class or a tuple of them"
                              f" (got {self.retry_on!r:.60})")
+        serializer_name = getattr(self.serializer, "name", None)
+        # Written at the head of every record, before a space: a name holding a space or a line break (or one
+        # that is not text) made every record unreadable on replay, "not in onward's format", for good.
+        if not isinstance(serializer_name, str) or not serializer_name or not serializer_name.isprintable() \
+                or any(c.isspace() for c in serializer_name):
+            raise UsageError(f"step {self.name!r}: a serializer's name must be a non-empty str of printable"
+                             f" characters without spaces (got {serializer_name!r:.60})")
+        if not (callable(getattr(self.serializer, "dumps", None)) and callable(getattr(self.serializer, "loads", None))):
+            raise UsageError(f"step {self.name!r}: a serializer needs dumps(value) -> bytes and loads(bytes)"
+                             f" (got {self.serializer!r:.60})")
 
     def delay(self, failures: int) -> float:
         """The wait before the next try, after ``failures`` failed tries: backoff, 2*backoff, 4*backoff..."""

@@ -1179,3 +1179,51 @@ def test_steps_started_together_before_the_journal_is_read_keep_their_call_order
                             capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
     assert second.stdout.split() == expected, second.stderr
+
+
+class _NamedSerializer:
+    def __init__(self, name: object) -> None:
+        self.name = name
+
+    def dumps(self, value: Any) -> bytes:
+        return json.dumps(value).encode()
+
+    def loads(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
+@pytest.mark.parametrize("name", ["my json", "json\n", "", "\x1b[2J", "half\udcff", 7, None])
+def test_a_serializer_whose_name_no_record_could_hold_is_refused_where_the_step_is_decorated(name: object) -> None:
+    """A serializer named "my json" recorded its values, and every replay then failed "a step record is not in
+    onward's format" (the name heads each record, before a space), the task failed for good. Refused at once,
+    as every other setting of a step is."""
+    with pytest.raises(UsageError, match="a serializer's name must be a non-empty str of printable characters"):
+        @step(serializer=_NamedSerializer(name))  # type: ignore[arg-type]  # wrong on purpose
+        def f() -> int:
+            return 1
+
+
+def test_a_serializer_with_an_unusual_but_fitting_name_records_and_replays(db: str) -> None:
+    job = Job(db, log_level=QUIET)
+    calls: list[int] = []
+
+    @step(serializer=_NamedSerializer("données/v2"))  # type: ignore[arg-type]
+    def f() -> int:
+        calls.append(1)
+        return 41
+
+    @job.task
+    def t(task: str, ctx: TaskContext) -> int:
+        return int(f()) + 1
+
+    job.add(["t"])
+    assert job.run(install_signal_handlers=False).exit_code == 0
+    assert job.result("t") == 42 and calls == [1]
+    job.close()
+
+
+def test_an_object_without_dumps_and_loads_is_refused_as_a_serializer() -> None:
+    with pytest.raises(UsageError, match="a serializer needs dumps"):
+        @step(serializer=type("S", (), {"name": "s"})())  # type: ignore[arg-type]  # wrong on purpose
+        def f() -> int:
+            return 1

@@ -89,7 +89,9 @@ def _check_marker_path(path: str) -> None:
     except OSError as e:
         if e.errno in MAYBE_LATER_ERRNOS:
             return
-        raise UsageError(f"keep-awake marker {path} cannot be created: {parent}: {e.strerror}") from None
+        # /proc says ENOENT to a file it does not know (the folder exists: it was just looked at).
+        why = "takes no new files" if e.errno == errno.ENOENT else e.strerror
+        raise UsageError(f"keep-awake marker {path} cannot be created: {parent}: {why}") from None
     os.close(fd)
     os.unlink(probe)
 

@@ -356,6 +356,9 @@ def test_a_keep_awake_marker_where_no_file_can_be_made_is_refused_even_as_root(t
     tasks.write_text("a\n")
     r = run_onward("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tasks), "--keep-awake", marker, "--", "true")
     assert_one_line_exit_2(r, f"keep-awake marker {marker} cannot be created")
+    # Not "/proc: No such file or directory" (what /proc answers for a file it does not know), as if it
+    # did not exist.
+    assert "No such file" not in r.stderr.decode(), r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks.txt"]
 
 

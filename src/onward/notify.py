@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 # A custom sd_notify field (sd_notify(3): custom fields start with X_, systemd ignores them): the worker
 # settled a task. ``onward supervise`` reads it; see ``onward.supervise``.
 PROGRESS_FIELD = "X_ONWARD_PROGRESS"
+# With READY=1, the absolute path of the keep-awake marker the worker keeps: a supervisor that could not read it
+# from the command line (a wrapper: `sh -c "exec onward run ..."`) lets it go when it gives up, and has its
+# keeper remove it should it be killed outright, as for `onward run` given directly.
+MARKER_FIELD = "X_ONWARD_KEEP_AWAKE"
 
 
 class Notifier:
@@ -97,8 +101,11 @@ class Notifier:
             return False
         return True
 
-    def ready(self) -> None:
-        self.send(f"READY=1\nMAINPID={os.getpid()}", keep=True)
+    def ready(self, marker: str | None = None) -> None:
+        """Tell the supervisor the worker is up, and the keep-awake marker it keeps (``MARKER_FIELD``) if any; a
+        path with a line break in it cannot be told (a field is one line) and is left out."""
+        said = f"\n{MARKER_FIELD}={os.path.abspath(marker)}" if marker and "\n" not in marker else ""
+        self.send(f"READY=1\nMAINPID={os.getpid()}{said}", keep=True)
 
     def status(self, text: str) -> None:
         self.send("STATUS=" + text.replace("\n", " "))

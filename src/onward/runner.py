@@ -399,7 +399,7 @@ class Runner:
         self.settler.start_export_sweep()  # gone through by the loop, a slice a turn (_sweep_exports)
         counts = self.store.counts()
         self._update_keep_awake(counts, self._note_pause())
-        self.notifier.ready()
+        self.notifier.ready(self.keep_awake.path if self.keep_awake is not None else None)
         self._notify_status(counts)
 
     def _record_stop(self, stop_reason: str) -> str:

@@ -111,7 +111,7 @@ from onward.errors import RESOURCE_ERRNOS, StoreError, UsageError
 from onward.gate import START_GATE, Gate
 from onward.keepawake import KeepAwake, chosen_marker, keep_after_death, keeper_pids
 from onward.log import Log
-from onward.notify import PROGRESS_FIELD
+from onward.notify import MARKER_FIELD, PROGRESS_FIELD
 from onward.proc import (
     children,
     describe_status,
@@ -507,8 +507,9 @@ class Supervisor:
                 log(failed)
 
     def _marker(self) -> str | None:
-        """The keep-awake marker the worker keeps, if any. Only for ``onward run`` itself: the marker it uses is
-        known from its command line (or the environment it inherits)."""
+        """The keep-awake marker the worker keeps, if any, as its command line shows it: only for ``onward run``
+        itself (or the environment it inherits). A worker behind a wrapper says it with its READY=1
+        (``MARKER_FIELD``, see ``_heard``)."""
         if onward_run_span(self.command) is None:
             return None
         found = find_run_option(self.command, "--keep-awake")
@@ -681,6 +682,14 @@ class Supervisor:
             log(f"worker {child.pid} ready")
         if "STATUS" in message:
             self.last_status = (message["STATUS"], now)
+        marker = message.get(MARKER_FIELD)
+        if marker and marker != self._kept_marker and os.path.isabs(marker):
+            # The marker the worker says it keeps: the one on its command line, or one a wrapped command's
+            # worker took, which the command line does not show (`sh -c "exec onward run --keep-awake M ..."`).
+            if self._kept_marker is None:
+                log(f"worker {child.pid} keeps the keep-awake marker {marker}")
+            self._kept_marker = marker
+            self._keep_marker_after_death()
         if message.get(PROGRESS_FIELD) == "1" and ready and not self.progressed:
             self.progressed = True
             log(f"worker {child.pid} made progress")

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -714,11 +715,16 @@ class Supervised:
     """``onward supervise [OPTIONS] -- onward run [RUN...]`` started in ``cwd`` as a user would, with its
     stderr in a file."""
 
-    def __init__(self, cwd: Path, options: list[str], run: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, cwd: Path, options: list[str], run: list[str], env: dict[str, str] | None = None,
+                 wrapped: bool = False) -> None:
         self.cwd = cwd
         self.stderr_path = cwd / f"supervise-{uuid.uuid4().hex[:8]}.err"
+        # wrapped: `sh -c 'exec onward run ...'`, whose options the supervisor cannot read from its command line.
+        command = onward_argv("run", *run)
+        if wrapped:
+            command = ["sh", "-c", "exec " + shlex.join(command)]
         with open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(onward_argv("supervise", *options, "--", *onward_argv("run", *run)),
+            self.proc = subprocess.Popen(onward_argv("supervise", *options, "--", *command),
                                          stderr=err, cwd=cwd, env={**os.environ, "PYTHONPATH": SRC, **(env or {})},
                                          start_new_session=True)
 
@@ -758,8 +764,9 @@ class Supervised:
 def supervised(tmp_path: Path) -> Iterator[Callable[..., Supervised]]:
     started: list[Supervised] = []
 
-    def start(options: list[str], run: list[str], env: dict[str, str] | None = None) -> Supervised:
-        started.append(Supervised(tmp_path, options, run, env))
+    def start(options: list[str], run: list[str], env: dict[str, str] | None = None,
+              wrapped: bool = False) -> Supervised:
+        started.append(Supervised(tmp_path, options, run, env, wrapped))
         return started[-1]
 
     yield start
@@ -912,14 +919,33 @@ def test_giving_up_on_a_crash_loop_lets_the_keep_awake_marker_go(supervised: Cal
     assert not marker.exists()
 
 
-def supervised_worker_keeping_a_marker(supervised: Callable[..., Supervised],
-                                       tmp_path: Path) -> tuple[Supervised, int, Path]:
+def test_giving_up_on_a_wrapped_worker_lets_its_keep_awake_marker_go(supervised: Callable[..., Supervised],
+                                                                     tmp_path: Path) -> None:
+    """A worker started through a wrapper (`sh -c 'exec onward run --keep-awake M ...'`): the supervisor could
+    not read the marker from its command line, and left it after giving up, keeping the sandbox awake with
+    nobody to work. The worker now says which marker it keeps, with its READY=1."""
+    (tmp_path / "t.txt").write_text("a\n")
+    marker = tmp_path / "awake" / "keep-awake"
+    job = supervised(["--max-restarts", "1", "--restart-delay", "0.05"],
+                     ["--tasks", "t.txt", "--max-attempts", "9", "--keep-awake", str(marker), "--", "sleep", "60"],
+                     wrapped=True)
+    for n in range(1, 3):
+        os.kill(job.ready(n), signal.SIGKILL)
+        if n == 1:
+            assert marker.exists(), "a killed worker's marker stays while its supervisor restarts it"
+    assert job.proc.wait(30) == 1, job.log
+    assert "giving up after 1 restarts" in job.log and f"keeps the keep-awake marker {marker}" in job.log
+    assert not marker.exists(), job.log
+
+
+def supervised_worker_keeping_a_marker(supervised: Callable[..., Supervised], tmp_path: Path,
+                                       wrapped: bool = False) -> tuple[Supervised, int, Path]:
     """``onward supervise`` (not itself supervised) of a worker keeping a marker, its one task sleeping;
     returned once the worker holds the marker, with the worker's pid and the marker."""
     (tmp_path / "t.txt").write_text("a\n")
     marker = tmp_path / "awake" / "keep-awake"
     job = supervised([], ["--tasks", "t.txt", "--keep-awake", str(marker), "--", "sleep", "60"],
-                     env={"NOTIFY_SOCKET": ""})  # (not itself supervised, whatever runs the tests)
+                     env={"NOTIFY_SOCKET": ""}, wrapped=wrapped)  # (not itself supervised, whatever runs the tests)
     worker = job.ready(1)
     wait_for(marker.exists, 20, "the worker to hold the marker")
     return job, worker, marker
@@ -938,6 +964,15 @@ def test_a_supervisor_killed_outright_leaves_no_keep_awake_marker(supervised: Ca
     neither can let the marker go: the supervisor's marker keeper does, so that the sandbox is not kept
     awake with nobody left to work. (Before, the marker stayed until a worker ran the job again.)"""
     job, worker, marker = supervised_worker_keeping_a_marker(supervised, tmp_path)
+    kill_the_supervisor_and_see_the_marker_go(job, worker, marker)
+
+
+def test_a_supervisor_of_a_wrapped_worker_killed_outright_leaves_no_keep_awake_marker(
+        supervised: Callable[..., Supervised], tmp_path: Path) -> None:
+    """The same for a worker behind a wrapper, whose marker the supervisor knows only from its READY=1: no
+    keeper was started, and the marker stayed for good."""
+    job, worker, marker = supervised_worker_keeping_a_marker(supervised, tmp_path, wrapped=True)
+    wait_for(lambda: keepers_of(marker, job.proc.pid), 10, "the supervisor's keeper")
     kill_the_supervisor_and_see_the_marker_go(job, worker, marker)
 
 

@@ -311,6 +311,7 @@ def logs(db: str | None, job: str, task: str | None, last: int | None, since: st
         since_at = None if since is None else parse_since(since, now=store.now())
         after = 0 if since_at is None else first_event_after(store, since_at)
         events = store.events(task=task, last=last) if last else store.events(after_id=after, task=task, limit=10_000)
+        outage = False
         while True:
             for event in events:
                 after = event.event_id
@@ -322,8 +323,19 @@ def logs(db: str | None, job: str, task: str | None, last: int | None, since: st
             if not follow:
                 break
             time.sleep(0.5)
-            store.idle()
-            events = store.events(after_id=after, task=task, limit=10_000)
+            try:
+                store.idle()
+                events = store.events(after_id=after, task=task, limit=10_000)
+            except Unavailable as e:
+                # A database server restarting, a connection dropped: following goes on once it is back, as
+                # `status --watch` does (it exited 75 at the first drop, and a follower died with every restart).
+                if not outage:
+                    click.echo(f"onward: store unavailable, following again once it is back: {e}", err=True)
+                outage, events = True, []
+                continue
+            if outage:
+                click.echo("onward: store back; following", err=True)
+                outage = False
     except (BrokenPipeError, KeyboardInterrupt):
         quiet_broken_pipe()
     finally:

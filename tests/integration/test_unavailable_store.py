@@ -297,3 +297,32 @@ def test_db_upgrade_with_the_server_down_exits_75_and_with_no_such_database_2() 
         missing = run_onward("db", "upgrade", "--db", url + "_not_there")
     assert missing.returncode == 2, missing.stderr
     assert "does not exist" in _error_line(missing)
+
+
+@pytest.mark.postgres
+def test_logs_follow_rides_out_a_dropped_connection(tmp_path: Path) -> None:
+    """`onward logs -f` on PostgreSQL exited 75 when its connection was dropped (a server restart, a
+    pg_terminate_backend), where `status --watch` rides the same out: a follower died with every restart. It
+    says so once, and follows on: an event added meanwhile is shown once the server answers again."""
+    out, err = tmp_path / "out", tmp_path / "err"
+    with pgutil.fresh_database() as url:
+        assert run_onward("add", "--db", url, "first").returncode == 0
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            follower = subprocess.Popen(onward_argv("logs", "-f", "--db", url), stdout=stdout, stderr=stderr,
+                                        env=dict(os.environ, PYTHONPATH=SRC))
+        try:
+            wait_for(lambda: "added 1 new task" in out.read_text(), 20, "the first event")
+            with pgutil.admin_connection() as admin:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s"
+                              " AND pid <> pg_backend_pid()", (url.rsplit("/", 1)[1],))
+            wait_for(lambda: "store unavailable, following again once it is back" in err.read_text(), 20,
+                     f"the follower to notice; stderr: {err.read_text()}")
+            assert run_onward("add", "--db", url, "second").returncode == 0
+            wait_for(lambda: out.read_text().count("added 1 new task") == 2, 20,
+                     f"the second event; stderr: {err.read_text()}")
+            assert follower.poll() is None, err.read_text()
+            assert "store back; following" in err.read_text()
+        finally:
+            follower.send_signal(signal.SIGINT)
+            follower.wait(30)
+    assert follower.returncode == 0, err.read_text()

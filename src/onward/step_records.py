@@ -184,8 +184,15 @@ class _ErrorPickler(pickle.Pickler):
     def __init__(self, out: io.BytesIO, rebuild: bool) -> None:
         super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
         self.rebuild = rebuild
+        self._causes_kept: set[int] = set()  # the exceptions whose __cause__ is pickled already (see below)
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, BaseException) and obj.__cause__ is not None and id(obj) not in self._causes_kept:
+            # `raise X from Y`: pickling an exception keeps its args and attributes, not the Y a task may look
+            # at (an SDK's error raised from the HTTP client's): a replay gave __cause__ None. Kept as a call
+            # that sets it on the exception pickled the usual way (this method, once more, for it).
+            self._causes_kept.add(id(obj))
+            return _caused, (obj, obj.__cause__)
         kind = type(obj)
         if kind.__name__ == "Headers" and kind.__module__.split(".")[0] in HTTPX_MODULES:
             return kind, ([(name, REDACTED if name.lower() in SECRET_HEADERS else value)
@@ -253,6 +260,14 @@ def _rebuilt_exception(kind: type[BaseException], args: tuple[Any, ...], state: 
     return e
 
 
+def _caused(e: BaseException, cause: BaseException) -> BaseException:
+    """``e`` raised from ``cause`` (``_ErrorPickler``), as its first run had it."""
+    if not (isinstance(e, BaseException) and isinstance(cause, BaseException)):
+        raise pickle.UnpicklingError("an error's cause is not an exception")
+    e.__cause__ = cause  # (which sets __suppress_context__, as `raise e from cause` does)
+    return e
+
+
 # What an error record may name besides exception classes (see _ErrorUnpickler).
 _ERROR_RECORD_GLOBALS = frozenset({
     ("copyreg", "_reconstructor"), ("copyreg", "__newobj__"), ("copyreg", "__newobj_ex__"),
@@ -262,6 +277,7 @@ _ERROR_RECORD_GLOBALS = frozenset({
     ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"), ("datetime", "timedelta"),
     ("datetime", "timezone"), ("decimal", "Decimal"), ("uuid", "UUID"),
     ("onward.step_records", "_rebuilt_exception"), ("onward.step_records", "_exception_class"),
+    ("onward.step_records", "_caused"),
 })
 _HTTP_PACKAGES = HTTPX_MODULES | {"requests", "urllib3"}  # the requests and responses errors carry
 

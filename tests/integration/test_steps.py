@@ -1227,3 +1227,53 @@ def test_an_object_without_dumps_and_loads_is_refused_as_a_serializer() -> None:
         @step(serializer=type("S", (), {"name": "s"})())  # wrong on purpose
         def f() -> int:
             return 1
+
+
+CAUSE_TASK = """
+import os, signal, sys
+from onward import Job, step
+from onward.log import QUIET
+
+job = Job(sys.argv[1], max_attempts=1, log_level=QUIET)
+
+
+@step(name="call")
+def call():
+    try:
+        {}["model"]
+    except KeyError as e:
+        raise ValueError("the call failed") from e
+
+
+@job.task
+def t(task, ctx):
+    try:
+        call()
+    except ValueError as e:
+        out = f"{e!r} from {e.__cause__!r}, context shown: {not e.__suppress_context__}"
+    ctx.step("after", lambda: 1)
+    if os.environ.get("KILL"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+
+
+job.add(["t"])
+job.run()
+print(job.result("t"))
+"""
+
+
+def test_a_step_error_raised_from_another_replays_with_its_cause(tmp_path: Path) -> None:
+    """`raise ValueError(...) from KeyError(...)` in a step (an SDK's error raised from its HTTP client's): the
+    task that caught it saw KeyError as __cause__ on the first run and None on replay, and could take
+    another path. The cause is recorded with the error."""
+    (tmp_path / "task.py").write_text(CAUSE_TASK)
+    db = str(tmp_path / "s.db")
+    env = {**os.environ, "PYTHONPATH": SRC}
+    first = subprocess.run([sys.executable, str(tmp_path / "task.py"), db], env={**env, "KILL": "1"}, timeout=60,
+                           capture_output=True, text=True)
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    second = subprocess.run([sys.executable, str(tmp_path / "task.py"), db], env=env, timeout=60,
+                            capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "ValueError('the call failed') from KeyError('model'), context shown: False"

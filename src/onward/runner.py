@@ -447,8 +447,10 @@ class Runner:
             # machine's, PostgreSQL: the server's, which may have been paused along).
             gap = max(now - last_turn, wall - last_wall)
             if gap > min(max(2.0, 2 * cfg.heartbeat), cfg.lease_seconds):
-                # The whole process was frozen (sandbox pause, SIGSTOP): leases may have expired meanwhile.
-                self.log.warning(f"resumed after {gap:.1f} s pause; renewing leases now")
+                # The whole process was frozen (sandbox pause, SIGSTOP): leases may have expired meanwhile. Or
+                # the turn was held up that long (store calls each waiting out a lock held elsewhere): this
+                # loop cannot tell the two apart, and the message does not pretend to.
+                self.log.warning(f"resumed after {gap:.1f} s pause (or a turn held up as long); renewing leases now")
                 try:
                     self.store.log_event("resumed", worker_id=self.worker_id, detail=f"after {gap:.1f} s pause")
                 except StoreError as e:

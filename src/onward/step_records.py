@@ -136,7 +136,42 @@ def idempotency_key(task: str, name: str, index: int) -> str:
 # and all (anthropic's and httpx's do): pickled as it is, the API key would be stored in the step's record.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key",
                             "cookie", "set-cookie", "x-amz-security-token"})
+# ... and any other header, or query parameter, named with one of these words (split at "-" and "_"): the
+# gateways' and proxies' own credentials (Helicone-Auth, Ocp-Apim-Subscription-Key, cf-aig-authorization,
+# x-portkey-api-key), a ?key= in the URL. Not "tokens": x-ratelimit-remaining-tokens is no secret, and a task
+# may read it on replay.
+SECRET_WORDS = frozenset({"auth", "authorization", "key", "apikey", "token", "secret", "cookie", "password",
+                          "passwd", "pwd", "signature", "sig", "session", "credential", "credentials"})
+NOT_SECRET_WORDS = frozenset({"idempotency"})  # onward's own Idempotency-Key, derived from the task anyway
 REDACTED = "[redacted]"
+
+
+def secret_name(name: str) -> bool:
+    """Whether a header or query parameter of this name holds a credential (``SECRET_HEADERS``, ``SECRET_WORDS``)."""
+    name = name.lower()
+    if name in SECRET_HEADERS:
+        return True
+    words = set(name.replace("_", "-").split("-"))
+    return bool(words & SECRET_WORDS) and not words & NOT_SECRET_WORDS
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with the password of its user part, and the value of every query parameter named as a credential,
+    replaced by ``REDACTED``."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}{':' + REDACTED if colon else ''}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(secret_name(key) for key, _ in pairs):
+            query = urlencode([(key, REDACTED if secret_name(key) else value) for key, value in pairs])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 HTTPX_MODULES = frozenset({"httpx", "httpx2"})  # the OpenAI and Anthropic SDKs' HTTP client, by either name
 
 
@@ -194,12 +229,13 @@ class _ErrorPickler(pickle.Pickler):
             self._causes_kept.add(id(obj))
             return _caused, (obj, obj.__cause__)
         kind = type(obj)
-        if kind.__name__ == "Headers" and kind.__module__.split(".")[0] in HTTPX_MODULES:
-            return kind, ([(name, REDACTED if name.lower() in SECRET_HEADERS else value)
-                           for name, value in obj.multi_items()],)
-        if kind.__name__ == "CaseInsensitiveDict" and kind.__module__.split(".")[0] == "requests":
-            return kind, ({name: REDACTED if name.lower() in SECRET_HEADERS else value
-                           for name, value in obj.items()},)
+        package = kind.__module__.split(".")[0]
+        if kind.__name__ == "Headers" and package in HTTPX_MODULES:
+            return kind, ([(name, REDACTED if secret_name(name) else value) for name, value in obj.multi_items()],)
+        if kind.__name__ == "URL" and package in HTTPX_MODULES:
+            return kind, (redacted_url(str(obj)),)
+        if kind.__name__ == "CaseInsensitiveDict" and package == "requests":
+            return kind, ({name: REDACTED if secret_name(name) else value for name, value in obj.items()},)
         if self.rebuild and isinstance(obj, BaseException):
             return _rebuilt_exception, (kind, obj.args, dict(getattr(obj, "__dict__", {})))
         if isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ != "builtins":

@@ -448,3 +448,33 @@ def test_a_replayed_stream_says_which_attributes_it_lacks(tmp_path: Path, stub: 
     assert replayed.startswith("3 chunks, ReplayedStream has no 'response': a replayed stream holds the recorded"
                                " chunks only"), replayed
     assert stub.count() == 1
+
+
+def test_a_gateways_credentials_in_a_caught_error_never_reach_the_store(tmp_path: Path) -> None:
+    """Behind a gateway or a proxy the request carries more credentials than the API key: headers of their own
+    (Helicone-Auth, Ocp-Apim-Subscription-Key, cf-aig-authorization, x-portkey-api-key), a password in the base
+    URL, a ?key= in its query. Only a fixed list of headers was redacted in the recorded error: the rest were
+    stored word for word, for anyone who can read the store."""
+    model = RefusingModel()
+    secrets = {"Helicone-Auth": "Bearer GW-LEAK-1", "Ocp-Apim-Subscription-Key": "GW-LEAK-2",
+               "cf-aig-authorization": "Bearer GW-LEAK-3", "x-portkey-api-key": "GW-LEAK-4"}
+    try:
+        base = model.url.replace("http://", "http://bob:GW-LEAK-5@") + "/v1"
+        client: Any = durable_openai.durable(openai.OpenAI(base_url=base, api_key="sk-GW-LEAK-6", max_retries=0,
+                                                           default_headers=secrets,
+                                                           default_query={"key": "GW-LEAK-7", "region": "eu"}))
+
+        def body() -> str:
+            try:
+                client.chat.completions.create(model="m", messages=ASK)
+            except openai.RateLimitError as e:
+                request = e.response.request  # as the SDK raised it, then as recorded
+                return f"{e.status_code} {request.headers['helicone-auth']} {request.url.params['region']}"
+            return "no error"
+        assert run_twice(tmp_path, body) == ["429 Bearer GW-LEAK-1 eu", "429 [redacted] eu"]
+        assert model.calls == 1
+    finally:
+        model.close()
+    for path in tmp_path.iterdir():
+        if path.name.startswith("job.db"):
+            assert b"GW-LEAK" not in path.read_bytes(), path

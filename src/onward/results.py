@@ -37,24 +37,26 @@ def check_stored_size(what: str, size: int) -> None:
         raise UsageError(f"{what} is {size:,} bytes, more than a store takes ({MAX_STORED_BYTES:,} at most)")
 
 
-def json_bytes(value: Any, separators: tuple[str, str] | None = None) -> bytes:
+def json_bytes(value: Any, separators: tuple[str, str] | None = None, allow_nan: bool = False) -> bytes:
     """``value`` as JSON in UTF-8, read back equal by ``json.loads``, or ``ValueError`` saying why not (see
     ``json_problem``; a set, NaN, an object). Text holding a lone surrogate (half an emoji in a model's cut
     answer, a file name that is not UTF-8) has no UTF-8 form, but JSON has an escape for it ("\\ud83d"),
     which loads back as the same str: such a value is written ASCII-escaped. (A high surrogate followed by a
-    low one would load back as the one character they make together: refused.)"""
+    low one would load back as the one character they make together: refused.) ``allow_nan``: NaN and the
+    infinities written as JavaScript's tokens, which ``json.loads`` reads back (not JSON: for records only
+    onward reads)."""
     problem = json_problem(value)
     if problem is not None:
         raise ValueError(problem)
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=separators)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=allow_nan, separators=separators)
     except TypeError as e:
         raise ValueError(str(e)) from None
     try:
         return text.encode()
     except UnicodeEncodeError:
-        escaped = json.dumps(value, ensure_ascii=True, allow_nan=False, separators=separators)
-        if json.loads(escaped) != json.loads(text):
+        escaped = json.dumps(value, ensure_ascii=True, allow_nan=allow_nan, separators=separators)
+        if repr(json.loads(escaped)) != repr(json.loads(text)):  # (repr: a NaN is not equal to itself)
             raise ValueError("a string holds a surrogate pair as two characters") from None
         return escaped.encode()
 

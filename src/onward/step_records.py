@@ -60,6 +60,20 @@ class JsonSerializer:
         return json.loads(data)
 
 
+class ModelCallSerializer(JsonSerializer):
+    """JSON for what a model's server sent (a durable model call, a stream's chunks, an agent framework's
+    model and tool calls), with a NaN or an infinity in it written as JavaScript's tokens, which ``json.loads``
+    reads back as they were: a logprob of -Infinity is an answer Python's json and the SDKs take, and refused
+    it failed every attempt after paying for its call. A step of the user's still refuses them (``JSON``).
+    Named as ``JSON`` is: a record of either is read alike."""
+
+    def dumps(self, value: Any) -> bytes:
+        try:
+            return json_bytes(value, separators=(",", ":"), allow_nan=True)
+        except ValueError as e:
+            raise UsageError(f"a model call's answer could not be recorded ({e})") from None
+
+
 class PickleSerializer:
     """Any picklable value. Only load stores you trust: unpickling runs code named by the data."""
 
@@ -73,6 +87,7 @@ class PickleSerializer:
 
 
 JSON: Serializer = JsonSerializer()
+MODEL_CALL_JSON: Serializer = ModelCallSerializer()
 PICKLE: Serializer = PickleSerializer()
 
 

@@ -245,21 +245,24 @@ def test_concurrent_tasks_sharing_a_client_each_record_their_own_calls(tmp_path:
 
 
 class RefusingModel:
-    """A model server that answers every call 429 (rate limited), counting them."""
+    """A model server that answers every call 429 (rate limited), counting them; or, given them, with ``status``
+    and ``body`` (as sent: JSON with Python's extensions, such as -Infinity, if need be)."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 429, body: str | None = None) -> None:
         import http.server
         import threading
 
         model = self
         self.calls = 0
+        answer = body if body is not None else json.dumps(
+            {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}})
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 model.calls += 1
-                body = json.dumps({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}})
-                self.send_response(429)
+                body = answer
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -478,3 +481,24 @@ def test_a_gateways_credentials_in_a_caught_error_never_reach_the_store(tmp_path
     for path in tmp_path.iterdir():
         if path.name.startswith("job.db"):
             assert b"GW-LEAK" not in path.read_bytes(), path
+
+
+def test_a_model_answer_with_an_infinite_logprob_is_recorded_and_replayed(tmp_path: Path) -> None:
+    """A server's answer with -Infinity in a float field (a logprob), which Python's json and the SDK take: the
+    record refused it as not JSON, so every attempt failed after paying for the call again, with advice to pass
+    a serializer that a durable client has no place for. It is recorded as it came, and replayed so."""
+    answer = {"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+              "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "x"},
+                           "logprobs": {"content": [{"token": "x", "logprob": float("-inf"), "bytes": None,
+                                                     "top_logprobs": []}]}}]}
+    model = RefusingModel(200, json.dumps(answer))
+    try:
+        client: Any = durable_openai.durable(openai.OpenAI(base_url=model.url + "/v1", api_key="k", max_retries=0))
+
+        def body() -> Any:
+            reply = client.chat.completions.create(model="m", messages=ASK, logprobs=True)
+            return (reply.choices[0].message.content, reply.choices[0].logprobs.content[0].logprob)
+        assert run_twice(tmp_path, body) == [("x", float("-inf"))] * 2
+        assert model.calls == 1
+    finally:
+        model.close()

@@ -27,6 +27,7 @@ from ..step_log import StepLog
 from ..step_records import (
     ERROR,
     JSON,
+    MODEL_CALL_JSON,
     VALUE,
     Frame,
     decode_error,
@@ -153,7 +154,8 @@ def durable_call(name: str, call: Callable[[str | None], T], encode: Callable[[T
     ctx = active_context()
     if ctx is None:
         return call(None)
-    recorded = run_step(ctx, StepSpec(name, mismatch=mismatch), lambda: encode(call(current_step_key())), (), {})
+    recorded = run_step(ctx, StepSpec(name, mismatch=mismatch, serializer=MODEL_CALL_JSON),
+                        lambda: encode(call(current_step_key())), (), {})
     return decode(recorded)
 
 
@@ -170,7 +172,8 @@ async def durable_call_async(name: str, call: Callable[[str | None], Awaitable[T
     async def body() -> Any:
         return encode(await call(current_step_key()))
     index = at(ctx) if at is not None else None
-    return decode(await run_step_async(ctx, StepSpec(name, mismatch=mismatch), body, (), {}, at=index))
+    return decode(await run_step_async(ctx, StepSpec(name, mismatch=mismatch, serializer=MODEL_CALL_JSON), body, (), {},
+                                       at=index))
 
 
 # --- a stream, one step -----------------------------------------------------------------------------------
@@ -184,8 +187,8 @@ class _StreamStep:
         self.chunks: list[Any] = []
 
     def commit(self, encode: Callable[[list[Any]], Any]) -> None:
-        self.log.record(self.index, self.name, VALUE, JSON.name, time.monotonic() - self.started,
-                        JSON.dumps(encode(self.chunks)))
+        self.log.record(self.index, self.name, VALUE, MODEL_CALL_JSON.name, time.monotonic() - self.started,
+                        MODEL_CALL_JSON.dumps(encode(self.chunks)))
 
     def fail(self, e: BaseException) -> None:
         """The call raised ``e`` before it returned a stream."""
@@ -198,7 +201,7 @@ class _StreamStep:
         kind, data = encode_error(e)
         record = {"chunks": encode(self.chunks), "error": {"serializer": kind, "data": base64.b64encode(data).decode()}}
         self.log.record(self.index, self.name, ERROR, STREAM_ERROR, time.monotonic() - self.started,
-                        JSON.dumps(record), e)
+                        MODEL_CALL_JSON.dumps(record), e)
 
 
 class _Recorded:

@@ -77,7 +77,7 @@ from pydantic_core import to_jsonable_python
 
 from ..errors import UsageError
 from ..step_log import StepLog
-from ..step_records import ERROR, recordable
+from ..step_records import ERROR, MODEL_CALL_JSON, recordable
 from ..steps import StepContext, StepRun, StepSpec, active_context, begin_step, load_journal, replay
 from ..store.base import StepRecord
 from ..threads import off_loop
@@ -102,8 +102,8 @@ def _decode_response(data: Any) -> ModelResponse:
 
 
 MODEL_STEP = "openai_agents.model"
-_MODEL = StepSpec(MODEL_STEP)
-_STREAM = StepSpec("openai_agents.model.stream")
+_MODEL = StepSpec(MODEL_STEP, serializer=MODEL_CALL_JSON)
+_STREAM = StepSpec("openai_agents.model.stream", serializer=MODEL_CALL_JSON)
 _EVENTS = ModelCodec("openai")  # a streamed call's events: the Responses API's event types
 
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar, cast
 from . import steps as durable
 from . import waits
 from .attempt import Cancelled, Loop, Parked
+from .errors import WaitTimeout
 from .step_records import WAIT
 from .store.base import Claim
 
@@ -131,10 +132,21 @@ class ContextBase:
         waits.check_timeout(timeout)
         return self.step_log.begin(key, WAIT)
 
-    def _wait_end(self, key: str, payload: bytes | None, until: float | None) -> Any:
+    def _wait_end(self, index: int, key: str, payload: bytes | None, until: float | None) -> Any:
         if payload is None:
             raise Parked(key, until)  # the attempt ends here; the task runs again once the value comes
-        return waits.outcome(key, payload)
+        return self._wait_outcome(index, key, payload)
+
+    def _wait_outcome(self, index: int, key: str, payload: bytes) -> Any:
+        """The value a wait's record at ``index`` holds, or its ``WaitTimeout`` raised, noted as the error
+        recorded there: an attempt that fails with it drops the record (``StepLog.end_failed``), as for a
+        step's error, and the next attempt waits again, with a deadline of its own. Kept, a timeout ended
+        every later attempt at once, and a value sent after an ``onward retry`` was never taken."""
+        try:
+            return waits.outcome(key, payload)
+        except WaitTimeout as e:
+            self.step_log.note_error(index, e)
+            raise
 
 
 class TaskContext(ContextBase):
@@ -195,10 +207,10 @@ class TaskContext(ContextBase):
             self.step_log.load()
         index, record = self._wait_begin(key, timeout)
         if record is not None:
-            return waits.outcome(key, self.step_log.replayed_one(record).payload)
+            return self._wait_outcome(index, key, self.step_log.replayed_one(record).payload)
         self.check()
         payload, until = self.step_log.receive(index, key, timeout)
-        return self._wait_end(key, payload, until)
+        return self._wait_end(index, key, payload, until)
 
 
 class AsyncTaskContext(ContextBase):
@@ -244,7 +256,7 @@ class AsyncTaskContext(ContextBase):
         await self.load()
         index, record = self._wait_begin(key, timeout)
         if record is not None:
-            return waits.outcome(key, self.step_log.replayed_one(record).payload)
+            return self._wait_outcome(index, key, self.step_log.replayed_one(record).payload)
         self.check()
         payload, until = await asyncio.to_thread(self.step_log.receive, index, key, timeout)
-        return self._wait_end(key, payload, until)
+        return self._wait_end(index, key, payload, until)

@@ -220,9 +220,9 @@ class StepLog:
         return error
 
     def end_failed(self, error: BaseException) -> None:
-        """The attempt failed with ``error``. If the task's last record is a step error and ``error`` is
-        that error (or was raised from it, or while handling it), drop that record: the step ended the
-        attempt, and the next attempt runs it again. A step error the task handled stays recorded (its
+        """The attempt failed with ``error``. If the task's last record is a step error (or a wait's timeout)
+        and ``error`` is that error (or was raised from it, or while handling it), drop that record: the
+        step ended the attempt, and the next attempt runs it again (waits again). A step error the task handled stays recorded (its
         step ran to its end), even when the worker dies right after: only an attempt that failed with it
         drops it. An error with records after it stays too: dropping it would drop them."""
         if self.failure is not None or not self.loaded:

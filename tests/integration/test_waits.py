@@ -499,3 +499,45 @@ def test_a_short_sleep_stays_in_the_worker(store_url: str, side: Path, tmp_path:
     deadline, kinds, events = sleep_record(store_url, "nap-1.5")
     assert kinds == ["value", "sleep"] and "waiting" not in events
     assert count(side, "nap-1.5", "runs") == 1 and float((side / "nap-1.5.woke").read_text()) >= deadline - 0.05
+
+
+TIMING_OUT = textwrap.dedent('''
+    import sys
+    from onward import Job
+    job = Job(sys.argv[1], heartbeat=0.3, max_attempts=2, retry_delay=0.05)
+
+    @job.task
+    def handle(task, ctx):
+        ctx.step("draft", lambda: "a draft")
+        return {"approved": ctx.wait("approval", timeout=0.5)}
+
+    sys.exit(job.run().exit_code)
+''')
+
+
+def test_a_timeout_that_failed_the_attempt_is_waited_again_and_a_retry_takes_a_value(store_url: str,
+                                                                                      tmp_path: Path) -> None:
+    """A wait's timeout the task did not catch: the record of it stayed, so every later attempt failed at once
+    on the replayed timeout (three attempts in 20 ms), and after `onward retry` a value sent was kept for good
+    and never taken. Like a step's error, it is dropped with the attempt it ended: each attempt waits again."""
+    script = tmp_path / "worker.py"
+    script.write_text(TIMING_OUT)
+    assert run_onward("add", "--db", store_url, "t").returncode == 0
+    first = subprocess.run([sys.executable, str(script), store_url], env={**os.environ, "PYTHONPATH": SRC},
+                           capture_output=True, timeout=120)
+    assert first.returncode == 3, first.stderr.decode()
+    store = open_store(store_url, create=False)
+    try:
+        kinds = [e.kind for e in store.events(task="t")]
+        assert kinds.count("waiting") == 2, kinds  # each attempt parked on its own deadline
+        task_id = store.task_id("t")
+        assert task_id is not None
+        assert [s.kind for s in store.steps(task_id)] == ["value"]  # the draft stays; no timeout is kept
+    finally:
+        store.close()
+    assert run_onward("retry", "--db", store_url, "t").returncode == 0
+    assert send(store_url, "t", "approval", "true").returncode == 0
+    second = subprocess.run([sys.executable, str(script), store_url], env={**os.environ, "PYTHONPATH": SRC},
+                            capture_output=True, timeout=120)
+    assert second.returncode == 0, second.stderr.decode()
+    assert task_result(store_url, "t") == {"approved": True}

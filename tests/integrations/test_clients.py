@@ -248,7 +248,7 @@ class RefusingModel:
     """A model server that answers every call 429 (rate limited), counting them; or, given them, with ``status``
     and ``body`` (as sent: JSON with Python's extensions, such as -Infinity, if need be)."""
 
-    def __init__(self, status: int = 429, body: str | None = None) -> None:
+    def __init__(self, status: int = 429, body: str | None = None, content_type: str = "application/json") -> None:
         import http.server
         import threading
 
@@ -263,7 +263,7 @@ class RefusingModel:
                 model.calls += 1
                 body = answer
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body.encode())
@@ -500,5 +500,22 @@ def test_a_model_answer_with_an_infinite_logprob_is_recorded_and_replayed(tmp_pa
             return (reply.choices[0].message.content, reply.choices[0].logprobs.content[0].logprob)
         assert run_twice(tmp_path, body) == [("x", float("-inf"))] * 2
         assert model.calls == 1
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize(("body", "content_type"), [("<html>bad gateway</html>", "text/html"), ("null", "application/json")])
+def test_a_200_answer_that_is_not_the_sdks_json_is_returned_as_the_sdk_returns_it(tmp_path: Path, body: str,
+                                                                                content_type: str) -> None:
+    """A gateway that answers 200 with an HTML page, or a bare null: the plain SDK hands back what it parsed (a
+    str, None); inside a task the call raised AttributeError ('str' object has no attribute 'model_dump'),
+    saying nothing of what the server sent. It is recorded and replayed as the SDK returned it."""
+    model = RefusingModel(200, body, content_type)
+    try:
+        plain = openai.OpenAI(base_url=model.url + "/v1", api_key="k", max_retries=0)
+        expected = plain.chat.completions.create(model="m", messages=ASK)
+        client: Any = durable_openai.durable(openai.OpenAI(base_url=model.url + "/v1", api_key="k", max_retries=0))
+        assert run_twice(tmp_path, lambda: client.chat.completions.create(model="m", messages=ASK)) == [expected] * 2
+        assert model.calls == 2  # the plain call, then the first attempt's; the second attempt replayed
     finally:
         model.close()

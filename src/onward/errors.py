@@ -19,6 +19,10 @@ UNAVAILABLE_ERRNOS = TRANSIENT_ERRNOS | {errno.EMFILE, errno.ENFILE, errno.ENOME
 RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ENFILE, errno.EMFILE})
 
 
+# The exit status of "unavailable for now, try again later" (EX_TEMPFAIL of sysexits.h): the store or the output
+# folder cannot be used right now; supervisors and systemd restart it without counting a crash loop.
+UNAVAILABLE_EXIT = 75
+
 class OnwardError(Exception):
     """Base class of every error onward raises on purpose."""
 

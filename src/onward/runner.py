@@ -367,6 +367,11 @@ class Runner:
             self.inbox.close()
         self.store_errors.flush()
         self.summary.stopped = self.stopping
+        self.summary.unexported = len(self.settler.unexported)
+        if self.summary.unexported and not self.stopping:
+            self.log.warning(f"{self.summary.unexported} result files could not be written to --out (last:"
+                             f" {self.settler.export_error}); the store has their results: run again once the"
+                             " folder can be written, and the missing files are written then (exit 75)")
         self.log.info(
             f"worker stopped: {stop_reason}; this run: done={self.summary.done} failed={self.summary.failed}"
             f" retried={self.summary.retried}"

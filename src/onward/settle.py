@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from . import crashpoints
 from .attempt import Attempt, Outcome
 from .durations import doubling
+from .errors import UNAVAILABLE_EXIT
 from .log import NORMAL, Log, quote
 from .store.base import CANCELLED, DONE, FAILED, FENCED_DETAIL, PENDING, WAITING, Claim, Store
 
@@ -38,14 +39,18 @@ class RunSummary:
     parked: int = 0  # attempts that ended in a wait (ctx.wait): their tasks wait for a value, uncounted
     stopped: bool = False  # a stop signal ended the run
     counts: dict[str, int] = field(default_factory=dict)  # the store's counts at the end
+    unexported: int = 0  # done tasks whose --out file this run could not write (the store has their results)
 
     @property
     def exit_code(self) -> int:
-        """0: nothing left and no task failed (or stopped on request); 3: finished with failed tasks.
-        Cancelled tasks are final but not failures: a job that ends with some cancelled and none failed
-        exits 0."""
+        """0: nothing left and no task failed (or stopped on request); 3: finished with failed tasks; 75:
+        finished, but result files are missing from --out (a full or read-only disk): run again once it can
+        be written, and the missing files are written from the store. Cancelled tasks are final but not
+        failures: a job that ends with some cancelled and none failed exits 0."""
         if self.stopped:
             return 0
+        if self.unexported:
+            return UNAVAILABLE_EXIT
         return 3 if self.counts.get(FAILED, 0) else 0
 
 
@@ -65,6 +70,10 @@ class Settler:
         self.max_retry_delay = max_retry_delay
         self.worker_id = 0  # set once the worker is registered
         self.summary = RunSummary()
+        # Done tasks whose --out file could not be written (a full or read-only disk), until a later write of
+        # it works (the sweep for missing files tries again), and the last error: the run then ends 75.
+        self.unexported: set[str] = set()
+        self.export_error = ""
         # The sweep for missing result files (start_export_sweep): the id of the last done task looked at,
         # None when there is no sweep left to do; and how many files it wrote.
         self._sweep_after: int | None = None
@@ -236,6 +245,10 @@ class Settler:
             # holds all memory in this moment; not raised, since the report's log line is written already and
             # a report raising it is told again, see Runner._tell.)
             self.log.warning(f"could not write output for task={quote(name)}: {e or type(e).__name__}")
+            self.unexported.add(name)
+            self.export_error = f"{e or type(e).__name__}"
+        else:
+            self.unexported.discard(name)
 
     def start_export_sweep(self) -> None:
         """Look for done tasks whose result file is missing from --out (a write failed, or the folder is new),

@@ -107,7 +107,7 @@ from onward.cgroups import sweep_dead_workers
 from onward.child_watch import Watchdog, exit_fd, exited, receive
 from onward.config import MAX_SECONDS, MIN_HEARTBEAT, RunConfig
 from onward.durations import doubling
-from onward.errors import RESOURCE_ERRNOS, StoreError, UsageError
+from onward.errors import RESOURCE_ERRNOS, UNAVAILABLE_EXIT, StoreError, UsageError
 from onward.gate import START_GATE, Gate
 from onward.keepawake import KeepAwake, chosen_marker, keep_after_death, keeper_pids
 from onward.log import Log
@@ -147,7 +147,7 @@ ORPHAN_KILL_WAIT = 2.0  # how long a dead worker's leftovers may take to die (fr
 NOT_RESTARTED = {0: "finished", 3: "finished, some tasks failed", 2: "usage or configuration error"}
 # The store or the output folder is down (a disk fault, a database server away): restarted with the
 # backoff, however long it takes, and never counted as a crash loop: the worker is not what is broken.
-UNAVAILABLE = 75
+UNAVAILABLE = UNAVAILABLE_EXIT
 # A worker that cannot be started for want of processes or memory is tried again this often (seconds), and
 # that is said again this often, as the worker does for its commands (runner.RESOURCE_PAUSE, RESOURCE_WARN_EVERY).
 SPAWN_RETRY = 1.0

@@ -350,3 +350,28 @@ def test_a_store_on_a_read_only_mount_is_read_and_never_written(small_disk: Path
         assert done.stderr.decode() == f"onward: error: store {db}: cannot write to it: its file system is" \
                                        " read-only (EROFS)\n", command
     assert {p.name: p.read_bytes() for p in small_disk.iterdir()} == before
+
+
+def test_a_full_out_disk_ends_the_run_75_and_the_next_run_writes_the_missing_files(small_disk: Path,
+                                                                                   tmp_path: Path) -> None:
+    """The store on a disk with room, --out on a full one: every task is done in the store, but most result
+    files could not be written. The run ended "finished", exit 0, and a script reading --out after it got
+    part of the results without a word; it ends 75 now (try again), and the next run, once there is room,
+    writes the missing files from the store and ends 0."""
+    db = tmp_path / "s.db"
+    (tmp_path / "tasks.txt").write_text("".join(f"t{i}\n" for i in range(40)))
+    out = small_disk / "out"
+    argv = ["run", "--db", str(db), "--tasks", str(tmp_path / "tasks.txt"), "--out", str(out), "-q", "--",
+            "head", "-c", "100000", "/dev/zero"]
+    first = run_onward(*argv)
+    err = first.stderr.decode()
+    assert first.returncode == 75, err
+    written = len(list(out.iterdir()))
+    assert 0 < written < 40, written  # 1 MB holds some of the 40 files of 100 kB
+    assert f"{40 - written} result files could not be written to --out (last: [Errno 28] No space left" in err, err
+    assert done_in_store(db) == {f"t{i}" for i in range(40)}
+    subprocess.run(["umount", "-l", str(small_disk)], check=True)  # room again: the folder is on the big disk
+    out.mkdir(parents=True, exist_ok=True)
+    second = run_onward(*argv)
+    assert second.returncode == 0, second.stderr.decode()
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"t{i}.txt" for i in range(40))

@@ -68,7 +68,8 @@ def fill_closed_standard_streams() -> None:
     as daemons do: Python then leaves ``sys.stdout`` (or ``sys.stderr``) None, and the first line printed
     raised AttributeError, a traceback and exit 1 after a finished job, or before the worker started when it
     was stderr; and the next file opened would take that number, where a stray write meant for the terminal
-    would land. Output to a closed stream is dropped, as the user asked."""
+    would land. Output to a closed stream is dropped, as the user asked; ``sys.stdin`` is left None (see
+    ``tasksfile.check_tasks_file``)."""
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         try:
             os.fstat(fd)
@@ -79,12 +80,10 @@ def fill_closed_standard_streams() -> None:
         if opened != fd:
             os.dup2(opened, fd)
             os.close(opened)
-        if getattr(sys, name) is None:
-            if fd == 0:
-                setattr(sys, name, open(fd, closefd=False))
-            else:
-                setattr(sys, name, open(fd, "w", buffering=1, closefd=False,
-                                        errors="backslashreplace" if fd == 2 else None))
+        # sys.stdin stays None: `--tasks -` with stdin closed is refused (nothing to read), not an empty list.
+        if fd > 0 and getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "w", buffering=1, closefd=False,
+                                    errors="backslashreplace" if fd == 2 else None))
 
 
 def plain_status_options(args: list[str]) -> tuple[str | None, str | None, bool] | None:

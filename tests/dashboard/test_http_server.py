@@ -221,3 +221,59 @@ def test_the_idle_look_outlives_a_memory_error(tmp_path: Path, monkeypatch: Any)
         look.join(timeout=30)
         store.close()
     assert not look.is_alive()
+
+
+def test_a_request_with_two_content_lengths_is_refused_and_its_body_runs_nothing(tmp_path: Path,
+                                                                                 dashboard: Any) -> None:
+    """Content-Length given twice: the first was taken, and the rest of the body read as the next request (a
+    proxy in front that went by the other one would have let it through). RFC 9112: refused, and the
+    connection closed."""
+    db = make_store(tmp_path)
+    served = dashboard(db)
+    port = address(served)[1]
+    request = (b"POST /api/resume HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+               b"Content-Length: 2\r\nContent-Length: %d\r\n\r\n{}" % (port, 2 + len(SMUGGLED))) + SMUGGLED
+    status, headers, body = exchange(served, request)
+    assert status.startswith(b"HTTP/1.1 400 "), (status, body)
+    assert headers.get("connection") == "close" and body.count(b"HTTP/1.1") == 0, (headers, body)
+    assert json.loads(run_onward("status", "--db", db, "--json").stdout)["paused"] is False
+
+
+def test_a_token_holding_quotes_never_reaches_the_log_of_a_malformed_request(tmp_path: Path, dashboard: Any) -> None:
+    """The stdlib quotes a malformed request line whole in its log line; the token in its query was masked only
+    up to a quote, which a token may hold: the rest of it was written to stderr."""
+    token = "s3cr'et\"TOKEN+x"
+    db = make_store(tmp_path)
+    served = dashboard(db, "--token", token)
+    exchange(served, b"GET /?token=" + token.encode() + b" junk HTTP/1.1\r\n\r\n")
+    assert served.stop() == 0
+    err = served.process.communicate()[1].decode()
+    assert "Bad request" in err, err
+    assert "TOKEN" not in err and "et\"" not in err, err
+
+
+def test_two_stop_signals_at_once_end_the_dashboard(tmp_path: Path) -> None:
+    """`timeout` sends SIGTERM to the process and then to its group, microseconds apart: the second signal's
+    handler ran inside the first one's Event.set() and waited for good on the lock it held; the dashboard
+    never exited and answered nothing (10 of 150 runs with gaps of 43-293 us). Here a burst of SIGTERMs for
+    a few milliseconds, so that one lands inside that set() whatever the timing; five times."""
+    import os
+    import signal
+
+    from tests.dashboard.conftest import start_dashboard
+
+    db = make_store(tmp_path)
+    for _ in range(5):
+        served = start_dashboard(db)
+        until = time.perf_counter() + 0.005
+        while time.perf_counter() < until:
+            try:
+                os.kill(served.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                break
+        try:
+            assert served.process.wait(timeout=10) == 0
+        finally:
+            if served.process.poll() is None:
+                served.process.kill()
+                served.process.wait()

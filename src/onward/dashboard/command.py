@@ -50,23 +50,34 @@ def dashboard_command(db: str | None, job: str, host: str, port: int, token: str
             server = make_server(board, host, port)
         except OSError as e:
             raise UsageError(f"cannot listen on {host} port {port}: {e.strerror or e}") from None
-        bound_port = server.server_address[1]
-        shown_host = f"[{host}]" if ":" in host else host
-        click.echo(f"onward dashboard: http://{shown_host}:{bound_port}/" +
-                   ("  (open it as /?token=TOKEN)" if token else ""))
+
+        stops: list[int] = []
 
         def stop(signum: int, frame: FrameType | None) -> None:
+            # Once: a second signal arriving inside the first one's Event.set() (`timeout` sends SIGTERM to the
+            # process, then to its group, microseconds apart) ran this again there, and waited for good on the
+            # lock the first one held: the dashboard never exited, and answered nothing.
+            if stops:
+                return
+            stops.append(signum)
             board.stopping.set()
             # shutdown() waits for serve_forever() to return, which runs in this very thread: ask from another.
             threading.Thread(target=server.shutdown, daemon=True).start()
 
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
+        # Said once the handlers are in place: a stop sent as soon as the address is read ends it with exit 0.
+        bound_port = server.server_address[1]
+        shown_host = f"[{host}]" if ":" in host else host
+        click.echo(f"onward dashboard: http://{shown_host}:{bound_port}/" +
+                   ("  (open it as /?token=TOKEN)" if token else ""))
         try:
             server.serve_forever(poll_interval=0.2)
         finally:
             server.server_close()
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # on the way out: no handler runs inside the set() below
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         board.stopping.set()
         with board.lock:  # not in the middle of the idle thread's turn
             store.close()

@@ -38,7 +38,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from ..errors import StoreError, StoreGone
 from ..store.base import Store
@@ -71,7 +71,9 @@ SECURITY_HEADERS = {
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _HOST_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?", re.ASCII)
-_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s'\"]*", re.IGNORECASE)
+# Up to the next parameter or space: a token may hold quotes (any printable ASCII but a space), and stopping
+# at them showed the rest of it in the stdlib's quote of a malformed request line.
+_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s]*", re.IGNORECASE)
 
 
 class Dashboard:
@@ -239,7 +241,8 @@ class Handler(BaseHTTPRequestHandler):
         method checks of the one that carried it (a PUT refused with 405, then a POST /api/pause it held
         run)."""
         length = self.headers.get("Content-Length")
-        if self.headers.get("Transfer-Encoding") is not None or (length is not None and length.strip() != "0"):
+        if self.headers.get("Transfer-Encoding") is not None or (length is not None and length.strip() != "0") \
+                or len(self.headers.get_all("Content-Length") or ()) > 1:
             self._read_body()  # read (up to DRAIN_LIMIT) and dropped, so that the close is no reset
             self.close_connection = True
 
@@ -248,7 +251,10 @@ class Handler(BaseHTTPRequestHandler):
         up to ``DRAIN_LIMIT`` is read even then (and dropped), so that the refusal reaches the client; the
         connection is not reused after a refusal of that kind."""
         length_text = self.headers.get("Content-Length", "")
-        if self.headers.get("Transfer-Encoding") or not length_text.isascii() or not length_text.isdigit():
+        # Content-Length given twice: which one a proxy in front went by cannot be known, and the rest of the
+        # body would be read as the next request (RFC 9112: refused, the connection closed).
+        if self.headers.get("Transfer-Encoding") or not length_text.isascii() or not length_text.isdigit() \
+                or len(self.headers.get_all("Content-Length") or ()) > 1:
             self.close_connection = True
             return None
         length = int(length_text)
@@ -398,6 +404,10 @@ class Handler(BaseHTTPRequestHandler):
     def log_error(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
         # The stdlib quotes a malformed request line whole: a token in its query string is blanked here.
         text = _TOKEN_IN_QUERY.sub(r"\1***", (format % args).rstrip("\n"))
+        token = self.dashboard.token
+        if token:  # wherever else the client put it, as it is or percent-encoded
+            for shown in {token.decode(), quote(token.decode(), safe="")}:
+                text = text.replace(shown, "***")
         sys.stderr.write("onward dashboard: " + text + "\n")
 
 

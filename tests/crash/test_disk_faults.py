@@ -375,3 +375,26 @@ def test_a_full_out_disk_ends_the_run_75_and_the_next_run_writes_the_missing_fil
     second = run_onward(*argv)
     assert second.returncode == 0, second.stderr.decode()
     assert sorted(p.name for p in out.iterdir()) == sorted(f"t{i}.txt" for i in range(40))
+
+
+def test_a_disk_that_turned_read_only_on_its_own_is_unavailable_not_bad_input(tmp_path: Path) -> None:
+    """ext4 with errors=remount-ro turns read-only by itself after an error: statvfs does not show it, SQLite
+    opens the store read-only and says "attempt to write a readonly database", which was taken for
+    configuration: exit 2, so `onward supervise` stopped for good, though the disk comes back once repaired.
+    The kernel's EROFS to a write open tells: exit 75, as for a disk mounted read-only."""
+    from tests.crash.test_power_cut import loop_ext4
+
+    with loop_ext4(tmp_path, 16, "errors=remount-ro") as disk:
+        db = disk.mount / "s.db"
+        assert run_onward("add", "--db", str(db), "a", "b").returncode == 0
+        trigger = Path("/sys/fs/ext4") / Path(disk.device).name / "trigger_fs_error"
+        trigger.write_text("onward test\n")  # the error that turns it read-only, as a failing disk would
+        # (/proc/mounts still says "rw" then, with "emergency_ro" beside it)
+        wait_for(lambda: {"ro", "emergency_ro"} & set(next(line.split()[3].split(",") for line in open("/proc/mounts")
+                                                        if line.split()[1] == str(disk.mount))), 10,
+                 "the disk to turn read-only")
+        for command in (["run", "--", "true"], ["add", "c"]):
+            done = run_onward(command[0], "--db", str(db), *command[1:])
+            err = done.stderr.decode()
+            assert done.returncode == 75, err
+            assert err.strip().endswith("its file system is read-only (EROFS)"), err

@@ -223,6 +223,16 @@ def _out_of_descriptors(path: str) -> str | None:
     return None
 
 
+def _refuses_writes(path: str) -> bool:
+    """Whether the file system of the store at ``path`` refuses to open it for writing (EROFS)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        return e.errno == errno.EROFS
+    os.close(fd)
+    return False
+
+
 def _translate(e: BaseException, path: str) -> StoreError:
     if isinstance(e, UnicodeDecodeError) or "Could not decode to UTF-8" in str(e):
         return CorruptStore(f"store {path} is corrupt (a text value is not valid UTF-8); it was left untouched")
@@ -231,7 +241,13 @@ def _translate(e: BaseException, path: str) -> StoreError:
         return CorruptStore(f"store {path} is corrupt ({text}); it was left untouched")
     if "readonly" in text or "read-only" in text:
         # SQLITE_READONLY: the file or its folder may not be written (permissions, a read-only open):
-        # configuration. A disk turning read-only under a writer shows as a disk I/O error instead.
+        # configuration. A disk turning read-only under a writer shows as a disk I/O error instead; one
+        # that turned read-only on its own before (ext4's errors=remount-ro, which statvfs does not show as
+        # read-only) says EROFS to a write open: the machine's fault, for now (75), as a disk mounted
+        # read-only is (_read_only_error). It was taken for configuration: exit 2, and no supervisor
+        # restarted the worker once the disk was repaired.
+        if _refuses_writes(path):
+            return _read_only_error(path)
         return StoreError(f"store {path} is read-only ({text})")
     if "disk is full" in text or "disk I/O" in text:
         return StoreUnavailable(f"store {path}: {text}")
@@ -239,6 +255,8 @@ def _translate(e: BaseException, path: str) -> StoreError:
         why = _out_of_descriptors(path)
         if why is not None:
             return StoreUnavailable(f"store {path}: {text} ({why})")
+        if _refuses_writes(path):  # its -shm could not be made there (see the read-only case above)
+            return _read_only_error(path)
     return StoreError(f"store {path}: {text}")
 
 

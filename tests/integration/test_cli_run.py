@@ -1014,3 +1014,22 @@ def test_a_run_started_with_a_standard_stream_closed_finishes_its_job(closed: st
     shown = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *onward_argv("status", "--db", str(tmp_path / "s.db"))],
                            stderr=subprocess.PIPE, timeout=60, env=env)
     assert shown.returncode == 0 and shown.stderr == b"", shown.stderr
+
+
+@pytest.mark.parametrize("concurrency", ["1", "4"])
+def test_a_store_reached_through_a_symlink_reports_every_completion(tmp_path: Path, concurrency: str) -> None:
+    """SQLite keeps a store's log beside the file a symlink leads to; onward looked for it beside the link: every
+    run began with "store error, will retry: ... its write-ahead log cur.db-wal is gone", and a completion
+    went unreported (199 done lines for 200 tasks; a result file written only by the sweep)."""
+    (tmp_path / "real").mkdir()
+    tasks = tmp_path / "t.txt"
+    tasks.write_text("".join(f"k{i}\n" for i in range(60)))
+    assert run_onward("add", "--db", str(tmp_path / "real" / "a.db"), "--tasks", str(tasks)).returncode == 0
+    (tmp_path / "cur.db").symlink_to(tmp_path / "real" / "a.db")
+    done = run_onward("run", "--db", str(tmp_path / "cur.db"), "--concurrency", concurrency, "--out",
+                      str(tmp_path / "out"), "--", "sh", "-c", "sleep 0.001; echo {task}")
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert "store error" not in err and "exported" not in err, err
+    assert err.count(" done task=") == 60, err
+    assert not (tmp_path / "cur.db-wal").exists() and not (tmp_path / "cur.db-shm").exists()

@@ -139,7 +139,7 @@ def _check_regular_file(path: str) -> bool:
         raise NotAStore(f"not an onward store: {path} is not a regular file")
     # Not a "disk I/O error", exit 75, which a supervisor restarts for good: bad input, and it stays.
     try:
-        sibling = odd_sibling(path)
+        sibling = odd_sibling(os.path.realpath(path))
     except OSError as e:
         raise _os_error(f"cannot read store {path}", e) from None
     if sibling is not None:
@@ -191,7 +191,8 @@ def _read_only_location(path: str) -> str:
     as it was a moment before, or torn."""
     from urllib.parse import quote
 
-    log_left = os.path.lexists(path + "-wal") or os.path.lexists(path + "-shm")
+    real = os.path.realpath(path)  # SQLite keeps its files beside the file a symlink leads to
+    log_left = os.path.lexists(real + "-wal") or os.path.lexists(real + "-shm")
     return "file:" + quote(os.path.abspath(path)) + ("?mode=ro" if log_left else "?immutable=1")
 
 
@@ -290,6 +291,10 @@ class SqliteStore(SqlStore):
     def __init__(self, url: str, *, create: bool = True, upgrade: bool = False, job: str = "default") -> None:
         self.path = path_from_url(url)
         self.url = self.path
+        # Where SQLite keeps the store's log, its index (STORE-wal, -shm) and onward's STORE-unsynced: beside
+        # the file a symlink leads to, as SQLite itself resolves it. Beside the link, the log was "gone" at
+        # every start, and a completion went unreported.
+        self._real = os.path.realpath(self.path)
         self.job = job
         self._batch_depth = 0
         exists = _check_regular_file(self.path)
@@ -432,7 +437,7 @@ class SqliteStore(SqlStore):
         self._close_files()
         db = getattr(self, "_db", None)
         if db is not None:
-            if not self._guarded and os.path.lexists(unsynced_mark(self.path)):
+            if not self._guarded and os.path.lexists(unsynced_mark(self._real)):
                 # Opened before another process's sync failed (a dashboard, a second worker): not guarded yet.
                 try:
                     self._hold_off_checkpoint_on_close()
@@ -461,7 +466,7 @@ class SqliteStore(SqlStore):
         self._wal_fd = self._probe_fd = self._index_fd = -1
 
     def idle(self) -> None:
-        if not os.path.lexists(unsynced_mark(self.path)) and not isinstance(self._db, _NotConnected):
+        if not os.path.lexists(unsynced_mark(self._real)) and not isinstance(self._db, _NotConnected):
             # A reader left running (status --watch, logs -f) kept showing a file deleted or replaced under
             # it, for ever: one stat a look says so (StoreGone), as the contract asks.
             self.check_still_there()
@@ -531,7 +536,7 @@ class SqliteStore(SqlStore):
             try:
                 # O_EXCL: whatever is there already (the mark, or a FIFO, or a link planted in its place) is
                 # left as it is, never opened: a FIFO would block the open, a link would create its target.
-                os.close(os.open(unsynced_mark(self.path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                os.close(os.open(unsynced_mark(self._real), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                                  0o600))
             except OSError:
                 pass  # there already, or a disk that takes no new file at all: this process still rewrites
@@ -539,7 +544,7 @@ class SqliteStore(SqlStore):
 
     def _notice_mark(self) -> None:
         """Suspect the log when another process left the mark (``unsynced_mark``)."""
-        if not self._log_suspect and os.path.lexists(unsynced_mark(self.path)):
+        if not self._log_suspect and os.path.lexists(unsynced_mark(self._real)):
             self._log_suspect = self._guarded_for_mark = True
             self._guard_log()
 
@@ -583,7 +588,7 @@ class SqliteStore(SqlStore):
         """The log's index (``-shm``), opened once while this connection lasts; None when there is none."""
         if self._index_fd < 0:
             try:
-                self._index_fd = os.open(self.path + "-shm", os.O_RDONLY | os.O_CLOEXEC)
+                self._index_fd = os.open(self._real + "-shm", os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 return None
         return self._index_fd
@@ -653,7 +658,7 @@ class SqliteStore(SqlStore):
                     self._db.execute("BEGIN")
                 try:
                     self._db.execute("PRAGMA schema_version").fetchone()  # starts the read transaction
-                    damage = pinned.enter_context(read_back(self.path, self._index_descriptor()))
+                    damage = pinned.enter_context(read_back(self._real, self._index_descriptor()))
                 finally:
                     if began:
                         self._db.execute("COMMIT")
@@ -667,7 +672,7 @@ class SqliteStore(SqlStore):
         self._log_suspect = self._guarded_for_mark = False
         self._unguard_log()
         try:
-            os.unlink(unsynced_mark(self.path))
+            os.unlink(unsynced_mark(self._real))
         except OSError:
             pass  # gone already (another worker's rewrite), or left: the next open only rewrites once more
 
@@ -700,7 +705,7 @@ class SqliteStore(SqlStore):
         # serves every sync. fdatasync on any descriptor of the file flushes what SQLite wrote through its own.
         if self._wal_fd < 0:
             try:
-                self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+                self._wal_fd = os.open(self._real + "-wal", os.O_RDONLY | os.O_CLOEXEC)
             except OSError as e:
                 raise self._sync_error(e) from None
             self._notice_mark()  # a sync that failed before this descriptor was opened is not reported through it
@@ -709,7 +714,7 @@ class SqliteStore(SqlStore):
     def _sync_error(self, e: OSError) -> StoreError:
         if isinstance(e, FileNotFoundError):
             self.check_still_there()  # the store was deleted under us: say so (StoreGone)
-            return StoreUnavailable(f"store {self.path}: its write-ahead log {self.path}-wal is gone")
+            return StoreUnavailable(f"store {self.path}: its write-ahead log {self._real}-wal is gone")
         # A failed fsync may have dropped the pages it could not write: the commits since the last sync
         # cannot be vouched for (nothing of them is reported), and no later sync vouches for anything
         # before the log was rewritten (``_rewrite_log``).
@@ -782,7 +787,7 @@ class SqliteStore(SqlStore):
 
     def log_held_back(self) -> int | None:
         try:
-            size = os.stat(self._where + "-wal").st_size  # (the absolute path: a task may chdir)
+            size = os.stat(self._real + "-wal").st_size  # (an absolute path: a task may chdir)
         except OSError:
             return None
         before, self._log_seen = self._log_seen, size

@@ -77,12 +77,13 @@ class QuickRead:
             self._key = st.st_dev, st.st_ino
             if read_head(path, len(SQLITE_MAGIC), self._key) != SQLITE_MAGIC:
                 raise NotPlain
-            if os.path.lexists(unsynced_mark(path)):
+            real = os.path.realpath(path)  # SQLite keeps its files beside the file a symlink leads to
+            if os.path.lexists(unsynced_mark(real)):
                 raise NotPlain  # its log must not be checkpointed as it is: SqliteStore guards it
-            if odd_sibling(path) is not None:
+            if odd_sibling(real) is not None:
                 raise NotPlain  # a FIFO where SQLite keeps its log: SqliteStore refuses it
             self._db = sqlite3.connect(path, isolation_level=None)
-            self._path = path
+            self._path = real
             connected(self._key)
         except (OSError, ValueError, sqlite3.Error):
             raise NotPlain from None

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from .command_handler import CommandHandler, check_command
 from .config import DEFAULT_MAX_RESULT_BYTES, MAX_STORED_BYTES, RunConfig
-from .errors import StoreMissing, UsageError
+from .errors import UNAVAILABLE_EXIT, OutputUnavailable, StoreMissing, UsageError
 from .keepawake import marker_path
 from .log import Log
 from .store import exists as store_exists
@@ -119,6 +119,8 @@ def run_command(config: RunConfig, log: Log, *, command: list[str], db: str | No
         handler = CommandHandler(command, url, max_result_bytes, job=store.job)
         summary = run_worker(store.get(), handler, config, log, url=url, out=out, keep_awake=marker,
                              progress_bar=progress_bar)
+        if summary.exit_code == UNAVAILABLE_EXIT:  # the job is done, but --out lacks files: said last, exit 75
+            raise OutputUnavailable(summary.unexported_line())
         return summary.exit_code
     finally:
         if out is not None:

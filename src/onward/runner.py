@@ -47,7 +47,7 @@ from . import crashpoints
 from .attempt import Attempt, Handler, Outcome, cannot_run
 from .config import RunConfig
 from .durations import doubling
-from .errors import RESOURCE_ERRNOS, Fenced, OnwardError, StoreError, WedgedTask
+from .errors import RESOURCE_ERRNOS, CorruptStore, Fenced, OnwardError, StoreError, WedgedTask
 from .inbox import LoopInbox, StoreCall
 from .keepawake import KeepAwake
 from .leases import Leases
@@ -368,10 +368,7 @@ class Runner:
         self.store_errors.flush()
         self.summary.stopped = self.stopping
         self.summary.unexported = len(self.settler.unexported)
-        if self.summary.unexported and not self.stopping:
-            self.log.warning(f"{self.summary.unexported} result files could not be written to --out (last:"
-                             f" {self.settler.export_error}); the store has their results: run again once the"
-                             " folder can be written, and the missing files are written then (exit 75)")
+        self.summary.export_error = self.settler.export_error
         self.log.info(
             f"worker stopped: {stop_reason}; this run: done={self.summary.done} failed={self.summary.failed}"
             f" retried={self.summary.retried}"
@@ -704,7 +701,12 @@ class Runner:
         return claims
 
     def _back_off(self, e: StoreError) -> None:
-        """After a failed commit or sync: say so (throttled), and commit nothing before the backoff is over."""
+        """After a failed commit or sync: say so (throttled), and commit nothing before the backoff is over. A
+        store found corrupt ends the worker (exit 2, which no supervisor restarts): a damaged page stays
+        damaged, and trying again for good kept its tasks' leases from every other worker, a completion
+        uncommitted, and nothing flagged to anyone."""
+        if isinstance(e, CorruptStore):
+            raise e
         self._store_backoff = min(max(2 * self._store_backoff, STORE_RETRY_FIRST), STORE_RETRY_MAX)
         self._store_retry_at = time.monotonic() + self._store_backoff
         self.store_errors.warning("store error, will retry", str(e))
@@ -1007,6 +1009,8 @@ class Runner:
             counts = self.store.counts()
             self._update_keep_awake(counts, self._note_pause())
         except StoreError as e:
+            if isinstance(e, CorruptStore):
+                raise  # as in _back_off
             self.store_errors.warning("store unavailable", str(e))
             return
         self._notify_status(counts)

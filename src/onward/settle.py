@@ -40,6 +40,13 @@ class RunSummary:
     stopped: bool = False  # a stop signal ended the run
     counts: dict[str, int] = field(default_factory=dict)  # the store's counts at the end
     unexported: int = 0  # done tasks whose --out file this run could not write (the store has their results)
+    export_error: str = ""  # the last error writing one
+
+    def unexported_line(self) -> str:
+        """What the run ends with when ``unexported`` (``onward run``: ``onward: error: ...``, exit 75)."""
+        return (f"{self.unexported} result files could not be written to --out (last: {self.export_error}); the"
+                " store has their results: run again once the folder can be written, and the missing files are"
+                " written then")
 
     @property
     def exit_code(self) -> int:

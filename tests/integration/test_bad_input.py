@@ -524,3 +524,22 @@ def test_an_error_line_quoting_the_users_input_shows_control_characters_escaped(
     assert err.count("\n") == 1 and "\x1b" not in err and "\x07" not in err, err
     assert "\\x1b]0;pwned\\x07" in err, err
     assert not (tmp_path / "s.db").exists()
+
+
+def test_a_store_found_corrupt_by_a_running_worker_ends_it_with_one_line_exit_2(tmp_path: Path) -> None:
+    """A damaged page in the middle of the tasks, met by a worker's claim: it retried every few seconds for good
+    ("store error, will retry: ... is corrupt ...; it was left untouched", though it went on writing), its
+    finished task uncommitted and leased, and nothing flagged under a supervisor. It stops: exit 2, one line."""
+    db = tmp_path / "s.db"
+    (tmp_path / "t.txt").write_text("".join(f"k{i}\n" for i in range(3000)))
+    assert run_onward("add", "--db", str(db), "--tasks", str(tmp_path / "t.txt")).returncode == 0
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        pages, size = c.execute("PRAGMA page_count").fetchone()[0], c.execute("PRAGMA page_size").fetchone()[0]
+    with open(db, "r+b") as f:  # a page about halfway through the file: the tasks' rows and their index
+        f.seek(pages // 2 * size + 100)
+        f.write(b"\xff" * 2000)
+    done = run_onward("run", "--db", str(db), "-q", "--", "true", timeout=120)
+    err = assert_one_line_exit_2(done, "is corrupt (database disk image is malformed)")
+    assert "onward writes nothing more to it" in err, err

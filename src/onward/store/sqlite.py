@@ -236,10 +236,12 @@ def _refuses_writes(path: str) -> bool:
 
 def _translate(e: BaseException, path: str) -> StoreError:
     if isinstance(e, UnicodeDecodeError) or "Could not decode to UTF-8" in str(e):
-        return CorruptStore(f"store {path} is corrupt (a text value is not valid UTF-8); it was left untouched")
+        return CorruptStore(f"store {path} is corrupt (a text value is not valid UTF-8); onward writes nothing more"
+                            " to it: restore a copy, or recover it with sqlite3's .recover")
     text = one_line(str(e), 200)  # a damaged schema's message quotes its SQL, many lines long
     if "malformed" in text or "not a database" in text or "corrupt" in text:
-        return CorruptStore(f"store {path} is corrupt ({text}); it was left untouched")
+        return CorruptStore(f"store {path} is corrupt ({text}); onward writes nothing more to it: restore a"
+                            " copy, or recover it with sqlite3's .recover")
     if "readonly" in text or "read-only" in text:
         # SQLITE_READONLY: the file or its folder may not be written (permissions, a read-only open):
         # configuration. A disk turning read-only under a writer shows as a disk I/O error instead; one

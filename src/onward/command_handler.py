@@ -277,7 +277,7 @@ class CommandHandler:
         _remove_stale_beat_dirs(base)
         # The heartbeat files live in a private folder of this worker (mkdtemp makes it 0700).
         self._beat_dir = tempfile.mkdtemp(prefix=f"{BEAT_DIR_PREFIX}{os.getpid()}-", dir=base)
-        env = dict(os.environ, ONWARD_DB=db_url)
+        env = dict(os.environ, ONWARD_DB=_absolute(db_url))
         if job is not None:
             env["ONWARD_JOB"] = job  # an `onward` the command runs works on the same job
         # Variables meant for the worker itself must not leak to the task: a task speaking sd_notify
@@ -309,6 +309,15 @@ class CommandHandler:
         shutil.rmtree(self._beat_dir, ignore_errors=True)
         if self._cgroups is not None:
             self._cgroups.close()
+
+
+def _absolute(db_url: str) -> str:
+    """The store's location as a command may use it from any folder: a SQLite path made absolute (a command
+    that changed folder and ran `onward status` or `onward send` found no store there, exit 2)."""
+    from .store import is_postgres_url
+    from .store.sqlite import path_from_url
+
+    return db_url if is_postgres_url(db_url) else os.path.abspath(path_from_url(db_url))
 
 
 BEAT_DIR_PREFIX = "onward-beat-"

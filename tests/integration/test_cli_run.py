@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -1033,3 +1034,15 @@ def test_a_store_reached_through_a_symlink_reports_every_completion(tmp_path: Pa
     assert "store error" not in err and "exported" not in err, err
     assert err.count(" done task=") == 60, err
     assert not (tmp_path / "cur.db-wal").exists() and not (tmp_path / "cur.db-shm").exists()
+
+
+def test_a_command_that_changes_folder_still_finds_its_store(tmp_path: Path) -> None:
+    """ONWARD_DB was the store's path as given (.onward/onward.db by default): a command that changed folder and
+    ran `onward status` (or `onward send` for another task) found no store there, exit 2. It is absolute."""
+    (tmp_path / "t.txt").write_text("a\n")
+    onward = " ".join(shlex.quote(word) for word in onward_argv("status", "--json"))
+    done = run_onward("run", "--tasks", "t.txt", "--max-attempts", "1", "--", "sh", "-c",
+                      f'cd / && {onward} > /dev/null && echo "$ONWARD_DB"', cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()
+    shown = run_onward("result", "a", cwd=tmp_path)
+    assert shown.stdout.decode().strip() == str(tmp_path / ".onward" / "onward.db"), shown

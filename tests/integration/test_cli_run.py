@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import shlex
+import shutil
 import signal
 import sqlite3
 import subprocess

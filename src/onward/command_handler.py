@@ -18,6 +18,7 @@ from .config import DEFAULT_MAX_RESULT_BYTES
 from .errors import RESOURCE_ERRNOS, UsageError
 from .proc import kill_command, kill_group, pid_exists, pid_start_time
 from .spawn import CommandStarter
+from .store import absolute_location
 from .store.base import Claim
 
 
@@ -277,7 +278,8 @@ class CommandHandler:
         _remove_stale_beat_dirs(base)
         # The heartbeat files live in a private folder of this worker (mkdtemp makes it 0700).
         self._beat_dir = tempfile.mkdtemp(prefix=f"{BEAT_DIR_PREFIX}{os.getpid()}-", dir=base)
-        env = dict(os.environ, ONWARD_DB=_absolute(db_url))
+        # Absolute: a command that changed folder and ran `onward status` or `onward send` found no store.
+        env = dict(os.environ, ONWARD_DB=absolute_location(db_url))
         if job is not None:
             env["ONWARD_JOB"] = job  # an `onward` the command runs works on the same job
         # Variables meant for the worker itself must not leak to the task: a task speaking sd_notify
@@ -309,15 +311,6 @@ class CommandHandler:
         shutil.rmtree(self._beat_dir, ignore_errors=True)
         if self._cgroups is not None:
             self._cgroups.close()
-
-
-def _absolute(db_url: str) -> str:
-    """The store's location as a command may use it from any folder: a SQLite path made absolute (a command
-    that changed folder and ran `onward status` or `onward send` found no store there, exit 2)."""
-    from .store import is_postgres_url
-    from .store.sqlite import path_from_url
-
-    return db_url if is_postgres_url(db_url) else os.path.abspath(path_from_url(db_url))
 
 
 BEAT_DIR_PREFIX = "onward-beat-"

@@ -211,6 +211,16 @@ def upgrade(url: str) -> tuple[str, int, int]:
     return sqlite.path_from_url(url), before, after
 
 
+def absolute_location(url: str) -> str:
+    """``url`` (as ``store_url`` returns it) usable from any folder: a SQLite store's path made absolute, a
+    PostgreSQL URL as it is."""
+    if is_postgres_url(url):
+        return url
+    from .sqlite import path_from_url
+
+    return os.path.abspath(path_from_url(url))
+
+
 def cancel_all_or_nothing(store: Store, names: Sequence[str]) -> dict[str, str]:
     """``Store.cancel`` of ``names``, or of none of them: a name not in the job raises ``UnknownTask``, naming it,
     and cancels nothing, not even the names that exist, so that a typo among many names is not half applied

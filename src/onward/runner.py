@@ -321,6 +321,8 @@ class Runner:
     def wake(self) -> None:
         self.inbox.wake()
 
+    _stop_said = False  # the loop said that a stop was asked for (see _loop)
+
     def request_stop(self, reason: str) -> None:
         if self._stop_requested is None:
             self._stop_requested = reason
@@ -472,6 +474,13 @@ class Runner:
                 self._clock_went_back = True
                 self._wake_due_at = 0.0
             last_turn, last_wall = now, wall
+            if self._stop_requested is not None and not self._stop_said:
+                # Said by the loop, not by the signal's handler (which may interrupt a log line being written).
+                self._stop_said = True
+                running = len(self.attempts)
+                self.log.info(f"stopping on {self._stop_requested}: claiming nothing new"
+                              + (f"; {running} running task{'s' if running != 1 else ''} get up to"
+                                 f" {self.config.grace:g} s (--grace) to finish" if running else ""))
             if now >= next_tick:
                 self._tick()
                 next_tick = self._tick_due_at = now + self._tick_period()

@@ -1046,3 +1046,25 @@ def test_a_command_that_changes_folder_still_finds_its_store(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr.decode()
     shown = run_onward("result", "a", cwd=tmp_path)
     assert shown.stdout.decode().strip() == str(tmp_path / ".onward" / "onward.db"), shown
+
+
+def test_a_stop_signal_is_said_at_once_with_the_grace_the_running_tasks_get(tmp_path: Path) -> None:
+    """Ctrl-C printed nothing until the grace was over (10 s by default): a user at a terminal could not tell it
+    was received. The loop says it at once."""
+    (tmp_path / "t.txt").write_text("a\nb\n")
+    started = tmp_path / "started"
+    worker = subprocess.Popen(onward_argv("run", "--db", str(tmp_path / "s.db"), "--tasks", str(tmp_path / "t.txt"),
+                                          "--concurrency", "2", "--grace", "30", "--", "sh", "-c",
+                                          f'echo >> {started}; exec sleep 60'),
+                              stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=SRC))
+    assert worker.stderr is not None
+    try:
+        wait_for(lambda: started.exists() and len(started.read_text().splitlines()) == 2, 30, "both tasks to start")
+        worker.send_signal(signal.SIGINT)
+        line = worker.stderr.readline().decode()
+        while "stopping on" not in line and line:
+            line = worker.stderr.readline().decode()
+        assert "stopping on SIGINT: claiming nothing new; 2 running tasks get up to 30 s (--grace) to finish" in line
+    finally:
+        worker.kill()  # its commands die with it (PR_SET_PDEATHSIG)
+        worker.wait(30)

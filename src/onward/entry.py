@@ -58,9 +58,21 @@ def main() -> None:
         gate = os.environ.pop(START_GATE, None)  # popped: never passed on to the tasks
         if gate is not None:
             wait_at_gate(gate)
+        # A stop while the CLI loads and reads its options (a few tenths of a second, before `onward run` takes
+        # the signals over itself, and puts this back when it is done with them) ends the run there, quietly,
+        # exit 0, as a stop before the first task does: it was a KeyboardInterrupt traceback from inside
+        # click's import, or "aborted" with exit 130.
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _stopped_while_loading)
     from .cli import cli_main
 
     cli_main()
+
+
+def _stopped_while_loading(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def fill_closed_standard_streams() -> None:

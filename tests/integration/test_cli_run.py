@@ -1068,3 +1068,28 @@ def test_a_stop_signal_is_said_at_once_with_the_grace_the_running_tasks_get(tmp_
     finally:
         worker.kill()  # its commands die with it (PR_SET_PDEATHSIG)
         worker.wait(30)
+
+
+def test_a_stop_at_any_moment_of_the_start_ends_the_run_quietly_with_exit_0(tmp_path: Path) -> None:
+    """SIGINT in the first tenths of a second of `onward run` (the CLI loading and reading its options, before
+    the run took the signals over) gave a KeyboardInterrupt traceback, or "onward: aborted" and exit 130,
+    where the README promises a stop before the first task ends the run there with exit 0. Seeded moments from
+    50 ms on: before that the interpreter itself starts, and loads onward's first module, and no code of
+    onward's runs yet to take the signal (README)."""
+    import random
+
+    seed = 12071738
+    print(f"seed {seed}")
+    pace = random.Random(seed)
+    (tmp_path / "t.txt").write_text("a\nb\nc\n")
+    for trial in range(12):
+        db = tmp_path / f"s{trial}.db"
+        worker = subprocess.Popen(onward_argv("run", "--db", str(db), "--tasks", str(tmp_path / "t.txt"),
+                                              "--grace", "0.2", "--", "sleep", "0.3"),
+                                  stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=SRC))
+        time.sleep(pace.uniform(0.05, 0.5))  # the moment of the stop (what the test varies), not a wait for a state
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=60)
+        text = err.decode(errors="replace")
+        assert worker.returncode == 0, (trial, worker.returncode, text[-1500:])
+        assert "Traceback" not in text and "aborted" not in text, (trial, text[-1500:])

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from . import crashpoints
 from .attempt import Attempt, Outcome
 from .durations import doubling
-from .errors import UNAVAILABLE_EXIT
+from .errors import UNAVAILABLE_ERRNOS, UNAVAILABLE_EXIT
 from .log import NORMAL, Log, quote
 from .store.base import CANCELLED, DONE, FAILED, FENCED_DETAIL, PENDING, WAITING, Claim, Store
 
@@ -252,8 +252,12 @@ class Settler:
             # holds all memory in this moment; not raised, since the report's log line is written already and
             # a report raising it is told again, see Runner._tell.)
             self.log.warning(f"could not write output for task={quote(name)}: {e or type(e).__name__}")
-            self.unexported.add(name)
-            self.export_error = f"{e or type(e).__name__}"
+            if isinstance(e, MemoryError) or e.errno in UNAVAILABLE_ERRNOS:
+                # The machine's fault, for now (a full or read-only disk): the run ends 75, to be run again.
+                # Not one that stays (a folder of the user's at the name, no permission): a supervisor would
+                # restart the worker for good.
+                self.unexported.add(name)
+                self.export_error = f"{e or type(e).__name__}"
         else:
             self.unexported.discard(name)
 

@@ -381,6 +381,7 @@ class Supervisor:
         self._standby: Standby | None = None  # the next worker, waiting at its start gate (see _watch)
         self._kept_marker: str | None = None  # the worker's keep-awake marker, if any (see run)
         self._journal = RestartJournal()
+        self._woke_at: float | None = None  # when _sleep last returned, while it watches one worker
 
     # --- the restart loop ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -617,6 +618,7 @@ class Supervisor:
         """Serve the child's notifications until it is gone, and start the standby once the child has been
         ready for ``STANDBY_AFTER`` seconds. Returns its returncode, and the cause if the watchdog killed it."""
         pidfd = exit_fd(child.pid)
+        self._woke_at = None  # (see _sleep: the time since the last worker's loop is no pause)
         # `onward run` says READY=1 once it is up: until then the start timeout applies, not the watchdog
         # (systemd's Type=notify). Another command may never say it: it counts as started at once.
         start_timeout = self.start_timeout if starts_onward_run(self.command) else None
@@ -662,7 +664,12 @@ class Supervisor:
         assert self._wake_r is not None
         select.select([notify, self._wake_r] + ([pidfd] if pidfd is not None else []), [], [], timeout)
         now = time.monotonic()
-        late = now - asleep_from - timeout
+        # Counted from the last wake, not from this sleep's start: a pause that falls while the loop works
+        # between two sleeps (reading the socket, reaping, starting the standby) is a pause all the same. It
+        # went unnoticed then, and the watchdog, not re-armed, could take the thawed worker for wedged.
+        since = asleep_from if self._woke_at is None else min(asleep_from, self._woke_at)
+        self._woke_at = now
+        late = now - since - timeout
         if late > self.pause_threshold:
             # We were not running either: a pause of the whole tree, not a wedged child.
             log(f"supervisor resumed after {late:.1f} s pause" + ("; watchdog re-armed" if watchdog.armed else ""))

@@ -21,6 +21,7 @@ from . import __version__
 from .cli_types import FINITE_FLOAT, NOT_EMPTY, TASK_TEXT, db_option, job_option
 from .config import DEFAULT_MAX_RESULT_BYTES, RunConfig
 from .errors import (
+    UNAVAILABLE_EXIT,
     JobMissing,
     OnwardError,
     StoreError,
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from .store.base import Event, Store
 
 EXIT_CODES: list[tuple[type[BaseException], int]] = [
-    (Unavailable, 75),  # before StoreError: a store that is down is not a configuration error
+    (Unavailable, UNAVAILABLE_EXIT),  # before StoreError: a store that is down is not a configuration error
     (TaskNotDone, 1),
     (UnknownTask, 1),
     (WedgedTask, 4),
@@ -434,7 +435,7 @@ def entry(argv: list[str] | None = None) -> int:
         if line is None:
             raise
         _say_error(line)
-        return code or 75
+        return code or UNAVAILABLE_EXIT
     return code
 
 
@@ -477,7 +478,7 @@ def _run_cli(argv: list[str] | None) -> int:
         if line is None:
             raise
         _say_error(line)
-        return 75
+        return UNAVAILABLE_EXIT
     except MemoryError as e:
         # The same, met by Python's allocator (or SQLite's) rather than by a system call: anywhere in a
         # worker, its commit of a big result included. Whatever that commit was, it did not happen, and a
@@ -487,13 +488,13 @@ def _run_cli(argv: list[str] | None) -> int:
             _say_error(line)
         except MemoryError:
             os.write(2, b"onward: error: out of memory\n")
-        return 75
+        return UNAVAILABLE_EXIT
     return status if isinstance(status, int) else 0
 
 
 def cli_main() -> None:
     code = entry()
-    if code == 75 and os.environ.get("SYSTEMD_EXEC_PID") == str(os.getpid()):
+    if code == UNAVAILABLE_EXIT and os.environ.get("SYSTEMD_EXEC_PID") == str(os.getpid()):
         # The main process of a systemd service (systemd sets SYSTEMD_EXEC_PID to the pid it started): see
         # onward.systemd.space_unavailable_exit. Checked before anything is imported: a worker out of file
         # descriptors (ulimit -n) exits 75 too, and could not load one more module.

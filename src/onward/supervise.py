@@ -233,13 +233,24 @@ def find_run_option(command: Sequence[str], name: str) -> tuple[int, str, str] |
     return found
 
 
+def run_grace(command: Sequence[str]) -> float:
+    """The ``--grace`` of ``onward run`` in ``command``, or its default when not given; ``UsageError`` when it is
+    not a number. Read by the supervisor (its stop timeout) and the unit generator (``TimeoutStopSec``)."""
+    found = find_run_option(command, "--grace")
+    if found is None:
+        return RunConfig.grace
+    try:
+        return float(found[2])
+    except ValueError:
+        raise UsageError(f"--grace: not a number of seconds: {found[2]!r}") from None
+
+
 def default_stop_timeout(command: Sequence[str]) -> float:
     """How long a stopped worker may take to exit, unless ``--stop-timeout`` says: the ``--grace`` of ``onward run``
     in ``command`` (its default when not given, or when the worker will refuse it) and ``STOP_MARGIN``."""
-    found = find_run_option(command, "--grace")
     try:
-        grace = float(found[2]) if found else RunConfig.grace
-    except ValueError:
+        grace = run_grace(command)
+    except UsageError:
         grace = RunConfig.grace
     if not (0 <= grace <= MAX_SECONDS):
         grace = RunConfig.grace

@@ -29,7 +29,6 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from onward.config import RunConfig
 from onward.errors import OnwardError, UsageError
 from onward.folders import create_private_folders
 from onward.redact import redact_url
@@ -42,12 +41,12 @@ from onward.supervise import (
     STOP_MARGIN,
     find_run_option,
     onward_run_span,
+    run_grace,
 )
 
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/onward"  # the units' EnvironmentFiles, holding their secrets
 DEFAULT_WATCHDOG = 30.0  # WatchdogSec unless --watchdog says otherwise (0: none)
-DEFAULT_GRACE = RunConfig.grace  # onward run's --grace default
 # The unit's start limit: more than START_LIMIT_BURST starts within START_LIMIT_INTERVAL seconds leave it
 # failed for good, as a crash loop that `onward supervise` gives up on.
 START_LIMIT_INTERVAL = DEFAULT_WINDOW
@@ -220,12 +219,7 @@ def render_unit(name: str, command: Sequence[str], user: str | None = None, work
     workdir = os.path.abspath(os.path.expanduser(workdir or os.getcwd()))
     words = resolve_command(command, workdir)
     if grace is None:
-        found = find_run_option(words, "--grace")
-        text = found[2] if found else str(DEFAULT_GRACE)
-        try:
-            grace = float(text)
-        except ValueError:
-            raise UsageError(f"--grace: not a number of seconds: {text!r}") from None
+        grace = run_grace(words)
     if not (grace >= 0 and math.isfinite(grace)):
         raise UsageError(f"grace must be 0 or more seconds, not {grace}")
     if not ((watchdog == 0 or watchdog >= MIN_WATCHDOG) and math.isfinite(watchdog)):

@@ -258,14 +258,15 @@ class Handler(Protocol):
     def start(self, claim: Claim, loop: Loop) -> Attempt:
         """Start one attempt; it must report its outcome with ``loop.post`` exactly once."""
 
-    def spare_child(self) -> tuple[int, int] | None:
-        """A process (pid, start time) made ready to run the next attempt's command, if there is one: the
-        worker notes it with its next claim (``Store.claim``'s ``child``), and ``start`` of the claim that
-        says so (``Claim.child_pid``) runs that attempt in it. None for a handler without such processes."""
+    def spare_children(self, limit: int) -> list[tuple[int, int]]:
+        """Processes (pid, start time) made ready to run the next attempts' commands, up to ``limit``: the
+        worker notes the first with its next claim (``Store.claim``'s ``child``) and the others on the claims
+        after it, in the same commit, and ``start`` of a claim that names one (``Claim.child_pid``) runs that
+        attempt in it. Empty for a handler without such processes."""
 
-    def discard_spare(self) -> None:
-        """End the process ``spare_child`` gave, unstarted: a commit that noted it failed, and may yet have
-        been committed (a connection lost during COMMIT), so the store may name it under a claim this
-        worker does not know it holds, which whoever reclaims that claim will kill."""
+    def discard_spares(self) -> None:
+        """End the processes ``spare_children`` gave, unstarted: a commit that noted them failed, and may yet have
+        been committed (a connection lost during COMMIT), so the store may name them under claims this
+        worker does not know it holds, which whoever reclaims those claims will kill."""
 
 

@@ -242,10 +242,10 @@ class PythonHandler:
             crashpoints.hit("attempt_started")
         return attempt
 
-    def spare_child(self) -> None:
-        return None  # a Python task runs in a thread
+    def spare_children(self, limit: int) -> list[tuple[int, int]]:
+        return []  # a Python task runs in a thread
 
-    def discard_spare(self) -> None:
+    def discard_spares(self) -> None:
         pass
 
     def close(self) -> None:

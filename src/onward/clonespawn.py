@@ -21,7 +21,7 @@ command.
 
 The next command's process can be made before that command is known (``prepare``), while the current one
 runs: it sets itself up and waits, and gets its program, arguments and environment just before its go.
-Its pid is then noted in the store with the claim of the task it will run (``CommandStarter.spare_child``).
+Its pid is then noted in the store with the claim of the task it will run (``CommandStarter.spare_children``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import errno
 import fcntl
 import os
 import shutil
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
@@ -67,8 +68,11 @@ class Cloned:
         self.made_after, self.made_before = made_after, made_before
 
     def discard(self) -> None:
-        """End it unstarted: the end of file on its go makes it leave without running anything."""
+        """End it unstarted. The end of file on its go would make it leave without running anything, but a
+        process cloned after it (another one kept ready) holds a copy of the go's end until its own
+        ``execve``, so it is killed too: it ran nothing, and it is reaped here."""
         _close([self.stdout, self.stderr, self.report, self.go])
+        os.kill(self.pid, signal.SIGKILL)  # not reaped yet, so the pid is still its own
         _reap(self.child)
 
 

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from . import crashpoints
 from .attempt import Attempt, Handler, Outcome, cannot_run
-from .config import RunConfig
+from .config import MIN_HEARTBEAT, RunConfig
 from .durations import doubling
 from .errors import RESOURCE_ERRNOS, CorruptStore, Fenced, OnwardError, StoreError, WedgedTask
 from .inbox import LoopInbox, StoreCall
@@ -107,6 +107,13 @@ WAKE_DUE_EVERY = 1.0
 RENEWALS_PER_LEASE = 3
 # A step back of the wall clock larger than this between two turns of the loop is taken as the clock set back.
 CLOCK_BACK_SECONDS = 1.0
+# A command whose process was noted with its claim starts without a look at whether the claim still holds
+# (check_claim) if that claim was committed by this turn less than this long ago by the boot clock and the
+# wall clock both (a freeze or a pause counts on one or the other). Taking a task over needs its lease to run
+# out, and a lease is longer than the heartbeat, which is at least MIN_HEARTBEAT: the look is for a worker
+# frozen between its claim and its go, and cost a query a command (about 10 us, a fortieth of the worker's
+# CPU a command at --concurrency 4).
+FRESH_CLAIM_SECONDS = MIN_HEARTBEAT / 2
 # How long a sync a turn leaves running beside the tasks (pipelined, see _report_settled) may wait before it
 # starts, so that it covers the commits of the turns meanwhile (Store.sync_ahead's gather). Reports of a task
 # wait that much longer. 10,000 x `true` at --concurrency 4: fdatasync calls 0.88 -> 0.33 a task, the run 3-5 %
@@ -201,6 +208,9 @@ class Runner:
         # A task to run alone (see Store.reclaim) was ready at the last heartbeat: claim nothing more until
         # nothing runs, then those tasks one by one (concurrency 1 claims them in turn as any other).
         self._alone_ready = False
+        # The claims the last commit made, and when by the boot and wall clocks: see FRESH_CLAIM_SECONDS.
+        self._fresh_claims: set[tuple[int, int]] = set()
+        self._claimed_at = (0.0, 0.0)
         self._wake_due_at = 0.0  # monotonic time before which waits' deadlines are not looked at again
         # Whether the next look at waits' deadlines also wakes the tasks parked at a later moment than the
         # store's clock now (it went back since, see _loop): at this worker's first look, and after its wall
@@ -308,6 +318,11 @@ class Runner:
 
     def check_claim(self, claim: Claim) -> None:
         """On the loop's thread, before a command whose pid was noted with its claim runs: the claim holds."""
+        if (claim.task_id, claim.fence) in self._fresh_claims:
+            boot, wall = self._claimed_at
+            if time.clock_gettime(time.CLOCK_BOOTTIME) - boot < FRESH_CLAIM_SECONDS \
+                    and abs(time.time() - wall) < FRESH_CLAIM_SECONDS:
+                return
         if not self.store.holds(claim.task_id, claim.fence):
             raise Fenced(f"task {claim.name!r} was taken over before its command could start")
 
@@ -615,9 +630,10 @@ class Runner:
         after_commit: list[Callable[[], None]] = []
         started = time.monotonic()
         wake_due = want > 0 and self._waits_seen and started >= self._wake_due_at
-        # A process the handler made ready for the next command: its pid is noted with the first claim, in
-        # the same commit, instead of in a commit of its own before that command may run.
-        child = self.handler.spare_child() if want > 0 else None
+        # Processes the handler made ready for the next commands: their pids are noted with the claims, in
+        # the same commit, instead of each in a commit of its own before its command may run.
+        spares = self.handler.spare_children(want) if want > 0 else []
+        child = spares[0] if spares else None
         # Nothing runs once ``finished`` is settled: a task to run alone may be claimed (by itself).
         idle = len(self.attempts) == len(finished)
         try:
@@ -629,15 +645,15 @@ class Runner:
                                                              idle and want == 1)
                 after_commit.append(report)
             else:
-                claims = self._settle_and_claim_in_batch(calls, finished, want, started, after_commit, child, idle)
+                claims = self._settle_and_claim_in_batch(calls, finished, want, started, after_commit, spares, idle)
         except StoreError as e:
             # Taken as not committed: keep the outcomes and try again after a backoff; the tasks that
             # asked for writes are told, since they wait on them. A COMMIT whose answer was lost may still
             # have been carried out (the server held it while paused): its claims are then reclaimed once
             # their leases run out, harmlessly, for nothing ran for them; but a process made ahead and noted
             # there would be killed by that reclaim, whatever command it runs by then. It is not used.
-            if child is not None:
-                self.handler.discard_spare()
+            if spares:
+                self.handler.discard_spares()
             self._back_off(e)
             self._unsettled = finished
             for attempt, _ in finished:
@@ -648,7 +664,9 @@ class Runner:
         if self._store_backoff:
             self._store_backoff = 0.0
             self.store_errors.flush("store error, will retry")
+        self._fresh_claims = {(claim.task_id, claim.fence) for claim in claims}
         if claims:
+            self._claimed_at = (time.clock_gettime(time.CLOCK_BOOTTIME), time.time())
             if crashpoints.ARMED:  # the claims are committed (attempts counted, fences moved); none started
                 crashpoints.hit("claim_committed")
             # A claim's lease runs from (at the latest) the moment we asked for it.
@@ -668,7 +686,7 @@ class Runner:
 
     def _settle_and_claim_in_batch(self, calls: list[StoreCall], finished: list[tuple[Attempt, Outcome]],
                                    want: int, started: float, after_commit: list[Callable[[], None]],
-                                   child: tuple[int, int] | None, idle: bool) -> list[Claim]:
+                                   spares: list[tuple[int, int]], idle: bool) -> list[Claim]:
         # Tasks waiting on their writes (steps) get a durable commit at once: their thread waits on it anyway.
         with self.store.batch(durable=self._durable_now or bool(calls)):
             for fn, future in calls:
@@ -683,7 +701,13 @@ class Runner:
                 self._wake_due_at = started + WAKE_DUE_EVERY
                 self.store.wake_due(behind=self._clock_went_back)
                 self._clock_went_back = False
-            claims = self._claim(want, idle, child) if want > 0 else []
+            claims = self._claim(want, idle, spares[0] if spares else None) if want > 0 else []
+            for i in range(1, min(len(claims), len(spares))):
+                # The first claim noted the first spare (the claim statement itself); the others are noted
+                # here, in the same commit.
+                pid, start = spares[i]
+                if self.store.note_child(claims[i].task_id, claims[i].fence, pid, start):
+                    claims[i] = claims[i]._replace(child_pid=pid)
             for claim in claims:
                 self.store.log_event("claimed", task_id=claim.task_id, worker_id=self.worker_id,
                                      attempt=claim.attempt)

@@ -24,6 +24,9 @@ from .spawner import REPORT, Spawner, exec_error
 # escape hatches, and how the tests run those paths on systems where a faster one works.
 SWITCH = "ONWARD_SPAWN"
 
+# The most processes a clone-path starter keeps ready for commands not claimed yet (``CommandStarter``).
+SPARES_KEPT = 2
+
 
 def spawn_mode() -> str:
     """How this worker will start its commands: "clone", "spawner" (unless it turns out unusable when it is
@@ -122,8 +125,10 @@ class CommandStarter:
 
     On the clone path, once a command is started the next one's process is cloned at once, in the cgroup
     of the next attempt, and waits set up (a ``Spare``): the worker notes its pid with its next claim
-    (``spare_child``), and the attempt of that claim takes it (``take_spare``), so neither the clone nor a
-    commit of its own stands between one command's end and the next one's start."""
+    (``spare_children``), and the attempt of that claim takes it (``take_spare``), so neither the clone nor a
+    commit of its own stands between one command's end and the next one's start. As many are kept as the
+    worker has asked for at once (at most ``SPARES_KEPT``): at --concurrency 4, a turn that settles two
+    commands that ended together claims two tasks, and the second had paid a commit of its own for its pid."""
 
     def __init__(self, env: Mapping[str, str], cgroups: WorkerCgroups | None) -> None:
         self._env = dict(env)
@@ -131,7 +136,8 @@ class CommandStarter:
         self._spawner: Spawner | None = None
         mode = spawn_mode()
         self._clone = CloneSpawner(env) if mode == "clone" else None
-        self._spare: Spare | None = None
+        self._spares: list[Spare] = []
+        self._spares_wanted = 1  # raised by spare_children, up to SPARES_KEPT
         self._fork = mode == "fork"
         if self._clone is None:
             prepare_die_with_parent()  # for the fork path (also the spawner's fallback): libc's prctl is loaded before any fork
@@ -141,18 +147,20 @@ class CommandStarter:
         """Whether commands are started by fork (known for sure once the first command started)."""
         return self._fork
 
-    def spare_child(self) -> tuple[int, int] | None:
-        """The spare's pid and start time, if there is one (see the class)."""
-        spare = self._spare
-        return None if spare is None else (spare.pid, spare.start)
+    def spare_children(self, limit: int) -> list[tuple[int, int]]:
+        """The pids and start times of up to ``limit`` spares, in the order ``take_spare`` expects them noted
+        (see the class); from now on, up to ``limit`` are kept ready (at most ``SPARES_KEPT``)."""
+        self._spares_wanted = max(self._spares_wanted, min(limit, SPARES_KEPT))
+        return [(spare.pid, spare.start) for spare in self._spares[:limit]]
 
     def take_spare(self, pid: int | None) -> Spare | None:
-        """The spare, for the attempt whose claim noted it (``pid``); None (and the spare kept) for any other."""
-        spare = self._spare
-        if spare is None or pid != spare.pid:
+        """The spare whose pid a claim noted (``pid``); None (and the spares kept) for any other."""
+        if pid is None:
             return None
-        self._spare = None
-        return spare
+        for i, spare in enumerate(self._spares):
+            if spare.pid == pid:
+                return self._spares.pop(i)
+        return None
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cgroup: AttemptCgroup | None,
               before_go: Callable[[int], None], spare: Spare | None = None) -> CommandProcess:
@@ -187,34 +195,37 @@ class CommandStarter:
         return CommandProcess(pid, stdout, stderr, report)
 
     def _prepare_spare(self) -> None:
-        """Clone the next command's process now, while this one runs (the clone path; see the class). A
-        failure (out of descriptors, processes) leaves no spare: the next start clones as before and meets
+        """Clone the next commands' processes now, while this one runs (the clone path; see the class). A
+        failure (out of descriptors, processes) leaves one fewer: the next start clones as before and meets
         the shortage there, where the worker knows what to do about it."""
-        if self._clone is None or self._spare is not None:
-            return
-        cgroup = self._cgroups.attempt() if self._cgroups is not None else None
-        try:
-            cloned = self._clone.prepare(cgroup.directory() if cgroup is not None else None)
-        except OSError:
-            if cgroup is not None and self._cgroups is not None:
-                self._cgroups.finished(cgroup)
-            return
-        start = child_start_time(cloned.pid, cloned.made_after, cloned.made_before)
-        self._spare = Spare(cloned, start or 0, cgroup)
-        if start is None:  # gone from /proc (read when the clock could not tell): killed from outside, no use
-            self.discard_spare()
+        while self._clone is not None and len(self._spares) < self._spares_wanted:
+            cgroup = self._cgroups.attempt() if self._cgroups is not None else None
+            try:
+                cloned = self._clone.prepare(cgroup.directory() if cgroup is not None else None)
+            except OSError:
+                if cgroup is not None and self._cgroups is not None:
+                    self._cgroups.finished(cgroup)
+                return
+            start = child_start_time(cloned.pid, cloned.made_after, cloned.made_before)
+            spare = Spare(cloned, start or 0, cgroup)
+            if start is None:  # gone from /proc (read when the clock could not tell): killed from outside, no use
+                self._discard(spare)
+                return
+            self._spares.append(spare)
 
-    def discard_spare(self) -> None:
-        """End the spare unstarted (nothing of a command ran in it), and give its cgroup back."""
-        spare, self._spare = self._spare, None
-        if spare is None:
-            return
+    def discard_spares(self) -> None:
+        """End the spares unstarted (nothing of a command ran in them), and give their cgroups back."""
+        spares, self._spares = self._spares, []
+        for spare in spares:
+            self._discard(spare)
+
+    def _discard(self, spare: Spare) -> None:
         spare.cloned.discard()
         if spare.cgroup is not None and self._cgroups is not None:
             self._cgroups.finished(spare.cgroup)
 
     def close(self) -> None:
-        self.discard_spare()
+        self.discard_spares()
         if self._clone is not None:
             self._clone.close()
             self._clone = None

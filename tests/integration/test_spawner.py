@@ -872,3 +872,98 @@ def test_a_command_process_killed_from_outside_before_it_set_itself_up_is_given_
     assert "killed before it could start the command" in details[0], details
     assert ran.read_text() == "1\n"  # ran once, and the attempt given back was not counted
     assert run_onward("status", "--db", str(db), "--json").returncode == 0
+
+
+def test_processes_made_ahead_are_taken_by_their_pids_and_discarded_without_waiting_on_each_other(
+        tmp_path: Path) -> None:
+    """Once asked for two (a worker claiming two tasks in one commit), the clone path keeps two processes made
+    ahead: the command of a claim that noted the second runs in that very process, and both are discarded at
+    once at the end. Each holds a copy of the other's go pipe until its ``execve`` (it was cloned from the
+    worker while the other waited), so the end of file on its go alone would leave the first waiting on the
+    second for good."""
+    import threading
+
+    from onward import clonespawn
+    from onward.spawn import CommandStarter
+
+    if not clonespawn.available():
+        pytest.skip("no clone path here (test_the_clone_path_is_built_here says why)")
+    starter = CommandStarter(os.environ, None)
+
+    def run(argv: list[str], spare: object = None) -> int:
+        proc = starter.start(argv, {}, None, lambda pid: None, spare)  # type: ignore[arg-type]
+        status = proc.wait()
+        assert proc.exec_error() is None
+        proc.close_pipes()
+        return status
+
+    try:
+        assert starter.spare_children(2) == []  # none made before a first command
+        assert run(["true"]) == 0
+        made = starter.spare_children(2)
+        assert len(made) == 2 and {pid for pid, _ in made} <= set(children()), made
+        for pid, start in made:
+            assert start == pid_start_time(pid)
+        second = starter.take_spare(made[1][0])
+        assert second is not None and starter.take_spare(made[1][0]) is None
+        out = tmp_path / "pid"
+        assert run(["sh", "-c", 'echo $$ > "$0"', str(out)], second) == 0
+        assert int(out.read_text()) == made[1][0]
+        waiting = starter.spare_children(2)
+        assert len(waiting) == 2 and waiting[0] == made[0], (made, waiting)
+        discarded = threading.Event()
+
+        def discard() -> None:
+            starter.discard_spares()
+            discarded.set()
+
+        threading.Thread(target=discard, daemon=True).start()
+        assert discarded.wait(10), "discarding two processes made ahead did not return"
+        assert starter.spare_children(2) == []
+        for pid, _ in waiting:
+            assert pid not in children() and not pid_exists(pid)
+    finally:
+        starter.close()
+
+
+def commands_and_spares_of(worker: int) -> tuple[list[int], list[int]]:
+    """The worker's children: those that run a command, and those that run none yet, its processes made
+    ahead (they share its memory, so they show its command line)."""
+    with open(f"/proc/{worker}/cmdline", "rb") as f:
+        own_line = f.read()
+    commands: list[int] = []
+    spares: list[int] = []
+    for pid in children(worker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                (spares if f.read() == own_line else commands).append(pid)
+        except OSError:
+            continue
+    return commands, spares
+
+
+@pytest.mark.parametrize("concurrency,kept", [(1, 1), (4, 2)])
+def test_a_worker_keeps_as_many_processes_made_ahead_as_it_claims_tasks_at_once_at_most_two(
+        tmp_path: Path, marker: str, concurrency: int, kept: int) -> None:
+    """At --concurrency 1 a worker claims one task at a time and keeps one process ready for its next command;
+    above, two commands ending together are settled by one commit that claims two tasks, so it keeps two
+    (spawn.SPARES_KEPT), each noted with a claim of that commit. Never more: each is a process waiting."""
+    db = tmp_path / "s.db"
+    tasks = write_tasks(tmp_path / "t.txt", [f"t{i}" for i in range(concurrency + 2)])
+    worker = subprocess.Popen(onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency",
+                                          str(concurrency), "--", "sleep", marker),
+                              env=dict(os.environ, **CLONE), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        def ready() -> bool:
+            commands, spares = commands_and_spares_of(worker.pid)
+            return len(commands) == concurrency and len(spares) >= kept
+
+        wait_for(ready, 30, f"{concurrency} commands running and {kept} processes made ahead")
+        time.sleep(0.3)  # a look again a moment later: no more are made meanwhile
+        commands, spares = commands_and_spares_of(worker.pid)
+        assert (len(commands), len(spares)) == (concurrency, kept), (commands, spares)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err.decode()
+    assert not processes_with(marker)

@@ -59,3 +59,21 @@ def test_python_task_that_beats_survives_and_one_that_does_not_is_cancelled(stor
     row = job.store.task("silent")
     assert row is not None and "stalled: no progress for 0.4s" in (row.error or "")
     job.close()
+
+
+def test_a_heartbeat_file_is_removed_within_a_second_of_its_attempts_end_and_its_folder_at_the_workers(
+        tmp_path: Path) -> None:
+    """The file a command touched is removed once its attempt ended: not at once (most commands never make
+    theirs, and looking cost a system call a command), but by the next look at most a second later. Here the
+    commands after the one that touched it run 1.6 s in all before the last one looks for it. Once the worker
+    ends, its private folder is gone too."""
+    db, seen = str(tmp_path / "s.db"), tmp_path / "seen"
+    run_onward("add", "--db", db, "touch", "b1", "b2", "b3", "b4", "look")
+    script = ('case "$1" in touch) touch "$ONWARD_HEARTBEAT_FILE"; echo "$ONWARD_HEARTBEAT_FILE" > "$0.path";;'
+              ' look) p=$(cat "$0.path"); if [ -e "$p" ]; then echo there; else echo gone; fi > "$0";'
+              ' [ -d "$(dirname "$p")" ] && echo folder >> "$0";; *) sleep 0.4;; esac')
+    r = run_onward("run", "--db", db, "--", "sh", "-c", script, str(seen), "{task}")
+    assert r.returncode == 0, r.stderr
+    assert seen.read_text() == "gone\nfolder\n"  # removed, and the folder still there while the worker ran
+    touched = Path((tmp_path / "seen.path").read_text().strip())
+    assert touched.name.startswith("task-") and not touched.parent.exists()

@@ -22,7 +22,8 @@ Restart rules (exit statuses are those of ``onward run``):
 - exit 0 (finished) or 3 (finished, some tasks failed): the supervisor exits with the same status;
 - exit 2 (usage or configuration error): exit 2, no restart, since a restart would fail the same way;
 - exit 75 (the store or the output folder unavailable: a disk fault, the database server down): restart
-  with the backoff below, for as long as it takes; these restarts never count toward ``max_restarts``;
+  with the backoff below, for as long as it takes, its first delay at least ``UNAVAILABLE_FIRST_DELAY``;
+  these restarts never count toward ``max_restarts``;
 - any other exit status, death by a signal, a watchdog kill, or a kill for not being ready within the start
   timeout (``onward run`` only, see ``onward.child_watch``): restart after a delay. The delay is
   ``restart_delay * 2 ** (streak - 1)``, at most ``MAX_BACKOFF`` seconds, where ``streak`` counts the
@@ -142,6 +143,11 @@ STOP_MARGIN = 10.0
 MIN_WATCHDOG = MIN_HEARTBEAT
 
 FAST_CRASH = 2.0  # a run shorter than this (seconds) counts as crashing fast, for the backoff
+# The first delay before restarting a worker that exited 75 (its store or output folder unavailable), even
+# with --restart-delay 0: a crash is restarted at once if asked, but a database server down or a full disk is
+# not back at once either, and restarting at once kept a core busy starting workers (some ten a second) for
+# as long as the outage lasted. The backoff doubles from here as for a crash.
+UNAVAILABLE_FIRST_DELAY = 0.1
 MAX_BACKOFF = 30.0  # the restart delay never grows beyond this (seconds)
 ORPHAN_KILL_WAIT = 2.0  # how long a dead worker's leftovers may take to die (frozen ones are left; seconds)
 NOT_RESTARTED = {0: "finished", 3: "finished, some tasks failed", 2: "usage or configuration error"}
@@ -453,7 +459,10 @@ class Supervisor:
                     restarts.append(now)
                     counted = f"restart {len(restarts)} in {self.window:g} s window"
                 streak = streak + 1 if ran_for < FAST_CRASH and not self.progressed else 1
-                delay = backoff_delay(self.restart_delay, streak)
+                first = self.restart_delay
+                if returncode == UNAVAILABLE and watchdog_cause is None:
+                    first = max(first, UNAVAILABLE_FIRST_DELAY)
+                delay = backoff_delay(first, streak)
                 log(f"restarting worker after {cause} ({counted}"
                     + (f", backing off {delay:g} s)" if delay > self.restart_delay else ")"))
                 # The store is chosen now, while no worker runs (one may be about to create it), but written

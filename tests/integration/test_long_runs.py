@@ -21,7 +21,7 @@ from onward.log import QUIET
 from onward.store.sqlite import JOURNAL_SIZE_LIMIT
 from onward.supervise import MAX_BACKOFF, backoff_delay
 from tests import pgutil
-from tests.conftest import onward_argv, run_onward
+from tests.conftest import onward_argv, run_onward, wait_for
 
 # A user's own reader (a sqlite3 shell, a script) that opens a read transaction and keeps it until told.
 HOLDING_READER = """
@@ -150,14 +150,17 @@ def test_the_restart_backoff_after_1024_fast_restarts_stays_at_its_cap() -> None
     assert backoff_delay(0.1, 10**6) == MAX_BACKOFF
 
 
-def test_supervise_keeps_restarting_a_worker_whose_store_stays_unavailable() -> None:
+def test_supervise_keeps_restarting_a_worker_that_keeps_dying_fast() -> None:
     """A worker that exits 75 (the store unavailable) is restarted "for as long as it takes". Each such
     restart is fast, so the streak grew by one each time, and at the 1,025th the supervisor died of the
-    OverflowError (after about 8.5 hours of an outage at the default delay, 8 s with --restart-delay 0),
-    leaving no worker to resume the job once the store was back."""
+    OverflowError (after about 8.5 hours of an outage at the default delay), leaving no worker to resume the
+    job once the store was back. Reached here in seconds by a worker that crashes (exit 1) with
+    --restart-delay 0 and no crash-loop limit in reach: the same streak and the same doubling (an exit 75
+    waits at least 0.1 s, doubling, see the test below)."""
     env = dict(os.environ)
     env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[2] / "src"))
-    with subprocess.Popen(onward_argv("supervise", "--restart-delay", "0", "--", "sh", "-c", "exit 75"),
+    with subprocess.Popen(onward_argv("supervise", "--restart-delay", "0", "--max-restarts", "1000000", "--",
+                                      "sh", "-c", "exit 1"),
                           stderr=subprocess.PIPE, text=True, env=env) as sup:
         assert sup.stderr is not None
         restarts, tail = 0, list[str]()
@@ -172,6 +175,28 @@ def test_supervise_keeps_restarting_a_worker_whose_store_stays_unavailable() -> 
             rest = sup.communicate(timeout=30)[1]
         assert restarts >= 1030, "".join(tail) + rest
         assert "Traceback" not in rest
+
+
+def test_supervise_backs_off_from_a_tenth_of_a_second_on_exit_75_even_with_no_restart_delay(
+        tmp_path: Path) -> None:
+    """--restart-delay 0 restarts a crashed worker at once; a worker that exits 75 (its store unavailable) was
+    restarted at once too, some ten a second for as long as the outage lasted, a core kept busy for nothing.
+    Its restarts now wait 0.1 s, then 0.2, 0.4, 0.8 s (the backoff of fast runs): five starts take 1.5 s at
+    the least, however fast the machine."""
+    starts = tmp_path / "starts"
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[2] / "src"))
+    with subprocess.Popen(onward_argv("supervise", "--restart-delay", "0", "--", "sh", "-c",
+                                      'date +%s.%N >> "$0"; exit 75', str(starts)),
+                          stderr=subprocess.PIPE, text=True, env=env) as sup:
+        try:
+            wait_for(lambda: starts.exists() and len(starts.read_text().split()) >= 5, 60, "five starts")
+        finally:
+            sup.send_signal(signal.SIGTERM)
+            rest = sup.communicate(timeout=30)[1]
+    at = [float(t) for t in starts.read_text().split()]
+    assert at[4] - at[0] >= 1.5 - 0.05, (at, rest)  # (date's clock and the monotonic one may differ a hair)
+    assert "backing off 0.8 s" in rest, rest
 
 
 # --- the journal's time index on PostgreSQL -------------------------------------------------------------------

@@ -7,9 +7,9 @@
  * touches nothing but that stack and the blocks the worker built for it (see `struct block`). So
  * nothing is copied, and its cost is about what vfork + execve cost xargs.
  *
- * Unlike vfork, the worker is not suspended: the child waits on a `go` pipe before it runs its program,
- * so that the worker can note its pid in the store first (nothing of the command has run by then). The
- * worker keeps the argument block and the stack until it has reaped the child (`Child.release`), since the
+ * Unlike vfork, the worker is not suspended: the child waits for its go (a futex word in its block) before
+ * it runs its program, so that the worker can note its pid in the store first (nothing of the command has
+ * run by then). The worker keeps the argument block and the stack until it has reaped the child (`Child.release`), since the
  * child reads them until its execve.
  *
  * A child may also be made before its command is known (`spawn` with None for the arguments): it sets
@@ -24,7 +24,8 @@
  *   handled signal to the default in the child's copy of the table): a signal must never run the
  *   interpreter's handler on the child's stack. All signals are blocked from before the clone until just
  *   before execve as well;
- * - it writes only to its own stack.
+ * - it writes only to its own stack and to the two words of its block that are its to say (`said`,
+ *   `exec_errno`), which the worker reads once it has reaped it.
  *
  * x86_64 only (the clone3 entry and the system calls are written for it); elsewhere the module says it is
  * unavailable and the worker uses its spawner process.
@@ -58,6 +59,8 @@
 #define CLONE_INTO_CGROUP_ 0x200000000ULL
 #define CLOSE_RANGE_CLOEXEC_ (1U << 2)
 #define PR_SET_PDEATHSIG_ 1
+#define FUTEX_WAIT_PRIVATE_ 128 /* FUTEX_WAIT | FUTEX_PRIVATE_FLAG */
+#define FUTEX_WAKE_PRIVATE_ 129 /* FUTEX_WAKE | FUTEX_PRIVATE_FLAG */
 #define CHILD_STACK (64 * 1024)
 
 struct clone_args_v2 {
@@ -95,9 +98,22 @@ struct arguments {
     size_t size;           /* of the whole allocation (this header, the arrays, the strings) */
 };
 
+/* The go word (a futex): what the worker tells a waiting child. */
+#define GO_WAIT 0
+#define GO_RUN 1   /* run the command (its arguments are armed) */
+#define GO_LEAVE 2 /* discarded: leave, running nothing */
+
+/* What the child says, in words of its block the worker reads once it has reaped it. */
+#define SAID_NOTHING 0
+#define SAID_SET_UP 1 /* own session, PDEATHSIG, parent checked */
+#define SAID_GOING 2  /* took its go: from here on it calls execve */
+
 /* Everything else the child needs, built by the worker before the clone. */
 struct block {
-    int out, err, devnull, report, go, go_write;
+    int out, err, devnull;
+    int go;                /* GO_WAIT, GO_RUN or GO_LEAVE: written by the worker, a futex the child waits on */
+    int said;              /* SAID_*: written by the child */
+    int exec_errno;        /* written by the child: why execve failed (positive), once said is SAID_GOING */
     int worker;            /* the pid the child's parent must have, else the worker died before the prctl */
     struct arguments *args; /* NULL until armed; read by the child only after its go */
     void *stack;           /* CHILD_STACK bytes */
@@ -110,19 +126,16 @@ static void child_exit(int code) {
     }
 }
 
-static void child_write_int(int fd, int value) {
-    /* A pipe write of 4 bytes is atomic; the worker reads exactly 4 or nothing. */
-    sys3(SYS_write, fd, &value, sizeof value);
-}
-
-/* In the new process: own session, die with the worker, announce itself; wait for the go; run. */
+/* In the new process: own session, die with the worker, say it is set up; wait for the go; run. It tells the
+ * worker through words of its block (the memory they share until its execve), not pipes: two pipes a command
+ * (four descriptors made and closed, a read and a write) cost the worker more than the loads and the futex
+ * wake that replace them. */
 __attribute__((noinline, used, optimize("no-stack-protector"))) static int child(struct block *b) {
-    sys3(SYS_close, b->go_write, 0, 0); /* our copy: the worker's close must reach us as end of file */
     sys3(SYS_setsid, 0, 0, 0);
     sys6(SYS_prctl, PR_SET_PDEATHSIG_, SIGKILL, 0, 0, 0, 0);
     if (sys3(SYS_getppid, 0, 0, 0) != b->worker)
         child_exit(137); /* the worker died before the prctl: its signal was missed, do not run */
-    child_write_int(b->report, (int)sys3(SYS_getpid, 0, 0, 0));
+    __atomic_store_n(&b->said, SAID_SET_UP, __ATOMIC_RELEASE);
 
     /* The clone left no handler of the worker's here (CLONE_CLEAR_SIGHAND); the signals it ignores stay
      * ignored, but SIGPIPE and SIGXFSZ, which Python ignores, go back to the default, as subprocess does.
@@ -139,18 +152,18 @@ __attribute__((noinline, used, optimize("no-stack-protector"))) static int child
     if (sys3(NR_CLOSE_RANGE, 3, ~0U, CLOSE_RANGE_CLOEXEC_) != 0)
         child_exit(127);
 
-    char go;
-    long got;
-    do {
-        got = sys3(SYS_read, b->go, &go, 1);
-    } while (got == -EINTR);
-    if (got != 1)
-        child_exit(0); /* end of file: discarded, nothing of the command runs */
-    /* The worker stored the arguments before it wrote the go: the read above orders them before us (the
-     * system call is a compiler barrier too: "memory" in sys6). */
+    /* Wait for the worker's word. A private futex: the child shares the worker's memory (CLONE_VM). The wait
+     * returns at once if the word is no longer GO_WAIT, so a go given before the wait is not missed. */
+    int go;
+    while ((go = __atomic_load_n(&b->go, __ATOMIC_ACQUIRE)) == GO_WAIT)
+        sys6(SYS_futex, (long)&b->go, FUTEX_WAIT_PRIVATE_, GO_WAIT, 0, 0, 0);
+    if (go != GO_RUN)
+        child_exit(0); /* discarded: nothing of the command runs */
+    /* The worker stored the arguments before it set the go: the acquire load above orders them before us. */
     struct arguments *a = b->args;
     if (a == NULL)
-        child_exit(127); /* a go without arguments: never sent by the worker */
+        child_exit(127); /* a go without arguments: never given by the worker */
+    __atomic_store_n(&b->said, SAID_GOING, __ATOMIC_RELEASE);
 
     uint64_t none = 0;
     sys6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&none, 0, 8, 0, 0);
@@ -161,7 +174,7 @@ __attribute__((noinline, used, optimize("no-stack-protector"))) static int child
         if (first == 0 && last != -ENOENT && last != -ENOTDIR)
             first = last;
     }
-    child_write_int(b->report, (int)-(first ? first : last));
+    __atomic_store_n(&b->exec_errno, (int)-(first ? first : last), __ATOMIC_RELEASE);
     child_exit(127);
     return 0;
 }
@@ -256,11 +269,44 @@ static PyObject *child_arm(Child *self, PyObject *args) {
 
 static PyObject *child_get_pid(Child *self, void *closure) { return PyLong_FromLong(self->pid); }
 
+static PyObject *tell(Child *self, int word) {
+    if (self->block == NULL) {
+        PyErr_SetString(PyExc_ValueError, "this child was released");
+        return NULL;
+    }
+    if (word == GO_RUN && self->block->args == NULL) {
+        PyErr_SetString(PyExc_ValueError, "this child has no arguments to run");
+        return NULL;
+    }
+    __atomic_store_n(&self->block->go, word, __ATOMIC_RELEASE);
+    sys6(SYS_futex, (long)&self->block->go, FUTEX_WAKE_PRIVATE_, 1, 0, 0, 0);
+    Py_RETURN_NONE;
+}
+
+static PyObject *child_go(Child *self, PyObject *Py_UNUSED(ignored)) { return tell(self, GO_RUN); }
+
+static PyObject *child_leave(Child *self, PyObject *Py_UNUSED(ignored)) { return tell(self, GO_LEAVE); }
+
+static PyObject *child_said(Child *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->block == NULL) {
+        PyErr_SetString(PyExc_ValueError, "this child was released");
+        return NULL;
+    }
+    int said = __atomic_load_n(&self->block->said, __ATOMIC_ACQUIRE);
+    int failure = __atomic_load_n(&self->block->exec_errno, __ATOMIC_ACQUIRE);
+    return Py_BuildValue("(ii)", said, failure);
+}
+
 static PyMethodDef child_methods[] = {
     {"release", (PyCFunction)child_release, METH_NOARGS,
      "Unmap the child's stack and arguments. Call only once it has been reaped."},
     {"arm", (PyCFunction)child_arm, METH_VARARGS,
-     "arm(paths, argv, envp): give a child made without arguments what to run; then write its go."},
+     "arm(paths, argv, envp): give a child made without arguments what to run; then its go."},
+    {"go", (PyCFunction)child_go, METH_NOARGS, "Let the child run its command (armed already)."},
+    {"leave", (PyCFunction)child_leave, METH_NOARGS, "Make the child leave without running anything."},
+    {"said", (PyCFunction)child_said, METH_NOARGS,
+     "(said, errno) once reaped: 0 nothing (died before it set itself up), 1 set up, 2 took its go; and why its"
+     " execve failed (0: it did not)."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef child_getset[] = {{"pid", (getter)child_get_pid, NULL, "the child's pid", NULL},
@@ -352,9 +398,8 @@ done:
 
 static PyObject *spawn(PyObject *module, PyObject *args) {
     PyObject *paths_in, *argv_in, *envp_in;
-    int out, err, devnull, report, go, go_write, cgroup;
-    if (!PyArg_ParseTuple(args, "OOOiiiiiii", &paths_in, &argv_in, &envp_in, &out, &err, &devnull, &report,
-                          &go, &go_write, &cgroup))
+    int out, err, devnull, cgroup;
+    if (!PyArg_ParseTuple(args, "OOOiiii", &paths_in, &argv_in, &envp_in, &out, &err, &devnull, &cgroup))
         return NULL;
     /* None for all three: a child that waits for `arm` (see the top of this file). */
     struct arguments *arguments = NULL;
@@ -372,7 +417,8 @@ static PyObject *spawn(PyObject *module, PyObject *args) {
         return NULL;
     }
     struct block *b = map;
-    b->out = out, b->err = err, b->devnull = devnull, b->report = report, b->go = go, b->go_write = go_write;
+    b->out = out, b->err = err, b->devnull = devnull;
+    b->go = GO_WAIT, b->said = SAID_NOTHING, b->exec_errno = 0; /* (a kept block holds its last child's words) */
     b->worker = getpid();
     b->size = size;
     b->stack = (char *)map + size - CHILD_STACK;
@@ -459,8 +505,8 @@ static PyObject *spawn(PyObject *module, PyObject *args) {
 static PyMethodDef methods[] = {
     {"available", available, METH_NOARGS, "Whether spawn works on this system."},
     {"spawn", spawn, METH_VARARGS,
-     "spawn(paths, argv, envp, out, err, devnull, report, go, go_write, cgroup) -> Child; None for paths, argv"
-     " and envp makes a child that waits for Child.arm"},
+     "spawn(paths, argv, envp, out, err, devnull, cgroup) -> Child, waiting for Child.go; None for paths, argv"
+     " and envp makes a child that waits for Child.arm first"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_clonespawn",

@@ -4,20 +4,20 @@
 
 The child shares the worker's memory, so nothing is copied (a fork copies the page tables of the whole
 worker; a clone of the spawner process faults in copies of the pages its Python touches), and it runs only
-C: own session, PDEATHSIG SIGKILL with the parent check, then it says it is set up (its pid on ``report``),
-waits for a byte on ``go``, and calls ``execve``. Meanwhile the worker notes the pid in the store
-(``before_go``) and writes the go, so nothing of the command runs before its pid is in the store, as
-through the spawner. Its stack and arguments are the worker's memory until the child is reaped
+C: own session, PDEATHSIG SIGKILL with the parent check, then it says it is set up, waits for its go, says
+it took it, and calls ``execve`` (what it says, and the go, are words of the memory it shares with the
+worker: see the C source). Meanwhile the worker notes the pid in the store (``before_go``) and gives the
+go, so nothing of the command runs before its pid is in the store, as through the spawner. Its stack and arguments are the worker's memory until the child is reaped
 (``CommandProcess.wait`` releases them). See the C source for the rules the child keeps.
 
-The worker does not wait for the child to be set up before its go: the child reads the go only once it
+The worker does not wait for the child to be set up before its go: the child looks at the go only once it
 is, so the order inside the child is the same, and the worker's loop goes on with its next start instead of
 waiting for the child to be scheduled (with every core busy running commands, 0.2 ms a command on average
 here, at --concurrency 4: the loop's largest wait). So a command's process may still be in the worker's
 session when its attempt wants it dead: it is killed by its pid as well as by its group
-(``proc.kill_command``). Whether it was ever set up is read with the rest of its report once it has
-exited (``CommandProcess.exec_error``): a process killed before it set itself up ran nothing of its
-command.
+(``proc.kill_command``). Whether it took its go is read with the rest of what it said once it has
+exited (``CommandProcess.exec_error``): a process killed before it took its go (before it set itself up,
+or while it waited) ran nothing of its command.
 
 The next command's process can be made before that command is known (``prepare``), while the current one
 runs: it sets itself up and waits, and gets its program, arguments and environment just before its go.
@@ -26,7 +26,6 @@ Its pid is then noted in the store with the claim of the task it will run (``Com
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import shutil
@@ -56,22 +55,21 @@ def available() -> bool:
 
 
 class Cloned:
-    """A process made by clone, with the worker's ends of its pipes: set up (or setting itself up) in its
-    own session, waiting on ``go``. ``pid`` is known from the clone's return."""
+    """A process made by clone, with the worker's ends of its stdout and stderr pipes: set up (or setting
+    itself up) in its own session, waiting for its go. ``pid`` is known from the clone's return."""
 
-    def __init__(self, child: Any, stdout: int, stderr: int, report: int, go: int, made_after: int,
-                 made_before: int) -> None:
+    def __init__(self, child: Any, stdout: int, stderr: int, made_after: int, made_before: int) -> None:
         self.child = child
         self.pid: int = child.pid
-        self.stdout, self.stderr, self.report, self.go = stdout, stderr, report, go
+        self.stdout, self.stderr = stdout, stderr
         # The boot clock just before and just after the clone: its start lies between (proc.child_start_time).
         self.made_after, self.made_before = made_after, made_before
 
     def discard(self) -> None:
-        """End it unstarted. The end of file on its go would make it leave without running anything, but a
-        process cloned after it (another one kept ready) holds a copy of the go's end until its own
-        ``execve``, so it is killed too: it ran nothing, and it is reaped here."""
-        _close([self.stdout, self.stderr, self.report, self.go])
+        """End it unstarted: told to leave, and killed in case it cannot look (it ran nothing either way),
+        then reaped."""
+        _close([self.stdout, self.stderr])
+        self.child.leave()
         os.kill(self.pid, signal.SIGKILL)  # not reaped yet, so the pid is still its own
         _reap(self.child)
 
@@ -98,15 +96,16 @@ class CloneSpawner:
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cgroup_dir: int | None,
               before_go: Callable[[int], None] | None,
-              ready: Cloned | None = None) -> tuple[int, int, int, int, Any]:
+              ready: Cloned | None = None) -> tuple[int, int, int, Any]:
         """Start ``argv`` born in the cgroup whose directory is open as ``cgroup_dir`` (in ``ready``, a
-        process ``prepare`` made in that cgroup, if it is still there). Returns once ``before_go(pid)``
-        returned and the process is told to run its program, which it does once it is in its own session
-        with its PDEATHSIG (it may not be yet: see the module's docstring): (pid, stdout, stderr, report,
-        handle), ``report`` starting with the pid if the process set itself up, ``handle.release()`` to be
-        called once it is reaped. Otherwise the contract is ``Spawner.spawn``'s: if ``before_go`` raises,
-        the process leaves unstarted and the exception goes on; ``OSError`` with the errno alone when the
-        process could not be made."""
+        process ``prepare`` made in that cgroup). Returns once ``before_go(pid)`` returned and the process is
+        told to run its program, which it does once it is in its own session with its PDEATHSIG (it may not
+        be yet: see the module's docstring): (pid, stdout, stderr, handle); ``handle.said()`` tells, once the
+        process is reaped, whether it took its go and why its ``execve`` failed, and ``handle.release()``
+        is to be called then. Otherwise the contract is ``Spawner.spawn``'s: if ``before_go`` raises, the
+        process leaves unstarted and the exception goes on; ``OSError`` with the errno alone when the
+        process could not be made. A process killed from outside before its go runs nothing: it is found
+        so once it has exited."""
         program = argv[0]
         paths = self._candidates.get(program)
         if paths is None:
@@ -126,14 +125,8 @@ class CloneSpawner:
             except BaseException:
                 ready.discard()
                 raise
-            started = self._go(ready, before_go)
-            if started is not None:
-                return started
-        for _ in range(3):
-            started = self._go(self._make(paths, args, envp, cgroup_dir), before_go)
-            if started is not None:
-                return started
-        raise OSError(errno.EAGAIN, "the command's process died three times before it could start")
+            return self._go(ready, before_go)
+        return self._go(self._make(paths, args, envp, cgroup_dir), before_go)
 
     def _search_order(self, name: bytes) -> list[bytes]:
         """Where a child looks for the program ``name``, in order: a path as it is; a name on the PATH where it
@@ -158,26 +151,24 @@ class CloneSpawner:
         assert _clone is not None
         fds: list[int] = []
         try:
-            for _ in range(4):  # stdout, stderr, report: to us; go: to it
+            for _ in range(2):  # stdout, stderr
                 fds += [_above_stdio(fd) for fd in os.pipe2(os.O_CLOEXEC)]
         except OSError:
             _close(fds)
             raise
-        out_r, out_w, err_r, err_w, report_r, report_w, go_r, go_w = fds
+        out_r, out_w, err_r, err_w = fds
         try:
             made_after = boot_clock_ns()
-            child = _clone(paths, args, envp, out_w, err_w, self._devnull, report_w, go_r, go_w,
-                           -1 if cgroup_dir is None else cgroup_dir)
+            child = _clone(paths, args, envp, out_w, err_w, self._devnull, -1 if cgroup_dir is None else cgroup_dir)
             made_before = boot_clock_ns()
         except BaseException:
             _close(fds)
             raise
-        _close([out_w, err_w, report_w, go_r])  # the child has its copies; ours would keep the pipes open
-        return Cloned(child, out_r, err_r, report_r, go_w, made_after, made_before)
+        _close([out_w, err_w])  # the child has its copies; ours would keep the pipes open
+        return Cloned(child, out_r, err_r, made_after, made_before)
 
-    def _go(self, cloned: Cloned, before_go: Callable[[int], None] | None) -> tuple[int, int, int, int, Any] | None:
-        """Let ``cloned`` run its command, once ``before_go`` noted its pid; None when the process died before
-        its go (killed from outside: nothing of the command ran)."""
+    def _go(self, cloned: Cloned, before_go: Callable[[int], None] | None) -> tuple[int, int, int, Any]:
+        """Let ``cloned`` run its command, once ``before_go`` noted its pid."""
         # The pid is noted before the child has said it is set up: the note (a commit) and the child's
         # first steps then overlap instead of taking turns. A worker frozen from here on leaves a pid that
         # whoever takes the task over kills by itself as well as by its group (``reclaim``), so a child
@@ -188,14 +179,10 @@ class CloneSpawner:
             except BaseException:
                 cloned.discard()
                 raise
-        # Not waiting for it to be set up (see the module's docstring): it reads the go only once it is.
-        try:
-            os.write(cloned.go, b"g")
-        except BrokenPipeError:  # killed while it waited: nothing of the command ran
-            cloned.discard()
-            return None
-        os.close(cloned.go)
-        return cloned.pid, cloned.stdout, cloned.stderr, cloned.report, cloned.child
+        # Not waiting for it to be set up (see the module's docstring): it looks at the go only once it is.
+        # Killed while it waited, it never takes the go: found so once it has exited (nothing of it ran).
+        cloned.child.go()
+        return cloned.pid, cloned.stdout, cloned.stderr, cloned.child
 
     def close(self) -> None:
         os.close(self._devnull)

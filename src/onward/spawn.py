@@ -18,12 +18,14 @@ from .cgroups import AttemptCgroup, WorkerCgroups
 from .clonespawn import Cloned, CloneSpawner
 from .errors import RESOURCE_ERRNOS
 from .proc import child_start_time, die_with_parent_preexec, prepare_die_with_parent
-from .spawner import REPORT, Spawner, exec_error
+from .spawner import Spawner, exec_error
 
 # "spawner" skips the clone path, "fork" both it and the spawner (a fork of the worker with a preexec_fn):
 # escape hatches, and how the tests run those paths on systems where a faster one works.
 SWITCH = "ONWARD_SPAWN"
 
+# What a clone-path child says once it took its go (the C source's SAID_GOING): past that, it calls execve.
+CHILD_TOOK_GO = 2
 # The most processes a clone-path starter keeps ready for commands not claimed yet (``CommandStarter``).
 SPARES_KEPT = 2
 
@@ -56,12 +58,14 @@ class CommandProcess:
         # from its start (not waited for: see onward.clonespawn).
         self._report = report
         self._popen = popen  # the fork path's Popen, which keeps the exit status it reaped
-        self._memory = memory  # the clone path: the child's stack and arguments, the worker's until reaped
+        # The clone path: the child's stack, arguments and words, the worker's until reaped; what it said there
+        # (whether it took its go, why its execve failed) is read when it is reaped.
+        self._memory = memory
+        self._said: tuple[bool, int] | None = None
         self._status: int | None = None
         self._open = {stdout, stderr} | ({report} if report >= 0 else set())
-        self._pid_first = memory is not None  # the clone path's report starts with the pid
-        # Known once it has exited (exec_error): False if the process died before it set itself up (own
-        # session, PDEATHSIG), so before its go and anything of its command.
+        # Known once it has exited (exec_error): False if the process died before it could run anything of
+        # its command (before it set itself up, on every path; on the clone path, also before it took its go).
         self.set_up = True
 
     def exec_error(self) -> OSError | None:
@@ -69,17 +73,18 @@ class CommandProcess:
         it (errno, message, the program as filename); None if its program ran (or it died before trying:
         ``set_up`` tells whether it got as far as its go). On the fork path ``execve`` errors are raised by
         ``start`` itself."""
+        if self._said is not None:
+            took_go, failure = self._said
+            self.set_up = took_go
+            return OSError(failure, os.strerror(failure)) if failure else None
         if self._report < 0 or self._report not in self._open:
             return None
         rest = b""
         while chunk := os.read(self._report, 64):  # all written: the process is gone, and its end with it
             rest += chunk
         self.close_pipe(self._report)
-        if self._pid_first:
-            self.set_up = len(rest) >= REPORT.size
-            rest = rest[REPORT.size:]
-        failure = exec_error(rest)
-        return None if failure is None else OSError(failure, os.strerror(failure))
+        reported = exec_error(rest)
+        return None if reported is None else OSError(reported, os.strerror(reported))
 
     def wait(self) -> int:
         """Reap the command; its exit status, negative for a signal (as ``Popen.returncode``)."""
@@ -88,6 +93,8 @@ class CommandProcess:
         if self._status is None:
             self._status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
             if self._memory is not None:
+                said, failure = self._memory.said()
+                self._said = (said >= CHILD_TOOK_GO, failure)
                 self._memory.release()  # reaped: nothing runs on it any more
                 self._memory = None
         return self._status
@@ -170,11 +177,11 @@ class CommandStarter:
         (Popen waits for the exec), so the pid is known only once the command runs, and the caller notes
         it then; the window the spawner closes stays open on that path."""
         if self._clone is not None:
-            pid, stdout, stderr, report, memory = self._clone.spawn(
+            pid, stdout, stderr, memory = self._clone.spawn(
                 argv, env, cgroup.directory() if cgroup else None, before_go,
                 spare.cloned if spare is not None else None)
             self._prepare_spare()
-            return CommandProcess(pid, stdout, stderr, report, memory=memory)
+            return CommandProcess(pid, stdout, stderr, memory=memory)
         if not self._fork and self._spawner is None:
             self._spawner = Spawner.start(self._env, self._cgroups is not None)
             self._fork = self._spawner is None

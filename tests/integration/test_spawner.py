@@ -260,8 +260,8 @@ def test_the_clone_path_keeps_a_bounded_number_of_programs_looked_up(tmp_path: P
     spawner = clonespawn.CloneSpawner(dict(os.environ))
     try:
         for i in range(clonespawn.CANDIDATES_KEPT + 50):
-            pid, stdout, stderr, report, memory = spawner.spawn([f"no-such-program-{i}"], {}, None, None)
-            started = CommandProcess(pid, stdout, stderr, report, memory=memory)
+            pid, stdout, stderr, memory = spawner.spawn([f"no-such-program-{i}"], {}, None, None)
+            started = CommandProcess(pid, stdout, stderr, memory=memory)
             assert started.wait() == 127
             assert isinstance(started.exec_error(), FileNotFoundError)
             started.close_pipes()
@@ -764,8 +764,8 @@ def test_a_process_killed_before_it_set_itself_up_is_killed_by_its_pid_and_runs_
     noted: list[int] = []
     directory = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        pid, out, err, report, memory = spawner.spawn(["touch", str(ran)], {}, directory, noted.append)
-        process = CommandProcess(pid, out, err, report, memory=memory)
+        pid, out, err, memory = spawner.spawn(["touch", str(ran)], {}, directory, noted.append)
+        process = CommandProcess(pid, out, err, memory=memory)
         assert noted == [pid]
         assert os.getpgid(pid) == os.getpgrp()  # not set up: still in our group, leading none of its own
         assert not kill_group(pid)  # the group it would lead does not exist: this kill misses it
@@ -809,8 +809,8 @@ def test_a_signal_the_worker_handles_never_runs_its_handler_in_a_commands_proces
 
         os.kill(ready.pid, signal.SIGUSR1)
         wait_for(pending, 10, "SIGUSR1 to be pending in the process made ahead")
-        pid, out, err, report, memory = spawner.spawn(["touch", str(ran)], {}, None, None, ready=ready)
-        process = CommandProcess(pid, out, err, report, memory=memory)
+        pid, out, err, memory = spawner.spawn(["touch", str(ran)], {}, None, None, ready=ready)
+        process = CommandProcess(pid, out, err, memory=memory)
         status = process.wait()
         process.close_pipes()
         signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a call into the interpreter: a handler tripped runs by now

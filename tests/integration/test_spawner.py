@@ -951,7 +951,7 @@ def test_a_worker_keeps_as_many_processes_made_ahead_as_it_claims_tasks_at_once_
     db = tmp_path / "s.db"
     tasks = write_tasks(tmp_path / "t.txt", [f"t{i}" for i in range(concurrency + 2)])
     worker = subprocess.Popen(onward_argv("run", "--db", str(db), "--tasks", str(tasks), "--concurrency",
-                                          str(concurrency), "--", "sleep", marker),
+                                          str(concurrency), "--grace", "0.5", "--", "sleep", marker),
                               env=dict(os.environ, **CLONE), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         def ready() -> bool:

@@ -7,8 +7,9 @@ worker; a clone of the spawner process faults in copies of the pages its Python 
 C: own session, PDEATHSIG SIGKILL with the parent check, then it says it is set up, waits for its go, says
 it took it, and calls ``execve`` (what it says, and the go, are words of the memory it shares with the
 worker: see the C source). Meanwhile the worker notes the pid in the store (``before_go``) and gives the
-go, so nothing of the command runs before its pid is in the store, as through the spawner. Its stack and arguments are the worker's memory until the child is reaped
-(``CommandProcess.wait`` releases them). See the C source for the rules the child keeps.
+go, so nothing of the command runs before its pid is in the store, as through the spawner. Its stack and
+arguments are the worker's memory until the child is reaped (``CommandProcess.wait`` releases them). See
+the C source for the rules the child keeps.
 
 The worker does not wait for the child to be set up before its go: the child looks at the go only once it
 is, so the order inside the child is the same, and the worker's loop goes on with its next start instead of

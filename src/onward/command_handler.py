@@ -39,7 +39,7 @@ class CommandAttempt(Attempt):
         self._stderr = bytearray()
         self._stderr_cut = False  # its beginning was dropped
         self._heartbeat_file = heartbeat_file
-        self._beats = beats  # where the file goes once the attempt ended (removed now, without it)
+        self._beats = beats  # told when the attempt ended, to remove its heartbeat file
         # No stat now: the file is named after this claim's fence in the worker's private folder, so it
         # cannot exist before the command makes it (README), and its first appearance is progress.
         self._heartbeat_mtime: int | None = None
@@ -177,14 +177,8 @@ class CommandAttempt(Attempt):
         status = self._proc.wait()
         if self._cgroups is not None and self._cgroup is not None:
             self._cgroups.finished(self._cgroup)
-        if self._heartbeat_file is not None:
-            if self._beats is not None:
-                self._beats.ended(self._heartbeat_file)
-            else:
-                try:
-                    os.unlink(self._heartbeat_file)
-                except FileNotFoundError:  # the usual case: the command never touched it
-                    pass
+        if self._heartbeat_file is not None and self._beats is not None:
+            self._beats.ended(self._heartbeat_file)
         self._report(self._outcome(status, self._proc.exec_error()))
 
     def _drain(self) -> None:
@@ -303,7 +297,7 @@ class CommandHandler:
     def start(self, claim: Claim, loop: Loop) -> Attempt:
         argv = [arg.replace("{task}", claim.name) for arg in self.argv]
         # Not created here (a file per task would cost a create and a delete each): the command creates
-        # or touches it to show progress, and the runner removes it when the attempt ends.
+        # or touches it to show progress, and it is removed once the attempt ended (HeartbeatFiles).
         beat_file = self._beats.path(claim)
         env = {"ONWARD_TASK": claim.name, "ONWARD_ATTEMPT": str(claim.attempt), "ONWARD_HEARTBEAT_FILE": beat_file}
         attempt = CommandAttempt(claim, argv, env, beat_file, loop, self.max_result_bytes, self._starter, self._cgroups,

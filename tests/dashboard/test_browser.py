@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,4 +183,48 @@ def test_a_page_without_its_token_asks_for_it_then_cancels_and_retries(browser: 
     page.locator("#detail-retry").click()
     page.locator("#detail-facts dd.state", has_text="pending").wait_for(timeout=DEADLINE_MS)
     assert status_of(work.db)["cancelled"] == 0
+    page.close()
+
+
+# A name whose right-to-left override makes it look like a text file; an error with an escape sequence that
+# would retitle a terminal, a bell, a bidi isolate, a tab and line breaks.
+SPOOF_NAME = "report\u202etxt.exe"
+TROUBLE_STDERR = "\x1b]0;owned\x07 line one\u2067x\n\tline two\n"
+
+
+def test_control_and_bidi_characters_of_the_store_are_shown_escaped_as_on_the_command_line(
+        browser: Any, dashboard: Any, tmp_path: Path) -> None:
+    db = str(tmp_path / "onward.db")
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text(f"{SPOOF_NAME}\nfails\n", encoding="utf-8")
+    assert run_onward("add", "--db", db, "--tasks", str(tasks)).returncode == 0
+    script = ("import sys\n"
+              f"if sys.argv[1] == 'fails':\n    sys.stderr.write({TROUBLE_STDERR!r}); sys.exit(1)\n")
+    ran = run_onward("run", "--db", db, "--max-attempts", "1", "-q", "--", sys.executable, "-c", script, "{task}")
+    assert ran.returncode == 3, ran.stderr  # one task failed
+    served: Served = dashboard(db, "--token", "s3cret-token")
+    page = browser.new_page()
+    page.goto(served.url + "?token=s3cret-token")
+
+    spoof = page.locator("#tasks tbody button.task-name").first
+    spoof.wait_for(timeout=DEADLINE_MS)
+    assert spoof.text_content() == "report\\u202etxt.exe"
+    assert spoof.get_attribute("title") == "report\\u202etxt.exe"
+    page.locator("#failures button", has_text="fails").wait_for(timeout=DEADLINE_MS)
+
+    page.locator("#failures button", has_text="fails").click()
+    page.locator("#detail-facts dd.state", has_text="failed").wait_for(timeout=DEADLINE_MS)
+    # The error's own block keeps its tab and line breaks, and escapes the rest.
+    assert "\\x1b]0;owned\\x07 line one\\u2067x\n\tline two" in (page.locator("#detail-error").text_content() or "")
+    page.locator("#detail-close").click()
+    page.locator("#tasks tbody button.task-name").first.click()
+    page.locator("#detail-facts dd.state", has_text="done").wait_for(timeout=DEADLINE_MS)
+    assert page.locator("#detail-name").text_content() == "report\\u202etxt.exe"
+
+    # Nowhere in the page is one of them left raw; the API still gives the stored text as it is.
+    raw = page.evaluate("() => [...document.body.innerText, ...[...document.querySelectorAll('[title]')]"
+                        ".map((e) => e.title).join('')].filter((c) => /[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f"
+                        "\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]/.test(c))")
+    assert raw == [], raw
+    assert served.get("/api/tasks/" + urllib.parse.quote(SPOOF_NAME)).json()["task"] == SPOOF_NAME
     page.close()

@@ -1,7 +1,9 @@
 // The onward dashboard page. It reads only the public JSON API of the server that served it.
 // Every text that comes from the store (task names, notes, errors, results, journal details, hosts) is put
 // into the page with textContent or as an SVG text node, never parsed as HTML: a task named
-// <img src=x onerror=alert(1)> is shown as those characters.
+// <img src=x onerror=alert(1)> is shown as those characters. And it is shown through `shown`, which escapes
+// what the command line escapes (onward.log.printable): a name ending in U+202E "txt.exe" is not shown as
+// one ending in "exe.txt".
 "use strict";
 
 (() => {
@@ -50,9 +52,30 @@
   }
 
   // --- small DOM helpers: text only ---------------------------------------------------------------------
+  // The characters onward.log.printable escapes, for the same reasons: C0 and C1 controls and DEL
+  // (invisible, or a line break inside a name), line and paragraph separators, bidi embeddings, overrides
+  // and isolates (they reorder what is shown around them) and lone surrogates (with the u flag, a pair is
+  // one code point and does not match). A block (an error, a result) keeps its tabs and line breaks.
+  const UNPRINTABLE = /[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]/gu;
+  const UNPRINTABLE_IN_BLOCK = /[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]/gu;
+
+  function escaped(c) {
+    const code = c.codePointAt(0);
+    return code < 0x100 ? "\\x" + code.toString(16).padStart(2, "0") : "\\u" + code.toString(16).padStart(4, "0");
+  }
+
+  // A text from the store as the page shows it (ESC as \x1b, U+202E as \u202e); the data stays raw.
+  function shown(text) {
+    return String(text).replace(UNPRINTABLE, escaped);
+  }
+
+  function shownBlock(text) {
+    return String(text).replace(UNPRINTABLE_IN_BLOCK, escaped);
+  }
+
   function el(tag, text, className) {
     const node = document.createElement(tag);
-    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (text !== undefined && text !== null) node.textContent = shown(text);
     if (className) node.className = className;
     return node;
   }
@@ -85,7 +108,7 @@
 
   function say(text, isError) {
     const node = $("message");
-    node.textContent = text;
+    node.textContent = shown(text);
     node.className = isError ? "error" : "";
     node.parentElement.hidden = !text;
   }
@@ -101,7 +124,7 @@
   function taskButton(name) {
     const button = el("button", name, "link task-name");
     button.type = "button";
-    button.title = name;
+    button.title = shown(name);
     button.addEventListener("click", () => openDetail(name));
     return button;
   }
@@ -112,8 +135,8 @@
   function renderStatus(s) {
     lastStatus = s;
     $("token-needed").hidden = true;
-    $("store").textContent = s.store;
-    $("job").textContent = s.job ? "job " + s.job : "";
+    $("store").textContent = shown(s.store);
+    $("job").textContent = s.job ? "job " + shown(s.job) : "";
     for (const state of ["total", "pending", "running", "waiting", "done", "failed", "cancelled"]) {
       $("count-" + state).textContent = String(s[state] === undefined ? 0 : s[state]);
     }
@@ -369,7 +392,7 @@
   function openDetail(name) {
     openName = name;
     $("detail").hidden = false;
-    $("detail-name").textContent = name;
+    $("detail-name").textContent = shown(name);
     loadDetail(name);
   }
 
@@ -382,15 +405,15 @@
       return;
     }
     if (name !== openName) return;
-    $("detail-name").textContent = t.task;
+    $("detail-name").textContent = shown(t.task);
     const facts = $("detail-facts");
     const pairs = [["state", t.state], ["attempts", t.attempts], ["added", t.added_at], ["started", t.started_at || "–"],
       ["finished", t.finished_at || "–"], ["seconds", t.seconds === null ? "–" : t.seconds]];
     facts.replaceChildren(...pairs.flatMap(([key, value]) => [el("dt", key), el("dd", value, key === "state" ? "state " + value : "")]));
     facts.dataset.state = t.state;
-    $("detail-error").textContent = t.error || "–";
+    $("detail-error").textContent = shownBlock(t.error || "–");
     if (t.result) {
-      $("detail-result").textContent = t.result.preview;
+      $("detail-result").textContent = shownBlock(t.result.preview);
       $("detail-result-size").textContent = "(" + t.result.kind + ", " + t.result.bytes + " bytes" +
         (t.result.truncated ? ", first " + new TextEncoder().encode(t.result.preview).length + " shown" : "") + ")";
     } else {

@@ -277,3 +277,74 @@ def test_two_stop_signals_at_once_end_the_dashboard(tmp_path: Path) -> None:
             if served.process.poll() is None:
                 served.process.kill()
                 served.process.wait()
+
+
+def in_sqlite_busy_wait(pid: int) -> bool:
+    """Whether a thread of ``pid`` sleeps in ``nanosleep`` or ``clock_nanosleep`` (system calls 35 and 230 on
+    x86_64 Linux): in the dashboard, only SQLite's busy handler, waiting for the write lock, sleeps that way
+    (its server polls, its idle look and event streams wait on locks and events)."""
+    import os
+    import sys
+
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        pytest.skip("reads a system call number of x86_64 Linux")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            call = (task / "syscall").read_text().split()
+        except OSError:
+            continue
+        if call and call[0] in ("35", "230"):
+            return True
+    return False
+
+
+def waits_for_a_lock_on_postgres(url: str) -> bool:
+    """Whether a session of the store's database waits for a lock another holds (the dashboard's action)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        row = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                         " AND wait_event_type = 'Lock'").fetchone()
+    return row is not None and row[0] > 0
+
+
+def test_pages_and_scrapes_are_answered_while_an_action_waits_for_the_write_lock(store_url: str,
+                                                                              dashboard: Any) -> None:
+    """An action waits for the store's write lock while another process holds it (up to 30 s on SQLite, 3 s
+    on PostgreSQL), and every
+    read of the dashboard used to wait behind it on the one shared store handle: the page, its event stream
+    and the Prometheus scrape all stalled. Reads now have a handle of their own."""
+    assert run_onward("add", "--db", store_url, "a", "b").returncode == 0
+    served: Served = dashboard(store_url)
+    if store_url.startswith("postgresql:"):
+        import psycopg
+
+        holder: Any = psycopg.connect(store_url)  # a transaction, open until its commit below
+        holder.execute("SELECT 1 FROM onward.jobs FOR UPDATE")  # the row a pause changes
+
+        def action_waits() -> bool:
+            return waits_for_a_lock_on_postgres(store_url)
+    else:
+        import sqlite3
+
+        holder = sqlite3.connect(store_url, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process's long write, as a bulk import's
+
+        def action_waits() -> bool:
+            return in_sqlite_busy_wait(served.process.pid)
+    answers: list[Any] = []
+    pausing = threading.Thread(target=lambda: answers.append(served.post("/api/pause", {})), daemon=True)
+    try:
+        pausing.start()
+        wait_for(action_waits, 30, "the pause to wait for the write lock")
+        status = served.get("/api/status")
+        scrape = served.get("/metrics")
+        assert pausing.is_alive() and not answers, "the reads were answered only once the action was over"
+        assert status.status == 200 and status.json()["paused"] is False, status
+        assert scrape.status == 200, scrape
+    finally:
+        holder.rollback()
+        holder.close()
+        pausing.join(timeout=60)
+    assert answers and answers[0].status == 200 and answers[0].json()["paused"] is True, answers
+    assert served.get("/api/status").json()["paused"] is True

@@ -43,7 +43,12 @@ def dashboard_command(db: str | None, job: str, host: str, port: int, token: str
         raise UsageError(f"listening on {host} (not a loopback address) needs a token: give --token or"
                          " ONWARD_DASHBOARD_TOKEN")
     store = open_store(db, create=False, job=job)
-    board = Dashboard(store, token, host, loopback, public)
+    try:
+        actions = open_store(db, create=False, job=job)  # see Dashboard: reads never wait behind an action
+    except BaseException:
+        store.close()
+        raise
+    board = Dashboard(store, token, host, loopback, public, actions)
     try:
         threading.Thread(target=board.idle_between_requests, name="onward-dashboard-idle", daemon=True).start()
         try:
@@ -79,8 +84,9 @@ def dashboard_command(db: str | None, job: str, host: str, port: int, token: str
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # on the way out: no handler runs inside the set() below
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         board.stopping.set()
-        with board.lock:  # not in the middle of the idle thread's turn
-            store.close()
+        for handle, lock in board.handles():
+            with lock:  # not in the middle of the idle thread's turn
+                handle.close()
     click.echo("onward dashboard: stopped", err=True)
 
 

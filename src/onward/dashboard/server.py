@@ -79,16 +79,23 @@ _TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s]*", re.IGNORECASE)
 class Dashboard:
     """What every request thread shares: the store, the token and the server's own names.
 
-    The store handle is not thread-safe (one SQLite connection or one PostgreSQL connection, used from
-    one thread at a time), and the threading server runs each connection in a thread of its own. So one
-    handle is shared under ``lock``: each request holds it for its few store calls (each bounded, under
-    0.3 s on a million tasks), and the event streams take it once per tick, not for their whole life. A
-    handle per request would pay a connection and a schema check on every call instead, and one per
-    thread would open one for every connection, the long-lived event streams included.
+    A store handle is not thread-safe (one SQLite connection or one PostgreSQL connection, used from one
+    thread at a time), and the threading server runs each connection in a thread of its own. So a handle is
+    shared under a lock: each request holds it for its few store calls (each bounded, under 0.3 s on a
+    million tasks), and the event streams take it once per tick, not for their whole life. A handle per
+    request would pay a connection and a schema check on every call instead, and one per thread would open
+    one for every connection, the long-lived event streams included.
+
+    The actions (the POSTs: retry, cancel, send, pause) have a handle and a lock of their own, ``actions``:
+    an action waits for the store's write lock when another process holds it (an import of a million
+    tasks, a worker stalled in its commit), up to the store's bound (30 s on SQLite), and on one shared
+    handle every page, event stream and scrape waited behind it. Reads never wait for the write lock
+    (SQLite's WAL, PostgreSQL's snapshots), so on a handle of their own they go on answering. Without
+    ``actions`` (a test's store), the actions share the readers' handle and lock.
     """
 
     def __init__(self, store: Store, token: str | None, host: str, loopback: bool,
-                 origins: frozenset[str] = frozenset()) -> None:
+                 origins: frozenset[str] = frozenset(), actions: Store | None = None) -> None:
         self.store = store
         self.token = token.encode() if token else None
         self.host = host
@@ -98,33 +105,51 @@ class Dashboard:
         # sends one of them, and the operator, who chose them, owns their DNS (no rebinding through them).
         self.origin_hosts = frozenset(_origin_host(origin) for origin in origins)
         self.lock = threading.Lock()
+        self.actions = actions if actions is not None else store
+        self.actions_lock = threading.Lock() if actions is not None else self.lock
         self.stopping = threading.Event()
 
+    def handles(self) -> list[tuple[Store, threading.Lock]]:
+        """Each store handle once, with the lock that guards it."""
+        if self.actions is self.store:
+            return [(self.store, self.lock)]
+        return [(self.store, self.lock), (self.actions, self.actions_lock)]
+
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with self.lock:
+        """``fn(store, *args)`` on the readers' handle."""
+        return self._on(self.store, self.lock, fn, *args)
+
+    def act(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(store, *args)`` on the actions' handle: an action that changes the store."""
+        return self._on(self.actions, self.actions_lock, fn, *args)
+
+    @staticmethod
+    def _on(store: Store, lock: threading.Lock, fn: Callable[..., Any], *args: Any) -> Any:
+        with lock:
             # SQLite reads and writes the file it opened even after it was deleted, or another store was
             # made at its path: the page would show the dead store as live, and a pause would go into it
             # with a 200. One stat (a query on PostgreSQL) per request says so instead (503).
             try:
-                self.store.check_still_there()
+                store.check_still_there()
             except StoreGone:
                 raise StoreGone("the store was deleted or replaced since this dashboard opened it: nothing"
                                 " was read or changed; start the dashboard again for the store there now") from None
-            return fn(self.store, *args)
+            return fn(store, *args)
 
     def idle_between_requests(self) -> None:
         """On a thread of its own until ``stopping``: ``Store.idle`` every second, under the lock, whether or
         not a page is open (the dashboard's connection must not keep a suspect SQLite log's index alive)."""
         while not self.stopping.wait(IDLE_EVERY):
-            with self.lock:
-                try:
-                    self.store.idle()
-                except StoreError:
-                    pass  # the next request is answered 503 with the error, as for any store that fails
-                except MemoryError:
-                    # Passing (the requests meet it too, each answered 500): this thread must outlive it, or
-                    # no later look lets go of a suspect log's index for as long as the dashboard runs.
-                    pass
+            for store, lock in self.handles():
+                with lock:
+                    try:
+                        store.idle()
+                    except StoreError:
+                        pass  # the next request is answered 503 with the error, as for any store that fails
+                    except MemoryError:
+                        # Passing (the requests meet it too, each answered 500): this thread must outlive it,
+                        # or no later look lets go of a suspect log's index for as long as the dashboard runs.
+                        pass
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -190,7 +215,7 @@ class Handler(BaseHTTPRequestHandler):
             except (UnicodeDecodeError, ValueError, RecursionError):
                 self._error(HTTPStatus.BAD_REQUEST, "the body is not valid JSON")
                 return
-            self._api(actions[path], body)
+            self._api(actions[path], body, acting=True)
 
     def _not_allowed(self) -> None:
         self._body_left_unread()
@@ -288,19 +313,20 @@ class Handler(BaseHTTPRequestHandler):
             return None
 
     # --- answers ---------------------------------------------------------------------------------------
-    def _api(self, fn: Callable[..., Any], *args: Any) -> None:
+    def _api(self, fn: Callable[..., Any], *args: Any, acting: bool = False) -> None:
         if any(a is None for a in args):
             self._error(HTTPStatus.BAD_REQUEST, "bad query string (not UTF-8, or a parameter given twice)")
             return
-        answered, answer = self._call(fn, *args)
+        answered, answer = self._call(fn, *args, acting=acting)
         if answered:
             self._send(HTTPStatus.OK, _json_bytes(answer), "application/json")
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
-        """``fn(store, *args)`` under the store's lock: (True, its value), or (False, None) once the error
-        was answered: the API's refusals as they are, a store that cannot be used as 503, a bug as 500."""
+    def _call(self, fn: Callable[..., Any], *args: Any, acting: bool = False) -> tuple[bool, Any]:
+        """``fn(store, *args)`` under its handle's lock (the actions' handle if ``acting``): (True, its value),
+        or (False, None) once the error was answered: the API's refusals as they are, a store that cannot be
+        used as 503, a bug as 500."""
         try:
-            return True, self.dashboard.call(fn, *args)
+            return True, (self.dashboard.act if acting else self.dashboard.call)(fn, *args)
         except api.ApiError as e:
             self._error(e.status, str(e))
         except StoreError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -81,6 +82,31 @@ def test_full_disk_stalls_the_job_and_it_finishes_once_there_is_room(small_disk:
     assert rows == {n: "done" for n in names}
     assert all(len(r) == 40000 for (r,) in c.execute("SELECT result FROM tasks"))
     c.close()
+
+
+def test_a_store_on_a_disk_already_full_is_unavailable_and_says_the_disk_is_full(small_disk: Path) -> None:
+    """A worker or `onward status` started on a store whose disk is full cannot make the log's index
+    (-shm): SQLite says only "disk I/O error", which they passed on, for a disk that is fine. They now say
+    the disk is full, exit 75 (a supervisor tries again later), and leave the store as it was."""
+    db = small_disk / "s.db"
+    assert run_onward("add", "--db", str(db), "a", "b").returncode == 0
+    filler = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:  # every block left, written until the disk refuses
+        while os.write(filler, b"\0" * 4096):
+            pass
+    except OSError as e:
+        assert e.errno == errno.ENOSPC
+    finally:
+        os.close(filler)
+    for argv in (["run", "--db", str(db), "--", "true", "{task}"], ["status", "--db", str(db)]):
+        done = run_onward(*argv)
+        err = done.stderr.decode()
+        assert done.returncode == 75, (argv, err)
+        assert err.count("\n") == 1 and "no space left on the device holding it" in err, (argv, err)
+    (small_disk / "filler").unlink()
+    assert done_in_store(db) == set()
+    assert run_onward("run", "--db", str(db), "-q", "--", "true", "{task}").returncode == 0
+    assert done_in_store(db) == {"a", "b"}
 
 
 _seen: dict[int, bytes] = {}

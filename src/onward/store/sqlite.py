@@ -224,6 +224,24 @@ def _out_of_descriptors(path: str) -> str | None:
     return None
 
 
+# Less free space than this beside the store is taken for a full disk: the log's index (-shm) grows 32 KiB
+# at a time, and SQLite writes its log a page (4 KiB) at a time.
+FULL_DISK_BYTES = 64 * 1024
+
+
+def _full_disk_note(path: str) -> str:
+    """": no space left on the device holding it" when the file system of the store at ``path`` has (nearly)
+    none left for this process (root may use the blocks kept back for it); "" otherwise, or when it cannot
+    be looked at."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.realpath(path)) or ".")
+    except OSError:
+        return ""
+    blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    free = blocks * st.f_frsize
+    return f": no space left on the device holding it ({free:,} bytes free)" if free < FULL_DISK_BYTES else ""
+
+
 def _refuses_writes(path: str) -> bool:
     """Whether the file system of the store at ``path`` refuses to open it for writing (EROFS)."""
     try:
@@ -252,8 +270,12 @@ def _translate(e: BaseException, path: str) -> StoreError:
         if _refuses_writes(path):
             return _read_only_error(path)
         return StoreError(f"store {path} is read-only ({text})")
-    if "disk is full" in text or "disk I/O" in text:
+    if "disk is full" in text:
         return StoreUnavailable(f"store {path}: {text}")
+    if "disk I/O" in text:
+        # SQLite names no cause, and a full disk is the likeliest one where the log's index (-shm) cannot
+        # grow: it said "disk I/O error" to `onward run` and `onward status` alike, for a disk that is fine.
+        return StoreUnavailable(f"store {path}: {text}{_full_disk_note(path)}")
     if "unable to open database file" in text:
         why = _out_of_descriptors(path)
         if why is not None:

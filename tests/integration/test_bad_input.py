@@ -379,6 +379,27 @@ def test_a_fifo_where_sqlite_keeps_its_log_is_bad_input_not_a_passing_fault(tmp_
     assert files_under(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["s.db", f"s.db{sibling}"]
 
 
+@pytest.mark.parametrize("sibling", ["-wal", "-shm"])
+@pytest.mark.parametrize("leads_to", ["a file", "nothing"])
+@pytest.mark.parametrize("command", [["run", "--", "true"], ["status"]])
+def test_a_symbolic_link_where_sqlite_keeps_its_log_is_bad_input_named_as_such(
+        tmp_path: Path, sibling: str, leads_to: str, command: list[str]) -> None:
+    """SQLite opens no symbolic link for its log or the log's index, whether it leads to a file or not:
+    every open was "unable to open database file", naming no cause. It is named, exit 2, nothing changed."""
+    db = tmp_path / "s.db"
+    assert run_onward("add", "--db", str(db), "a").returncode == 0
+    for leftover in (tmp_path / "s.db-wal", tmp_path / "s.db-shm"):
+        leftover.unlink(missing_ok=True)
+    target = tmp_path / "elsewhere"
+    if leads_to == "a file":
+        target.write_bytes(b"")
+    os.symlink(target, str(db) + sibling)
+    before = files_under(tmp_path)
+    r = run_onward(command[0], "--db", str(db), *command[1:])
+    assert_one_line_exit_2(r, f"s.db{sibling} is a symbolic link")
+    assert files_under(tmp_path) == before
+
+
 @pytest.mark.parametrize("source", ["/dev/zero", "a pipe of zeros", "stdin of zeros"])
 def test_an_endless_line_from_a_device_or_pipe_is_refused_without_reading_it_all(tmp_path: Path,
                                                                                 source: str) -> None:

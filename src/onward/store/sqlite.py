@@ -143,8 +143,8 @@ def _check_regular_file(path: str) -> bool:
     except OSError as e:
         raise _os_error(f"cannot read store {path}", e) from None
     if sibling is not None:
-        raise NotAStore(f"store {path}: {sibling} is not a regular file (a name SQLite keeps for its own"
-                        " file beside the store); remove it")
+        raise NotAStore(f"store {path}: {sibling} (a name SQLite keeps for its own file beside the store);"
+                        " remove it")
     return True
 
 

@@ -38,15 +38,20 @@ def unsynced_mark(path: str) -> str:
 
 
 def odd_sibling(path: str) -> str | None:
-    """The first of SQLite's own files beside the store (its log, the log's index) that is there and is not
-    a regular file (a FIFO, a device), or None. SQLite's every open of such a store was a "disk I/O error".
-    An error other than "not there" goes on (OSError)."""
+    """What is wrong with the first of SQLite's own files beside the store (its log, the log's index) that
+    is there and is not a regular file: "X is a symbolic link" (SQLite opens none there, whether or not it
+    leads to a file), "X is not a regular file" (a FIFO, a device); or None. SQLite's every open of such a
+    store was a "disk I/O error" or "unable to open database file". An error other than "not there" goes on
+    (OSError)."""
     for sibling in (path + "-wal", path + "-shm"):
         try:
-            if not stat.S_ISREG(os.stat(sibling).st_mode):
-                return sibling
+            mode = os.lstat(sibling).st_mode
         except FileNotFoundError:
             continue
+        if stat.S_ISLNK(mode):
+            return f"{sibling} is a symbolic link"
+        if not stat.S_ISREG(mode):
+            return f"{sibling} is not a regular file"
     return None
 
 

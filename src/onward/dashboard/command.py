@@ -43,12 +43,8 @@ def dashboard_command(db: str | None, job: str, host: str, port: int, token: str
         raise UsageError(f"listening on {host} (not a loopback address) needs a token: give --token or"
                          " ONWARD_DASHBOARD_TOKEN")
     store = open_store(db, create=False, job=job)
-    try:
-        actions = open_store(db, create=False, job=job)  # see Dashboard: reads never wait behind an action
-    except BaseException:
-        store.close()
-        raise
-    board = Dashboard(store, token, host, loopback, public, actions)
+    # Each action on a connection of its own (see Dashboard): reads never wait behind one.
+    board = Dashboard(store, token, host, loopback, public, lambda: open_store(db, create=False, job=job))
     try:
         threading.Thread(target=board.idle_between_requests, name="onward-dashboard-idle", daemon=True).start()
         try:
@@ -84,9 +80,8 @@ def dashboard_command(db: str | None, job: str, host: str, port: int, token: str
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # on the way out: no handler runs inside the set() below
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         board.stopping.set()
-        for handle, lock in board.handles():
-            with lock:  # not in the middle of the idle thread's turn
-                handle.close()
+        with board.lock:  # not in the middle of the idle thread's turn
+            store.close()
     click.echo("onward dashboard: stopped", err=True)
 
 

@@ -76,6 +76,10 @@ _HOST_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?", re.ASCII)
 _TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s]*", re.IGNORECASE)
 
 
+def _nothing(store: Store) -> None:
+    pass
+
+
 class Dashboard:
     """What every request thread shares: the store, the token and the server's own names.
 
@@ -86,16 +90,18 @@ class Dashboard:
     request would pay a connection and a schema check on every call instead, and one per thread would open
     one for every connection, the long-lived event streams included.
 
-    The actions (the POSTs: retry, cancel, send, pause) have a handle and a lock of their own, ``actions``:
-    an action waits for the store's write lock when another process holds it (an import of a million
-    tasks, a worker stalled in its commit), up to the store's bound (30 s on SQLite), and on one shared
-    handle every page, event stream and scrape waited behind it. Reads never wait for the write lock
-    (SQLite's WAL, PostgreSQL's snapshots), so on a handle of their own they go on answering. Without
-    ``actions`` (a test's store), the actions share the readers' handle and lock.
+    An action (a POST: retry, cancel, send, pause) runs on a handle of its own, opened for it and closed
+    after it, under a lock of its own (``act``): it waits for the store's write lock when another process
+    holds it (an import of a million tasks, a worker stalled in its commit), up to the store's bound (30 s
+    on SQLite), and on the one shared handle every page, event stream and scrape waited behind it. Reads
+    never wait for the write lock (SQLite's WAL, PostgreSQL's snapshots), so they go on answering. Not kept
+    open between actions: a SQLite reader must be able to let go of the log's index with no other
+    connection of its process open (``Store.idle``), and actions are rare. Without ``open_actions`` (a
+    test's store), the actions share the readers' handle and lock.
     """
 
     def __init__(self, store: Store, token: str | None, host: str, loopback: bool,
-                 origins: frozenset[str] = frozenset(), actions: Store | None = None) -> None:
+                 origins: frozenset[str] = frozenset(), open_actions: Callable[[], Store] | None = None) -> None:
         self.store = store
         self.token = token.encode() if token else None
         self.host = host
@@ -105,51 +111,55 @@ class Dashboard:
         # sends one of them, and the operator, who chose them, owns their DNS (no rebinding through them).
         self.origin_hosts = frozenset(_origin_host(origin) for origin in origins)
         self.lock = threading.Lock()
-        self.actions = actions if actions is not None else store
-        self.actions_lock = threading.Lock() if actions is not None else self.lock
+        self._open_actions = open_actions
+        self.actions_lock = threading.Lock() if open_actions is not None else self.lock
         self.stopping = threading.Event()
-
-    def handles(self) -> list[tuple[Store, threading.Lock]]:
-        """Each store handle once, with the lock that guards it."""
-        if self.actions is self.store:
-            return [(self.store, self.lock)]
-        return [(self.store, self.lock), (self.actions, self.actions_lock)]
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(store, *args)`` on the readers' handle."""
-        return self._on(self.store, self.lock, fn, *args)
+        with self.lock:
+            return fn(self._still_there(self.store), *args)
 
     def act(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(store, *args)`` on the actions' handle: an action that changes the store."""
-        return self._on(self.actions, self.actions_lock, fn, *args)
+        """``fn(store, *args)`` for an action that changes the store, on a handle of its own."""
+        if self._open_actions is None:
+            return self.call(fn, *args)
+        with self.actions_lock:
+            self.call(_nothing)  # a store deleted or replaced is said as for a read, before any open
+            actions = self._open_actions()
+            try:
+                # The store the page reads, not one made at its path since: the readers' handle finds its
+                # file still there after this one opened the file there.
+                self.call(_nothing)
+                return fn(self._still_there(actions), *args)
+            finally:
+                actions.close()
 
     @staticmethod
-    def _on(store: Store, lock: threading.Lock, fn: Callable[..., Any], *args: Any) -> Any:
-        with lock:
-            # SQLite reads and writes the file it opened even after it was deleted, or another store was
-            # made at its path: the page would show the dead store as live, and a pause would go into it
-            # with a 200. One stat (a query on PostgreSQL) per request says so instead (503).
-            try:
-                store.check_still_there()
-            except StoreGone:
-                raise StoreGone("the store was deleted or replaced since this dashboard opened it: nothing"
-                                " was read or changed; start the dashboard again for the store there now") from None
-            return fn(store, *args)
+    def _still_there(store: Store) -> Store:
+        # SQLite reads and writes the file it opened even after it was deleted, or another store was made
+        # at its path: the page would show the dead store as live, and a pause would go into it with a 200.
+        # One stat (a query on PostgreSQL) per request says so instead (503).
+        try:
+            store.check_still_there()
+        except StoreGone:
+            raise StoreGone("the store was deleted or replaced since this dashboard opened it: nothing"
+                            " was read or changed; start the dashboard again for the store there now") from None
+        return store
 
     def idle_between_requests(self) -> None:
         """On a thread of its own until ``stopping``: ``Store.idle`` every second, under the lock, whether or
         not a page is open (the dashboard's connection must not keep a suspect SQLite log's index alive)."""
         while not self.stopping.wait(IDLE_EVERY):
-            for store, lock in self.handles():
-                with lock:
-                    try:
-                        store.idle()
-                    except StoreError:
-                        pass  # the next request is answered 503 with the error, as for any store that fails
-                    except MemoryError:
-                        # Passing (the requests meet it too, each answered 500): this thread must outlive it,
-                        # or no later look lets go of a suspect log's index for as long as the dashboard runs.
-                        pass
+            with self.lock:
+                try:
+                    self.store.idle()
+                except StoreError:
+                    pass  # the next request is answered 503 with the error, as for any store that fails
+                except MemoryError:
+                    # Passing (the requests meet it too, each answered 500): this thread must outlive it, or
+                    # no later look lets go of a suspect log's index for as long as the dashboard runs.
+                    pass
 
 
 class Handler(BaseHTTPRequestHandler):

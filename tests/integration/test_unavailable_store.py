@@ -326,3 +326,52 @@ def test_logs_follow_rides_out_a_dropped_connection(tmp_path: Path) -> None:
             follower.send_signal(signal.SIGINT)
             follower.wait(30)
     assert follower.returncode == 0, err.read_text()
+
+
+@pytest.mark.postgres
+def test_a_password_changed_under_a_running_worker_is_waited_out_and_the_new_one_taken_from_the_password_file(
+        tmp_path: Path) -> None:
+    """A worker whose connection is cut after its role's password changed is refused at every reconnection
+    ("password authentication failed"). Refused at start, that is configuration (exit 2); refused while it
+    runs, it is waited out as an outage, saying why every few seconds, and libpq reads the password file
+    again at each try: once it holds the new password, the worker goes on and finishes the job. Neither
+    password ever shows in the log."""
+    old, new = "old-secret-3f9a1c", "new-secret-7d2e4b"
+    with pgutil.private_cluster() as cluster:
+        hba = pgutil.PG_CONF / cluster.version / cluster.name / "pg_hba.conf"
+        hba.write_text(f"host all pw_worker 127.0.0.1/32 scram-sha-256\n{hba.read_text()}")  # first match wins
+        cluster.ctl("reload")
+        with cluster.admin() as admin:
+            admin.execute(f"CREATE ROLE pw_worker LOGIN PASSWORD '{old}'")
+            admin.execute("CREATE DATABASE onward OWNER pw_worker")
+        url = cluster.url("onward").replace(f"{pgutil.PG_USER}@", "pw_worker@")
+        passfile = tmp_path / "pgpass"
+        passfile.write_text(f"127.0.0.1:{cluster.port}:onward:pw_worker:{old}\n")
+        passfile.chmod(0o600)
+        env = {**os.environ, "PGPASSFILE": str(passfile), "PYTHONPATH": SRC}
+        assert run_onward("add", "--db", url, "a", "b", "c", env=env).returncode == 0
+        log = tmp_path / "worker.log"
+        with open(log, "wb") as out:
+            worker = subprocess.Popen(onward_argv("run", "--db", url, "--heartbeat", "0.5", "--", "sleep", "0.5"),
+                                      stderr=out, env=env)
+        try:
+            wait_for(lambda: ' done task="a"' in log.read_text(), 30, "the first task to end")
+            with cluster.admin() as admin:
+                admin.execute(f"ALTER ROLE pw_worker PASSWORD '{new}'")
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'pw_worker'")
+            wait_for(lambda: "password authentication failed" in log.read_text(), 30,
+                     "a reconnection to be refused for its password")
+            assert worker.poll() is None, log.read_text()
+            passfile.write_text(f"127.0.0.1:{cluster.port}:onward:pw_worker:{new}\n")
+            assert worker.wait(timeout=60) == 0, log.read_text()
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        text = log.read_text()
+        assert old not in text and new not in text
+        store = open_store(url.replace("pw_worker@", f"{pgutil.PG_USER}@"), create=False)
+        try:
+            assert store.counts()[DONE] == 3
+        finally:
+            store.close()

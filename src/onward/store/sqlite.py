@@ -274,7 +274,7 @@ def _translate(e: BaseException, path: str) -> StoreError:
         return StoreUnavailable(f"store {path}: {text}")
     if "disk I/O" in text:
         # SQLite names no cause, and a full disk is the likeliest one where the log's index (-shm) cannot
-        # grow: it said "disk I/O error" to `onward run` and `onward status` alike, for a disk that is fine.
+        # grow: `onward run` and `onward status` alike said "disk I/O error" for a disk that was only full.
         return StoreUnavailable(f"store {path}: {text}{_full_disk_note(path)}")
     if "unable to open database file" in text:
         why = _out_of_descriptors(path)

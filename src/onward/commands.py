@@ -16,6 +16,7 @@ from .config import DEFAULT_MAX_RESULT_BYTES, MAX_STORED_BYTES, RunConfig
 from .errors import UNAVAILABLE_EXIT, OutputUnavailable, StoreMissing, UsageError
 from .keepawake import marker_path
 from .log import Log
+from .stopsignals import stop_signals
 from .store import exists as store_exists
 from .store import is_postgres_url, job_name, open_store, store_url
 from .store.base import Store
@@ -147,7 +148,7 @@ def _stop_signals_end_the_setup(install: bool) -> Iterator[None]:
     def stop(signum: int, frame: object) -> None:
         raise StoppedBeforeWork(signal.Signals(signum).name)
 
-    saved = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    saved = {sig: signal.signal(sig, stop) for sig in stop_signals()}
     try:
         yield
     finally:

@@ -64,7 +64,9 @@ def main() -> None:
         # click's import, or "aborted" with exit 130.
         import signal
 
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        from .stopsignals import stop_signals
+
+        for sig in stop_signals():  # not SIGHUP under nohup: it stays ignored (onward.stopsignals)
             signal.signal(sig, _stopped_while_loading)
     from .cli import cli_main
 

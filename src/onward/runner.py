@@ -57,6 +57,7 @@ from .proc import current_owner, owner_alive
 from .readable import ReadableFds
 from .reclaim import mark_dead_workers, reclaim_abandoned
 from .settle import RunSummary, Settler
+from .stopsignals import stop_signals
 from .store.base import CANCELLED, DONE, FAILED, PENDING, RUNNING, WAITING, Claim, PendingSync, Store
 
 TYPE_CHECKING = False
@@ -66,8 +67,6 @@ if TYPE_CHECKING:
 
     from .outdir import OutDir  # loaded only with --out (its hashing and URL parsing cost start-up)
 
-# SIGHUP too: a worker started from a terminal gets it when the terminal closes.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SavedSignals = tuple[dict[signal.Signals, Any], "int | None"]  # handlers and wakeup fd to restore
 T = TypeVar("T")
 # After a failed commit (outcomes, claims, steps) the next try waits STORE_RETRY_FIRST seconds, doubling
@@ -398,7 +397,7 @@ class Runner:
         old_handlers: dict[signal.Signals, Any] = {}
         old_wakeup = None
         if self.config.install_signal_handlers and threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
+            for sig in stop_signals():  # SIGHUP left alone while it is ignored (nohup)
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
             old_wakeup = signal.set_wakeup_fd(self.inbox.wake_w, warn_on_full_buffer=False)
         return old_handlers, old_wakeup

@@ -46,8 +46,9 @@ Restart rules (exit statuses are those of ``onward run``):
   without progress count, and a run with progress forgets the restarts before it: a worker that keeps
   settling tasks is never given up on, however often it is killed; one that settles nothing (it dies at
   start-up, or before it finishes any task) is stopped as before.
-- SIGTERM, SIGINT or SIGHUP (as SIGTERM) to the supervisor is forwarded to the child's pid (not its group: the worker stops its
-  tasks itself, within its ``--grace``), the watchdog is disarmed as systemd does once a stop begins, and no
+- SIGTERM, SIGINT or SIGHUP (as SIGTERM; not while SIGHUP is ignored, under nohup: ``onward.stopsignals``)
+  to the supervisor is forwarded to the child's pid (not its group: the worker stops its tasks itself,
+  within its ``--grace``), the watchdog is disarmed as systemd does once a stop begins, and no
   restart follows: the supervisor exits with the child's status (128 + N for death by signal N). A child
   still running ``stop_timeout`` seconds after the first stop was forwarded (systemd's ``TimeoutStopSec``:
   by default the worker's ``--grace`` and ``STOP_MARGIN``, as in the units of ``onward.systemd``) is wedged,
@@ -123,6 +124,7 @@ from onward.proc import (
     set_child_subreaper,
 )
 from onward.redact import redact_one_url, redact_url, scrub, url_secrets
+from onward.stopsignals import stop_signals
 from onward.store import DEFAULT_DB, is_postgres_url, load_backend, open_store
 from onward.store import store_url as checked_store_url
 
@@ -791,7 +793,8 @@ class Supervisor:
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
-        previous = {sig: signal.signal(sig, lambda *_: None) for sig in STOP_SIGNALS}
+        # Not SIGHUP under nohup: it stays ignored, and the worker inherits the ignore (onward.stopsignals).
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in stop_signals()}
         old_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
         self._wake_r = wake_r
         try:

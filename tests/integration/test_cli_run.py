@@ -19,7 +19,16 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import cgroup_v1, keeper_of, keepers_of, onward_argv, process_state, run_onward, wait_for
+from tests.conftest import (
+    cgroup_v1,
+    keeper_of,
+    keepers_of,
+    onward_argv,
+    process_state,
+    require_tool,
+    run_onward,
+    wait_for,
+)
 from tests.crash.test_disk_faults import small_disk  # noqa: F401  (a fixture: a 1 MiB tmpfs)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -968,6 +977,38 @@ def test_sighup_stops_like_sigterm_and_lets_running_tasks_finish(tmp_path: Path)
     assert finished.exists() and b"stopped by SIGHUP" in err
     st = status(db)
     assert st["done"] == 1 and st["pending"] == 2 and st["running"] == 0
+
+
+@pytest.mark.parametrize("how", ["run", "supervise"])
+def test_under_nohup_sighup_stops_nothing_and_the_tasks_inherit_the_ignore(tmp_path: Path, how: str) -> None:
+    """`nohup onward run …` (or `nohup onward supervise -- onward run …`) and a logout: SIGHUP stopped the
+    worker all the same, since onward put its own handler over the ignore nohup set. Now the ignore stays: the
+    job runs on to its end, and its tasks inherit the ignore, as children of nohup do."""
+    require_tool("nohup")
+    db = str(tmp_path / "s.db")
+    assert run_onward("add", "--db", db, "a", "b", "c").returncode == 0
+    started, go = tmp_path / "started", tmp_path / "go"
+    # Each task notes whether SIGHUP is ignored in it (bit 0 of SigIgn), then waits for GO.
+    task = (f"grep ^SigIgn: /proc/self/status >> {tmp_path}/ignored; touch {started};"
+            f" while [ ! -e {go} ]; do sleep 0.02; done")
+    worker = onward_argv("run", "--db", db, "--grace", "30", "--", "sh", "-c", task)
+    argv = ["nohup", *worker] if how == "run" else ["nohup", *onward_argv("supervise", "--"), *worker]
+    p = subprocess.Popen(argv, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(started.exists, 20, "the first task to start")
+        p.send_signal(signal.SIGHUP)  # the terminal closed; under supervise, the worker gets none
+        go.touch()
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err.decode()[-2000:]
+    assert b"SIGHUP" not in err, err.decode()[-2000:]
+    st = status(db)
+    assert st["done"] == 3 and st["pending"] == 0, st
+    masks = [int(line.split()[1], 16) for line in (tmp_path / "ignored").read_text().splitlines()]
+    assert len(masks) == 3 and all(mask & 1 for mask in masks), masks
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])

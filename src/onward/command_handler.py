@@ -27,9 +27,9 @@ class CommandAttempt(Attempt):
     """A child process in its own process group (and session), killed with its parent (PDEATHSIG), and in
     a cgroup of its own where ``cgroups`` is given (everything it starts ends with the attempt)."""
 
-    def __init__(self, claim: Claim, argv: list[str], env: dict[str, str], heartbeat_file: str | None,
-                 loop: Loop, max_result_bytes: int, starter: CommandStarter,
-                 cgroups: WorkerCgroups | None = None, beats: HeartbeatFiles | None = None) -> None:
+    def __init__(self, claim: Claim, argv: list[str], env: dict[str, str], heartbeat_file: str,
+                 loop: Loop, max_result_bytes: int, starter: CommandStarter, beats: HeartbeatFiles,
+                 cgroups: WorkerCgroups | None = None) -> None:
         super().__init__(claim)
         self._worker = loop
         self._program = argv[0]
@@ -114,8 +114,6 @@ class CommandAttempt(Attempt):
             os.close(pidfd)
 
     def _mtime(self) -> int | None:
-        if self._heartbeat_file is None:
-            return None
         try:
             return os.stat(self._heartbeat_file).st_mtime_ns
         except OSError:
@@ -177,8 +175,7 @@ class CommandAttempt(Attempt):
         status = self._proc.wait()
         if self._cgroups is not None and self._cgroup is not None:
             self._cgroups.finished(self._cgroup)
-        if self._heartbeat_file is not None and self._beats is not None:
-            self._beats.ended(self._heartbeat_file)
+        self._beats.ended(self._heartbeat_file)
         self._report(self._outcome(status, self._proc.exec_error()))
 
     def _drain(self) -> None:
@@ -300,8 +297,8 @@ class CommandHandler:
         # or touches it to show progress, and it is removed once the attempt ended (HeartbeatFiles).
         beat_file = self._beats.path(claim)
         env = {"ONWARD_TASK": claim.name, "ONWARD_ATTEMPT": str(claim.attempt), "ONWARD_HEARTBEAT_FILE": beat_file}
-        attempt = CommandAttempt(claim, argv, env, beat_file, loop, self.max_result_bytes, self._starter, self._cgroups,
-                                 self._beats)
+        attempt = CommandAttempt(claim, argv, env, beat_file, loop, self.max_result_bytes, self._starter, self._beats,
+                                 self._cgroups)
         if crashpoints.ARMED:  # the command's process runs (claim committed, its pid noted in the store)
             crashpoints.hit("attempt_started")
         return attempt

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import signal
 
+# SIGHUP too: a worker or supervisor started from a terminal gets it when the terminal closes.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
 
 def stop_signals() -> tuple[signal.Signals, ...]:
-    """SIGTERM, SIGINT and SIGHUP, without SIGHUP while it is ignored."""
+    """``STOP_SIGNALS``, without SIGHUP while it is ignored."""
     if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
-        return signal.SIGTERM, signal.SIGINT
-    return signal.SIGTERM, signal.SIGINT, signal.SIGHUP
+        return tuple(sig for sig in STOP_SIGNALS if sig != signal.SIGHUP)
+    return STOP_SIGNALS

@@ -124,7 +124,7 @@ from onward.proc import (
     set_child_subreaper,
 )
 from onward.redact import redact_one_url, redact_url, scrub, url_secrets
-from onward.stopsignals import stop_signals
+from onward.stopsignals import STOP_SIGNALS, stop_signals
 from onward.store import DEFAULT_DB, is_postgres_url, load_backend, open_store
 from onward.store import store_url as checked_store_url
 
@@ -160,9 +160,6 @@ UNAVAILABLE = UNAVAILABLE_EXIT
 # that is said again this often, as the worker does for its commands (runner.RESOURCE_PAUSE, RESOURCE_WARN_EVERY).
 SPAWN_RETRY = 1.0
 SPAWN_WARN_EVERY = 60.0
-# A stop of the supervisor: SIGHUP too, which a supervisor started from a terminal gets when it closes.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
 
 
 # The next `onward run` worker (the standby) is started once the current one has been ready for this long

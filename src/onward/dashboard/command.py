@@ -11,6 +11,10 @@ import click
 from ..cli_types import db_option, job_option
 from ..errors import UsageError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..store.base import Store
+
 DEFAULT_PORT = 8765
 MAX_TOKEN = 512
 
@@ -42,9 +46,12 @@ def dashboard_command(db: str | None, job: str, host: str, port: int, token: str
     if not loopback and token is None:
         raise UsageError(f"listening on {host} (not a loopback address) needs a token: give --token or"
                          " ONWARD_DASHBOARD_TOKEN")
-    store = open_store(db, create=False, job=job)
+    def open_handle() -> Store:
+        return open_store(db, create=False, job=job)
+
+    store = open_handle()
     # Each action on a connection of its own (see Dashboard): reads never wait behind one.
-    board = Dashboard(store, token, host, loopback, public, lambda: open_store(db, create=False, job=job))
+    board = Dashboard(store, token, host, loopback, public, open_handle)
     try:
         threading.Thread(target=board.idle_between_requests, name="onward-dashboard-idle", daemon=True).start()
         try:

@@ -112,7 +112,7 @@ class Dashboard:
         self.origin_hosts = frozenset(_origin_host(origin) for origin in origins)
         self.lock = threading.Lock()
         self._open_actions = open_actions
-        self.actions_lock = threading.Lock() if open_actions is not None else self.lock
+        self.actions_lock = threading.Lock()  # one action at a time (see act)
         self.stopping = threading.Event()
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:

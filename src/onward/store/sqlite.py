@@ -234,7 +234,7 @@ def _full_disk_note(path: str) -> str:
     none left for this process (root may use the blocks kept back for it); "" otherwise, or when it cannot
     be looked at."""
     try:
-        st = os.statvfs(os.path.dirname(os.path.realpath(path)) or ".")
+        st = os.statvfs(os.path.dirname(os.path.realpath(path)))
     except OSError:
         return ""
     blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
